@@ -1,0 +1,22 @@
+"""Shared fixtures: the trained tiny model (built once per cache folder) and a quiet transformers."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """(model, tokenizer) of the course's tiny model, float32 on CPU."""
+    from minillm.tiny import tiny_model
+
+    return tiny_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def device():
+    """Where device-aware tests run: $MINILLM_TEST_DEVICE (e.g. cuda on the GPU box), else cpu."""
+    return os.environ.get("MINILLM_TEST_DEVICE", "cpu")

@@ -1,0 +1,141 @@
+"""The tangler: directives, targets, check mode, determinism (tools/tangle.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("tangle", ROOT / "tools" / "tangle.py")
+tangle = importlib.util.module_from_spec(spec)
+sys.modules["tangle"] = tangle
+spec.loader.exec_module(tangle)
+
+FRONT = "---\njupytext:\n  text_representation:\n    format_name: myst\n---\n\n"
+
+
+def cell(code: str, options: str = "") -> str:
+    return f"```{{code-cell}} ipython3\n{options}{code}\n```\n\n"
+
+
+def make_repo(tmp_path: Path, chapters: dict[str, str]) -> Path:
+    (tmp_path / "chapters").mkdir(parents=True)
+    for name, body in chapters.items():
+        (tmp_path / "chapters" / name).write_text(FRONT + body)
+    return tmp_path
+
+
+def test_default_exp_and_export_write_the_module(tmp_path):
+    root = make_repo(tmp_path, {"01_a.md": "# Title\n\n" + cell("#| default_exp alpha") + cell("#| export\nX = 1")
+                                + cell("print('prose code, not exported')")})
+    tangle.write(root)
+    text = (root / "minillm" / "alpha.py").read_text()
+    assert text.startswith(tangle.HEADER_MARK) and "chapters/01_a.md" in text.splitlines()[0]
+    assert "X = 1" in text and "prose code" not in text and "#|" not in text
+    assert "# %% chapters/01_a.md:" in text
+    assert (root / "minillm" / "__init__.py").exists()
+
+
+def test_marker_points_at_the_cell_fence(tmp_path):
+    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    tangle.write(root)
+    text = (root / "minillm" / "alpha.py").read_text()
+    line = int(text.split("# %% chapters/01_a.md:")[1].split()[0])
+    chapter_lines = (root / "chapters" / "01_a.md").read_text().splitlines()
+    assert chapter_lines[line - 1].startswith("```{code-cell}")
+    assert chapter_lines[line] == "#| export"
+
+
+def test_export_to_another_module_and_subpackage(tmp_path):
+    root = make_repo(tmp_path, {"02_b.md": cell("#| default_exp beta") + cell("#| export\nB = 2")
+                                + cell("#| export kernels.fast\nF = 3")})
+    tangle.write(root)
+    assert "B = 2" in (root / "minillm" / "beta.py").read_text()
+    fast = (root / "minillm" / "kernels" / "fast.py").read_text()
+    assert "F = 3" in fast and "B = 2" not in fast
+    assert (root / "minillm" / "kernels" / "__init__.py").exists()
+
+
+def test_two_chapters_into_one_module_keep_chapter_order(tmp_path):
+    root = make_repo(tmp_path, {"02_b.md": cell("#| export shared\nSECOND = 2"),
+                                "01_a.md": cell("#| export shared\nFIRST = 1")})
+    tangle.write(root)
+    text = (root / "minillm" / "shared.py").read_text()
+    assert text.index("FIRST") < text.index("SECOND")
+    assert "chapters/01_a.md, chapters/02_b.md" in text.splitlines()[0]
+
+
+def test_cell_options_are_not_exported(tmp_path):
+    body = cell("#| default_exp opts") + cell("#| export\nA = 1", options=":tags: [hide-input]\n\n") \
+        + cell("#| export\nB = 2", options="---\ntags: [remove-output]\n---\n")
+    root = make_repo(tmp_path, {"01_a.md": body})
+    tangle.write(root)
+    text = (root / "minillm" / "opts.py").read_text()
+    assert "A = 1" in text and "B = 2" in text and "tags" not in text
+
+
+def test_chapter_that_exports_nothing_produces_no_module(tmp_path):
+    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1"),
+                                "17_compare.md": "# Prose only\n\n" + cell("print(1)")})
+    files = tangle.generate(root)
+    assert set(files) == {Path("minillm/alpha.py"), Path("minillm/__init__.py")}
+
+
+def test_check_passes_then_fails_after_an_edit_without_retangle(tmp_path):
+    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    assert tangle.check(root)  # nothing written yet: missing files
+    tangle.write(root)
+    assert tangle.check(root) == []
+    chapter = root / "chapters" / "01_a.md"
+    chapter.write_text(chapter.read_text().replace("X = 1", "X = 2"))
+    assert tangle.check(root) == ["minillm/alpha.py: differs from the chapters"]
+    assert tangle.main(["--check", "--root", str(root)]) == 1
+
+
+def test_check_fails_on_hand_edit_of_generated_module(tmp_path):
+    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    tangle.write(root)
+    (root / "minillm" / "alpha.py").write_text("X = 3\n")
+    assert tangle.main(["--check", "--root", str(root)]) == 1
+
+
+def test_stale_generated_module_is_reported_and_removed(tmp_path):
+    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    tangle.write(root)
+    chapter = root / "chapters" / "01_a.md"
+    chapter.write_text(chapter.read_text().replace("alpha", "gamma"))
+    assert "minillm/alpha.py: no chapter produces it" in tangle.check(root)
+    tangle.write(root)
+    assert not (root / "minillm" / "alpha.py").exists()
+    assert tangle.check(root) == []
+
+
+def test_output_is_deterministic(tmp_path):
+    chapters = {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1") + cell("#| export z.y\nY = 1"),
+                "03_c.md": cell("#| export alpha\nZ = 1")}
+    first = tangle.generate(make_repo(tmp_path / "one", chapters))
+    second = tangle.generate(make_repo(tmp_path / "two", chapters))
+    assert first == second
+
+
+@pytest.mark.parametrize("body, message", [
+    (cell("#| export\nX = 1"), "no module and no '#| default_exp'"),
+    (cell("#| default_exp not-a-module"), "needs a module name"),
+    (cell("#| exprot\nX = 1"), "unknown directive"),
+    ("```{code-cell} ipython3\nX = 1\n", "never closed"),
+])
+def test_bad_directives_are_clear_errors(tmp_path, body, message):
+    root = make_repo(tmp_path, {"01_a.md": body})
+    with pytest.raises(tangle.TangleError, match=message):
+        tangle.generate(root)
+
+
+def test_script_has_every_code_cell(tmp_path):
+    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1") + cell("print(X)")})
+    text = tangle.script(root / "chapters" / "01_a.md")
+    assert "X = 1" in text and "print(X)" in text
+
+
+def test_repository_is_in_sync():
+    assert tangle.check(ROOT) == [], "run `python tools/tangle.py` and commit minillm/"

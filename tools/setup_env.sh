@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Create .venv and install minillm (editable) with the extras the book and the
+# tests need, without ever pulling a multi-GB CUDA build of torch onto a CPU box.
+#
+#   - a GPU box whose python3 already has a CUDA torch: the venv sees the system
+#     site-packages and that torch is kept (pinned while the rest installs);
+#   - otherwise torch==$TORCH_VERSION (default 2.13.0) is installed first, then
+#     pinned through a constraints file for the rest of the install.
+# Set TORCH_INDEX_URL to install torch from another index (e.g. PyTorch's CPU wheels).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+TORCH_VERSION=${TORCH_VERSION:-$(sed -n 's/^torch==//p' constraints.txt)}
+EXTRAS=${EXTRAS:-book,test,serve}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "setup: keeping the CUDA torch of $PY (venv with system site-packages)"
+    "$PY" -m venv --system-site-packages "$VENV"
+  else
+    "$PY" -m venv "$VENV"
+  fi
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION"
+  "${PIP[@]}" install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$TORCH_VERSION"
+fi
+TORCH=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
+echo "torch==$TORCH" > "$VENV/constraints.txt"
+echo "setup: torch $TORCH pinned; installing minillm[$EXTRAS]"
+"${PIP[@]}" install -q -c "$VENV/constraints.txt" -e ".[$EXTRAS]"
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
