@@ -38,15 +38,16 @@ book: $(STAMP) tangle tiny
 
 test: check tiny test-unit test-notebooks
 
+# $(JOBS) workers share the cores: one thread each (more threads per worker only spin and wait).
 test-unit: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) tests
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) tests
 
 # nbval collects .ipynb only: convert the chapters into a scratch folder, one kernel
 # per chapter (--dist loadfile keeps a notebook's cells on one worker).
 test-notebooks: $(STAMP)
 	rm -rf $(NBDIR) && mkdir -p $(NBDIR)
 	for f in chapters/*.md; do $(BIN)/jupytext --quiet --to ipynb -o $(NBDIR)/$$(basename $$f .md).ipynb $$f; done
-	HF_HUB_OFFLINE=1 MPLBACKEND=Agg $(PYTHON) -m pytest -p no:cacheprovider -n $(JOBS) --dist loadfile \
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg $(PYTHON) -m pytest -p no:cacheprovider -n $(JOBS) --dist loadfile \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 -o testpaths= -o addopts= $(NBDIR)
 
 clean:

@@ -3,9 +3,14 @@
 """minillm: modules tangled from the course's chapters.
 
     module                   chapter
+    attention                chapters/04_paged_attention.md
     block_pool               chapters/03_block_allocator.md
     hf                       chapters/01_model.md
+    kv_cache                 chapters/02_paged_kv.md
+    kv_cache_manager         chapters/05_scheduler.md
     model                    chapters/01_model.md
+    request                  chapters/05_scheduler.md
+    scheduler                chapters/05_scheduler.md
     tiny                     chapters/01_model.md
     tokenizer                chapters/01_model.md
     train                    chapters/01_model.md

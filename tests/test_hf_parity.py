@@ -61,10 +61,12 @@ def test_greedy_32_tokens_match_transformers_generate(tmp_path, case, device):
     reference.generation_config.eos_token_id = None
     ours = load_model(tmp_path, device=device)
     prompts = [torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 17, 33)]
+    prompts[0][2] = 0  # token id 0 inside a prompt must be an ordinary token
     mine = generate(ours, prompts, max_new_tokens=32)  # one batch, mixed lengths, dense KV cache
     for prompt, out in zip(prompts, mine):
         with torch.no_grad():
-            theirs = reference.generate(torch.tensor([prompt], device=device), max_new_tokens=32, do_sample=False,
+            ids = torch.tensor([prompt], device=device)  # an explicit mask: else HF takes every id 0 for padding
+            theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
                                         pad_token_id=0)[0, len(prompt):].tolist()
         assert out == theirs
 

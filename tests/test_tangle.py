@@ -131,6 +131,28 @@ def test_bad_directives_are_clear_errors(tmp_path, body, message):
         tangle.generate(root)
 
 
+def test_class_continuation_cells_merge_into_one_class(tmp_path):
+    body = cell("#| default_exp grow") + cell("#| export\nclass A:\n    def f(self):\n        return 1") \
+        + cell("#| export\nclass A(A):  # continued\n    def g(self):\n        return 2") + cell("#| export\nB = A().g()")
+    root = make_repo(tmp_path, {"01_a.md": body})
+    tangle.write(root)
+    text = (root / "minillm" / "grow.py").read_text()
+    assert "class A(A)" not in text
+    namespace = {}
+    exec(compile(text, "grow.py", "exec"), namespace)
+    assert namespace["A"].__bases__ == (object,) and namespace["B"] == 2 and namespace["A"]().f() == 1
+    script = {}
+    exec(compile(tangle.script(root / "chapters" / "01_a.md"), "s", "exec"), script)  # the notebook way runs too
+    assert script["B"] == 2
+
+
+def test_continuation_of_a_class_that_is_not_last_is_an_error(tmp_path):
+    body = cell("#| default_exp grow") + cell("#| export\nclass A:\n    pass") + cell("#| export\nclass B:\n    pass") \
+        + cell("#| export\nclass A(A):\n    def g(self):\n        return 2")
+    with pytest.raises(tangle.TangleError, match="last class exported"):
+        tangle.generate(make_repo(tmp_path, {"01_a.md": body}))
+
+
 def test_script_has_every_code_cell(tmp_path):
     root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1") + cell("print(X)")})
     text = tangle.script(root / "chapters" / "01_a.md")
