@@ -5,11 +5,15 @@
     module                   chapter
     attention                chapters/04_paged_attention.md
     block_pool               chapters/03_block_allocator.md
+    engine                   chapters/07_engine.md
     hf                       chapters/01_model.md
     kv_cache                 chapters/02_paged_kv.md
     kv_cache_manager         chapters/05_scheduler.md
+    llm                      chapters/07_engine.md
     model                    chapters/01_model.md
     request                  chapters/05_scheduler.md
+    sampler                  chapters/06_sampler.md
+    sampling_params          chapters/06_sampler.md
     scheduler                chapters/05_scheduler.md
     tiny                     chapters/01_model.md
     tokenizer                chapters/01_model.md
