@@ -4,7 +4,11 @@ import os
 
 import pytest
 
+import torch
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on the CPU; set before triton loads
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -1,0 +1,74 @@
+"""Decode attention over the paged KV cache: the Triton kernel of chapter 10 against the memory roofline.
+
+For a Qwen3-0.6B attention layer (16 query heads, 8 KV heads of 128, bf16 cache, blocks of 16,
+blocks shuffled as after a long-running server), over batch sizes and context lengths: kernel time
+(triton.testing.do_bench), achieved bandwidth = bytes of K/V read / time, the device-to-device copy
+bandwidth measured in the same run, and chapter 4's PyTorch reference on the same batch.
+
+    python benchmarks/paged_attention.py      # on a GPU; writes benchmarks/results/paged_attention-*.json
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from minillm.attention import paged_attention_ref  # noqa: E402
+from minillm.kernels.paged_attention import decode_num_splits, paged_decode  # noqa: E402
+from minillm.model import build_attention_metadata  # noqa: E402
+
+N_HEADS, N_KV, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
+
+
+def decode_batch(batch: int, context: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables = [order[i * blocks_per_seq:(i + 1) * blocks_per_seq] for i in range(batch)]
+    _, md = build_attention_metadata([1] * batch, [context] * batch, tables, BLOCK_SIZE, "cuda")
+    q = torch.randn(batch, N_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    return q, k_cache, v_cache, md
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/paged_attention.py measures a GPU kernel: no CUDA device found")
+    from triton.testing import do_bench
+
+    record = {"benchmark": "paged_attention", "environment": environment(),
+              "workload": {"layer": "Qwen3-0.6B attention", "n_heads": N_HEADS, "n_kv_heads": N_KV,
+                           "head_dim": HEAD_DIM, "block_size": BLOCK_SIZE, "dtype": "bfloat16",
+                           "blocks": "shuffled"},
+              "copy_bandwidth_bytes_per_s": copy_bandwidth(), "decode": []}
+    for context in (512, 4096):
+        for batch in (1, 8, 64, 256):
+            q, k_cache, v_cache, md = decode_batch(batch, context)
+            expected = paged_attention_ref(q, k_cache, v_cache, md)
+            out = paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.max_seq_len)
+            max_diff = (out.float() - expected.float()).abs().max().item()
+            kernel_ms = do_bench(lambda: paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens,
+                                                      md.max_seq_len), warmup=25, rep=100)
+            reference_ms = do_bench(lambda: paged_attention_ref(q, k_cache, v_cache, md), warmup=5, rep=30)
+            kv_bytes = 2 * batch * context * N_KV * HEAD_DIM * 2
+            row = {"batch": batch, "context": context, "kernel_us": 1e3 * kernel_ms, "reference_us": 1e3 * reference_ms,
+                   "kv_bytes": kv_bytes, "bandwidth_bytes_per_s": kv_bytes / (kernel_ms / 1e3),
+                   "num_splits": decode_num_splits(batch, N_KV, context, 32), "max_abs_diff_vs_reference": max_diff}
+            record["decode"].append(row)
+            print(f"batch {batch:4d} context {context:5d}: {row['kernel_us']:8.1f} us "
+                  f"{row['bandwidth_bytes_per_s'] / 1e12:5.2f} TB/s "
+                  f"({row['bandwidth_bytes_per_s'] / record['copy_bandwidth_bytes_per_s']:4.0%} of copy), "
+                  f"reference {row['reference_us']:9.1f} us, max diff {max_diff:.2e}", flush=True)
+            del q, k_cache, v_cache, md, expected, out
+            torch.cuda.empty_cache()
+    print("wrote", save("paged_attention", record))
+
+
+if __name__ == "__main__":
+    main()
