@@ -8,12 +8,13 @@ STAMP   := $(VENV)/.installed
 NBDIR   := _build/nbval
 JOBS    ?= 2
 
-.PHONY: help setup tangle check tiny book test test-unit test-notebooks clean
+.PHONY: help setup tangle check tiny book test test-unit test-notebooks serve clean
 
 help:
 	@echo "make book    set up, tangle, execute every chapter, build the HTML book"
 	@echo "make test    set up, check the tangle, run unit/parity tests and every chapter (nbval)"
 	@echo "make tangle  regenerate minillm/ from chapters/"
+	@echo "make serve   serve the tiny model on an OpenAI-compatible API (ARGS='--port 8000 --model PATH')"
 
 setup: $(STAMP)
 
@@ -49,6 +50,9 @@ test-notebooks: $(STAMP)
 	for f in chapters/*.md; do $(BIN)/jupytext --quiet --to ipynb -o $(NBDIR)/$$(basename $$f .md).ipynb $$f; done
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg $(PYTHON) -m pytest -p no:cacheprovider -n $(JOBS) --dist loadfile \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 -o testpaths= -o addopts= $(NBDIR)
+
+serve: $(STAMP)
+	$(PYTHON) -m minillm.server serve $(ARGS)
 
 clean:
 	rm -rf _build $(NBDIR)

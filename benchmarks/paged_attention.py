@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
 from minillm.attention import paged_attention_ref  # noqa: E402
-from minillm.kernels.paged_attention import decode_num_splits, paged_decode  # noqa: E402
+from minillm.kernels.paged_attention import DECODE_KERNEL_VERSION, decode_num_splits, paged_decode  # noqa: E402
 from minillm.model import build_attention_metadata  # noqa: E402
 
 N_HEADS, N_KV, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -37,7 +37,36 @@ def decode_batch(batch: int, context: int, seed: int = 0):
     return q, k_cache, v_cache, md
 
 
+def sweep(do_bench) -> list[dict]:
+    """Tuning knobs of the decode kernel at batch 64 x context 4096; returns every setting's result."""
+    q, k_cache, v_cache, md = decode_batch(64, 4096)
+    kv_bytes = 2 * 64 * 4096 * N_KV * HEAD_DIM * 2
+    rows = []
+    for block_n in (64, 128):
+        for num_warps in (4, 8):
+            for num_stages in (1, 2):
+                for programs_per_sm in (2, 4, 8):
+                    knobs = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                                 programs_per_sm=programs_per_sm)
+                    try:
+                        ms = do_bench(lambda: paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens,
+                                                           md.max_seq_len, **knobs), warmup=10, rep=40)
+                    except Exception as e:  # a setting that does not compile (too many registers, say)
+                        print("skip", knobs, type(e).__name__)
+                        continue
+                    rows.append({**knobs, "kernel_us": 1e3 * ms, "bandwidth_bytes_per_s": kv_bytes / (ms / 1e3)})
+    rows.sort(key=lambda r: r["kernel_us"])
+    for r in rows[:5]:
+        print("sweep best:", r)
+    return rows
+
+
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="first time the tuning knobs, then use the best")
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/paged_attention.py measures a GPU kernel: no CUDA device found")
     from triton.testing import do_bench
@@ -46,20 +75,29 @@ def main() -> None:
               "workload": {"layer": "Qwen3-0.6B attention", "n_heads": N_HEADS, "n_kv_heads": N_KV,
                            "head_dim": HEAD_DIM, "block_size": BLOCK_SIZE, "dtype": "bfloat16",
                            "blocks": "shuffled"},
+              "kernel_version": DECODE_KERNEL_VERSION,
               "copy_bandwidth_bytes_per_s": copy_bandwidth(), "decode": []}
+    knobs: dict = {}
+    if args.sweep:
+        record["sweep"] = sweep(do_bench)
+        best = record["sweep"][0]
+        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "programs_per_sm")}
+    record["kernel_settings"] = knobs or "defaults"
     for context in (512, 4096):
         for batch in (1, 8, 64, 256):
             q, k_cache, v_cache, md = decode_batch(batch, context)
             expected = paged_attention_ref(q, k_cache, v_cache, md)
-            out = paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.max_seq_len)
+            out = paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.max_seq_len, **knobs)
             max_diff = (out.float() - expected.float()).abs().max().item()
             kernel_ms = do_bench(lambda: paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens,
-                                                      md.max_seq_len), warmup=25, rep=100)
+                                                      md.max_seq_len, **knobs), warmup=25, rep=100)
             reference_ms = do_bench(lambda: paged_attention_ref(q, k_cache, v_cache, md), warmup=5, rep=30)
             kv_bytes = 2 * batch * context * N_KV * HEAD_DIM * 2
             row = {"batch": batch, "context": context, "kernel_us": 1e3 * kernel_ms, "reference_us": 1e3 * reference_ms,
                    "kv_bytes": kv_bytes, "bandwidth_bytes_per_s": kv_bytes / (kernel_ms / 1e3),
-                   "num_splits": decode_num_splits(batch, N_KV, context, 32), "max_abs_diff_vs_reference": max_diff}
+                   "num_splits": decode_num_splits(batch, N_KV, context, knobs.get("block_n", 32),
+                                                   knobs.get("programs_per_sm", 2)),
+                   "max_abs_diff_vs_reference": max_diff}
             record["decode"].append(row)
             print(f"batch {batch:4d} context {context:5d}: {row['kernel_us']:8.1f} us "
                   f"{row['bandwidth_bytes_per_s'] / 1e12:5.2f} TB/s "

@@ -48,6 +48,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    cache_salt: str | None = None  # prefix caching (chapter 8) shares cached blocks only between equal salts
 
     def __post_init__(self):
         if not self.prompt_token_ids:

@@ -21,51 +21,57 @@ from torch import Tensor
 
 from minillm.model import AttentionMetadata
 
-# %% chapters/10_triton_decode.md:196
+# %% chapters/10_triton_decode.md:205
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, acc_ptr, m_ptr, l_ptr, scale,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                   stride_bt, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+                   stride_bt, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr):
+                   NUM_SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, IEEE: tl.constexpr):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    g = tl.arange(0, GROUP_P2)  # the query heads that share this KV head
+    g = tl.arange(0, ROWS)  # the query heads that share this KV head, padded to ROWS >= 16
     heads = kv_head * GROUP + g
     d = tl.arange(0, D_P2)
     g_ok, d_ok = g < GROUP, d < HEAD_DIM
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # (G, D)
-    m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_P2], tl.float32)
-    acc = tl.zeros([GROUP_P2, D_P2], tl.float32)
-    for t0 in range(start, end, BLOCK_N):
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)  # (ROWS, D); padding rows are zero
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_P2], tl.float32)
+    for t0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         t = t0 + tl.arange(0, BLOCK_N)  # token positions of this tile
         t_ok = t < end
         block = tl.load(block_tables_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=t_ok, other=0)  # (N,)
         slot = t % BLOCK_SIZE
         kv_mask = t_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)  # (N, D)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # (G, N)
-        s = tl.where(t_ok[None, :], s, float("-inf"))
+                    mask=kv_mask, other=0.0)  # (N, D)
+        if IEEE:  # float32 inputs: exact products, not TF32, so tests can compare at 1e-5
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(t_ok[None, :], s * scale, float("-inf"))  # (ROWS, N)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old maximum
-        p = tl.exp(s - m_new[:, None])  # (G, N)
+        p = tl.exp(s - m_new[:, None])  # (ROWS, N)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)  # (N, D)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+                    mask=kv_mask, other=0.0)  # (N, D)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # workspace rows: (seq, head, split)
     tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
     tl.store(m_ptr + row, m_i, mask=g_ok)
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
-# %% chapters/10_triton_decode.md:246
+# %% chapters/10_triton_decode.md:261
 @triton.jit
 def _reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ot, stride_oh, NUM_HEADS: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, NUM_SPLITS: tl.constexpr):
@@ -81,26 +87,30 @@ def _reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ot, stride_oh, NUM_HEA
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
-# %% chapters/10_triton_decode.md:269
+# %% chapters/10_triton_decode.md:286
 NUM_SMS = 132  # H100 / H200; only sizes the split count, correctness does not depend on it
+DECODE_KERNEL_VERSION = 2  # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
 
 
-def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int) -> int:
-    want = triton.cdiv(2 * NUM_SMS, num_seqs * num_kv_heads)
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
+                      programs_per_sm: int = 4) -> int:
+    want = triton.cdiv(programs_per_sm * NUM_SMS, num_seqs * num_kv_heads)
     return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(triton.cdiv(max_seq_len, block_n)), 64))
 
 
 def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
-                 max_seq_len: int, num_splits: int | None = None, block_n: int = 32) -> Tensor:
+                 max_seq_len: int, num_splits: int | None = None, block_n: int = 64, num_warps: int = 4,
+                 num_stages: int = 1, programs_per_sm: int = 4) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence, its K/V already cached.
 
     key_cache, value_cache: (num_blocks, block_size, n_kv_heads, D). Returns (num_seqs, n_heads, D).
+    block_n, num_warps, num_stages, programs_per_sm are tuning knobs (benchmarks/paged_attention.py).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     if num_splits is None:
-        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, block_n)
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, block_n, programs_per_sm)
     acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
@@ -109,14 +119,15 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
         q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, head_dim**-0.5,
         q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
-        NUM_HEADS=num_heads, GROUP=group, GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=head_dim, D_P2=d_p2,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits)
+        NUM_HEADS=num_heads, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        D_P2=d_p2, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, NUM_STAGES=num_stages,
+        IEEE=q.dtype == torch.float32, num_warps=num_warps)
     out = torch.empty_like(q)
     _reduce_kernel[(num_seqs, num_heads)](acc, m, l, out, out.stride(0), out.stride(1), NUM_HEADS=num_heads,
                                           HEAD_DIM=head_dim, D_P2=d_p2, NUM_SPLITS=num_splits)
     return out
 
-# %% chapters/10_triton_decode.md:350
+# %% chapters/10_triton_decode.md:372
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                     tile_seq_ptr, tile_start_ptr, scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -198,7 +209,7 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
         IEEE=q.dtype == torch.float32)
     return out
 
-# %% chapters/10_triton_decode.md:438
+# %% chapters/10_triton_decode.md:460
 def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                            attn_metadata: AttentionMetadata) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same shape."""
