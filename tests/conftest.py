@@ -3,8 +3,14 @@
 import os
 
 import pytest
-
 import torch
+from hypothesis import settings
+
+# In CI (CI=true) property tests draw the same examples every run, so a red run is reproducible;
+# locally they keep exploring new ones (and remember failures in .hypothesis/).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if not torch.cuda.is_available():
