@@ -185,7 +185,7 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return ModelRunnerOutput({r.request_id: [t] for r, t in zip(chosen, token_ids)}, logprobs)
 
-# %% chapters/07_engine.md:377
+# %% chapters/07_engine.md:378
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
@@ -198,10 +198,13 @@ class EngineConfig:
     cpu_kv_cache_bytes: int = 1 << 30  # on a CPU: this many bytes of KV cache
     seed: int = 0
     prefix_cache_impl: str | None = None  # chapter 8: None (off), "hash" (vLLM's) or "radix" (SGLang's)
+    attention_backend: str = "torch"  # "torch": chapter 4's reference; "triton": chapter 10's kernels
 
     def __post_init__(self):
         if self.prefix_cache_impl not in (None, "hash", "radix"):
             raise ValueError(f"prefix_cache_impl must be None, 'hash' or 'radix', got {self.prefix_cache_impl!r}")
+        if self.attention_backend not in ("torch", "triton"):
+            raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
 
 
 def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
@@ -218,7 +221,7 @@ def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
                                        config.gpu_memory_utilization, torch.cuda.max_memory_allocated(device))
     return num_blocks_for_memory(model.config, config.block_size, dtype, budget)
 
-# %% chapters/07_engine.md:422
+# %% chapters/07_engine.md:426
 @dataclass
 class _Sequence:
     """The engine's view of one child request: its detokenizer and what it produced."""
@@ -263,8 +266,10 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    max_model_len, config.enable_chunked_prefill),
                                    self.kv_cache_manager)
-        kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, paged_attention_ref,
-                                param.dtype, param.device)
+        backend = paged_attention_ref
+        if config.attention_backend == "triton":  # chapter 10, imported only when asked for
+            from minillm.kernels.paged_attention import triton_paged_attention as backend
+        kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, backend, param.dtype, param.device)
         tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_token_ids = sorted(set(model.config.eos_token_ids) | ({tokenizer_eos} - {None}))
         self.model_runner = ModelRunner(model, kv_cache, self.eos_token_ids, config.seed)
@@ -278,7 +283,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-# %% chapters/07_engine.md:484
+# %% chapters/07_engine.md:490
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or parameters."""
@@ -335,7 +340,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-# %% chapters/07_engine.md:551
+# %% chapters/07_engine.md:557
     def _check_stop(self, seq: _Sequence, stop_string: str | None) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
@@ -351,7 +356,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-# %% chapters/07_engine.md:573
+# %% chapters/07_engine.md:579
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens or finished."""
         scheduler_output = self.scheduler.schedule()

@@ -76,3 +76,17 @@ def test_bf16_realistic_sizes_on_gpu(query_lens, seq_lens):
     expected = paged_attention_ref(q, k, v, md).float()
     out = triton_paged_attention(q, k, v, md).float()
     assert (out - expected).abs().max() <= 2e-2  # bf16 output rounding, both sides
+
+
+def test_the_engine_on_the_triton_backend_matches_the_reference_backend(tiny):
+    from minillm.llm import LLM
+    from minillm.sampling_params import SamplingParams
+
+    prompts = [[0, 5, 6, 7], [0, 9], [0, 11, 12, 13, 14, 15, 16, 17, 18]]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(device=DEVICE, dtype=torch.float32, attention_backend=backend, num_kv_blocks=16, block_size=4,
+                  max_num_seqs=4, max_num_batched_tokens=8)  # chunked prefill: mixed batches of chunks and decodes
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs["triton"] == outs["torch"]
