@@ -652,6 +652,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--chat-template", default=None, help="a Jinja chat template file (default: the model's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-cache-impl", default=None, choices=["hash", "radix"],
+                   help="turn on prefix caching (chapter 8); off by default")
+    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"],
+                   help="PyTorch reference (chapter 4) or Triton kernels (chapter 10)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -673,7 +677,8 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     config = EngineConfig(block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                           num_kv_blocks=args.num_kv_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
-                          cpu_kv_cache_bytes=int(args.cpu_kv_cache_gib * (1 << 30)), seed=args.seed)
+                          cpu_kv_cache_bytes=int(args.cpu_kv_cache_gib * (1 << 30)), seed=args.seed,
+                          prefix_cache_impl=args.prefix_cache_impl, attention_backend=args.attention_backend)
     return LLMEngine(model, tokenizer, config), args.served_model_name or args.model or "minillm-tiny"
 
 
@@ -693,6 +698,6 @@ def main(argv: list[str] | None = None) -> None:
                 engine.max_model_len, engine.kv_cache_manager.num_blocks)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
-# %% chapters/16_server.md:1818
+# %% chapters/16_server.md:1823
 if __name__ == "__main__":
     main()

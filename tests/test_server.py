@@ -382,9 +382,18 @@ def test_cli_help_lists_the_flags(capsys):
         parse_args(["--help"])
     out = capsys.readouterr().out
     for flag in ["--host", "--port", "--model", "--max-model-len", "--num-kv-blocks", "--block-size",
-                 "--max-num-seqs", "--max-num-batched-tokens", "--served-model-name"]:
+                 "--max-num-seqs", "--max-num-batched-tokens", "--served-model-name", "--prefix-cache-impl",
+                 "--attention-backend"]:
         assert flag in out
     assert json.dumps(vars(parse_args(["--port", "9000"])))  # plain values
+
+
+def test_cli_flags_reach_the_engine_config(tiny):
+    from minillm.server import build_engine, parse_args
+
+    engine, name = build_engine(parse_args(["--prefix-cache-impl", "hash", "--num-kv-blocks", "64", "--device", "cpu"]))
+    assert engine.config.prefix_cache_impl == "hash" and engine.kv_cache_manager.num_blocks == 64
+    assert name == "minillm-tiny"
 
 
 def test_prefix_cache_counters_follow_the_kv_cache_manager(tiny):
