@@ -75,7 +75,7 @@ def gather_blocks(cache: Tensor, block_tables: Tensor, max_seq_len: int) -> Tens
     blocks = cache[block_tables[:, :num_blocks].long()]  # (num_seqs, num_blocks, block_size, n_kv, D)
     return blocks.flatten(1, 2)[:, :max_seq_len]  # (num_seqs, max_seq_len, n_kv, D)
 
-# %% chapters/04_paged_attention.md:305
+# %% chapters/04_paged_attention.md:307
 def paged_attention_ref(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                         attn_metadata: AttentionMetadata) -> Tensor:
     """Attention of a batch of new tokens over a paged KV cache, vectorised over sequences.
@@ -102,7 +102,7 @@ def paged_attention_ref(q: Tensor, key_cache: Tensor, value_cache: Tensor,
     out = torch.einsum("skgql,slkd->sqkgd", probs, v)  # (S, max_q, n_kv, group, D)
     return out.reshape(num_seqs, max_q, n_heads, head_dim)[seq_idx, row].to(q.dtype)  # (num_tokens, n_heads, D)
 
-# %% chapters/04_paged_attention.md:416
+# %% chapters/04_paged_attention.md:418
 @torch.inference_mode()
 def generate_paged(model: CausalLM, prompts: list[list[int]], max_new_tokens: int, block_size: int = 16,
                    num_blocks: int | None = None, attn_backend: AttentionBackend = paged_attention_ref,

@@ -89,7 +89,7 @@ def gather_kv(key_cache: Tensor, value_cache: Tensor, block_table: Tensor | list
     v = value_cache[blocks].flatten(0, 1)[:seq_len]
     return k, v
 
-# %% chapters/02_paged_kv.md:410
+# %% chapters/02_paged_kv.md:411
 def copy_blocks(key_caches: Tensor, value_caches: Tensor, block_mapping: Iterable) -> None:
     """Copy block src into block dst in every layer, for each (src, dst) pair of block_mapping
     (tuples, or chapter 3's BlockCopy orders with .src and .dst).
@@ -113,7 +113,7 @@ def copy_blocks(key_caches: Tensor, value_caches: Tensor, block_mapping: Iterabl
     key_caches[:, dst_ids] = key_caches[:, src_ids]  # (layers, pairs, block_size, n_kv, D), every layer at once
     value_caches[:, dst_ids] = value_caches[:, src_ids]
 
-# %% chapters/02_paged_kv.md:463
+# %% chapters/02_paged_kv.md:464
 class PagedKVCache:
     """K and V of every layer in num_blocks blocks of block_size token slots.
 

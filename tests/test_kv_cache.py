@@ -198,7 +198,7 @@ def test_copy_blocks_copies_every_layer_and_nothing_else(orders):
         assert torch.equal(cache.key_cache[:, b], before_k[:, b]) and torch.equal(cache.value_cache[:, b], before_v[:, b])
 
 
-def test_copy_blocks_reads_all_sources_before_writing():
+def test_copy_blocks_copies_every_pair_and_nothing_else():
     key = torch.arange(4.0).view(1, 4, 1, 1, 1)  # (layers, blocks, block_size, n_kv, D): block b holds b
     value = key.clone()
     copy_blocks(key, value, [(0, 2), (1, 3)])

@@ -199,6 +199,19 @@ def test_vllm_extra_sampling_fields_are_accepted(client):
                                         "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 2,
                                         "include_stop_str_in_output": True, "skip_special_tokens": True})
     assert out.usage.completion_tokens >= 2
+    # ...and they reach the engine's SamplingParams rather than being dropped as unknown fields
+    from minillm.protocol import CompletionRequest
+
+    params = CompletionRequest(model=MODEL, prompt=PROMPT, top_k=20, min_p=0.05, repetition_penalty=1.2,
+                               min_tokens=2, include_stop_str_in_output=True, ignore_eos=True,
+                               stop_token_ids=[5]).to_sampling_params()
+    assert (params.top_k, params.min_p, params.repetition_penalty, params.min_tokens) == (20, 0.05, 1.2, 2)
+    assert params.include_stop_str_in_output and params.ignore_eos and params.stop_token_ids == [5]
+    # and change what comes out: top_k=1 at temperature 1 is greedy
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
+    top1 = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3,
+                                     extra_body={"top_k": 1}).choices[0].text
+    assert top1 == greedy
 
 
 # --- errors ----------------------------------------------------------------------------------
