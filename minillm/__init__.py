@@ -20,6 +20,7 @@
     sampling_params          chapters/06_sampler.md
     scheduler                chapters/05_scheduler.md
     server                   chapters/16_server.md
+    swap                     chapters/09_swap.md
     tiny                     chapters/01_model.md
     tokenizer                chapters/01_model.md
     train                    chapters/01_model.md

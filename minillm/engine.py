@@ -185,7 +185,7 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return ModelRunnerOutput({r.request_id: [t] for r, t in zip(chosen, token_ids)}, logprobs)
 
-# %% chapters/07_engine.md:378
+# %% chapters/07_engine.md:380
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
@@ -199,10 +199,18 @@ class EngineConfig:
     seed: int = 0
     prefix_cache_impl: str | None = None  # chapter 8: None (off), "hash" (vLLM's) or "radix" (SGLang's)
     attention_backend: str = "torch"  # "torch": chapter 4's reference; "triton": chapter 10's kernels
+    preemption_mode: str = "recompute"  # chapter 9: "recompute" (drop the cache) or "swap" (to CPU memory)
+    num_cpu_blocks: int | None = None  # chapter 9: the swap space in blocks; else from swap_space_bytes
+    swap_space_bytes: int = 1 << 30  # chapter 9: CPU memory for swapped-out blocks
 
     def __post_init__(self):
         if self.prefix_cache_impl not in (None, "hash", "radix"):
             raise ValueError(f"prefix_cache_impl must be None, 'hash' or 'radix', got {self.prefix_cache_impl!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.preemption_mode == "swap" and self.prefix_cache_impl is not None:
+            raise ValueError("preemption_mode='swap' does not combine with prefix caching (chapter 9 says why): "
+                             "use preemption_mode='recompute', which a prefix cache already makes cheap")
         if self.attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
 
@@ -221,7 +229,7 @@ def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
                                        config.gpu_memory_utilization, torch.cuda.max_memory_allocated(device))
     return num_blocks_for_memory(model.config, config.block_size, dtype, budget)
 
-# %% chapters/07_engine.md:426
+# %% chapters/07_engine.md:436
 @dataclass
 class _Sequence:
     """The engine's view of one child request: its detokenizer and what it produced."""
@@ -263,13 +271,19 @@ class LLMEngine:
         else:  # chapter 8 comes later in the book, so its module is imported only when asked for
             from minillm.prefix_cache import make_kv_cache_manager
             self.kv_cache_manager = make_kv_cache_manager(num_blocks, config.block_size, config.prefix_cache_impl)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   max_model_len, config.enable_chunked_prefill),
-                                   self.kv_cache_manager)
+        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
+                                           config.enable_chunked_prefill)
         backend = paged_attention_ref
         if config.attention_backend == "triton":  # chapter 10, imported only when asked for
             from minillm.kernels.paged_attention import triton_paged_attention as backend
         kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, backend, param.dtype, param.device)
+        self.swapper = None  # chapter 9: copies the blocks a step swaps out or in
+        if config.preemption_mode == "recompute":
+            self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager)
+        else:  # chapter 9, imported only when asked for
+            from minillm.swap import make_swap_scheduler
+            self.scheduler, self.swapper = make_swap_scheduler(scheduler_config, self.kv_cache_manager, kv_cache,
+                                                               config)
         tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_token_ids = sorted(set(model.config.eos_token_ids) | ({tokenizer_eos} - {None}))
         self.model_runner = ModelRunner(model, kv_cache, self.eos_token_ids, config.seed)
@@ -283,7 +297,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-# %% chapters/07_engine.md:490
+# %% chapters/07_engine.md:506
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or parameters."""
@@ -340,7 +354,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-# %% chapters/07_engine.md:557
+# %% chapters/07_engine.md:573
     def _check_stop(self, seq: _Sequence, stop_string: str | None) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
@@ -356,11 +370,13 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-# %% chapters/07_engine.md:579
+# %% chapters/07_engine.md:597
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens or finished."""
         scheduler_output = self.scheduler.schedule()
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
+        if self.swapper is not None:  # chapter 9: move swapped blocks before the forward reads the cache
+            self.swapper.execute(scheduler_output)
         if not scheduler_output.scheduled_requests:
             return []
         now = time.monotonic()

@@ -35,13 +35,15 @@ class SchedulerConfig:
             raise ValueError(f"without chunked prefill, max_num_batched_tokens ({self.max_num_batched_tokens}) "
                              f"must be >= max_model_len ({self.max_model_len}) to fit any prompt in one step")
 
-# %% chapters/05_scheduler.md:392
+# %% chapters/05_scheduler.md:395
 @dataclass
 class SchedulerOutput:
     scheduled_requests: list[Request]  # batch order
     num_scheduled_tokens: dict[str, int]  # request id -> tokens to compute this step
     preempted_req_ids: list[str] = field(default_factory=list)
     finished_req_ids: set[str] = field(default_factory=set)  # finished since the previous step
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device) pairs, chapter 9
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu) pairs, chapter 9
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -51,7 +53,7 @@ class SchedulerOutput:
         """Whether request gets a new token this step: its scheduled tokens reach the end of what it has."""
         return request.num_computed_tokens + self.num_scheduled_tokens[request.request_id] == request.num_tokens
 
-# %% chapters/05_scheduler.md:441
+# %% chapters/05_scheduler.md:448
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (continuous batching).
 
@@ -86,7 +88,7 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-# %% chapters/05_scheduler.md:485
+# %% chapters/05_scheduler.md:492
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, int] = {}
@@ -140,7 +142,10 @@ class Scheduler:
         return output
 
     def _preempt(self, request: Request) -> None:
-        """Recompute preemption: drop the request's cache and queue it to run again first."""
+        """Recompute preemption: drop the request's cache and queue it to run again first.
+
+        The one place that decides what preemption does: chapter 9's SwapScheduler overrides it.
+        """
         self.running.remove(request)
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
@@ -148,7 +153,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-# %% chapters/05_scheduler.md:558
+# %% chapters/05_scheduler.md:568
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]) -> list[Request]:
         """Apply one step's results; returns the requests that received new tokens."""
         updated = []
