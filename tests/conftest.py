@@ -30,3 +30,19 @@ def tiny():
 def device():
     """Where device-aware tests run: $MINILLM_TEST_DEVICE (e.g. cuda on the GPU box), else cpu."""
     return os.environ.get("MINILLM_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture
+def hf_checkpoint(tmp_path, tiny):
+    """make(cls, config): a random-initialised transformers model saved to tmp_path with the tiny
+    tokenizer (prompts are token ids, so any tokenizer.json will do); returns (model, folder)."""
+
+    def make(cls, config):
+        torch.manual_seed(0)
+        reference = cls(config).eval()
+        reference.generation_config.eos_token_id = None  # random weights: generate every requested token
+        reference.save_pretrained(tmp_path)
+        tiny[1].save(tmp_path)
+        return reference, tmp_path
+
+    return make

@@ -38,12 +38,8 @@ def mixed_prompts(n, vocab, seed=0):
     (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False)),
     (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True)),
 ])
-def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(tmp_path, tiny, cls, config):
-    torch.manual_seed(0)
-    reference = cls(config).eval()
-    reference.generation_config.eos_token_id = None
-    reference.save_pretrained(tmp_path)
-    tiny[1].save(tmp_path)  # any tokenizer.json will do: prompts are token ids
+def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(hf_checkpoint, cls, config):
+    reference, tmp_path = hf_checkpoint(cls, config)
     prompts = mixed_prompts(16, 384)
     llm = LLM(tmp_path, device="cpu", num_kv_blocks=40, block_size=4, max_num_seqs=8, max_num_batched_tokens=24)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)

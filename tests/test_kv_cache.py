@@ -13,15 +13,6 @@ from minillm.kv_cache import (PagedKVCache, available_kv_cache_memory, compute_s
                               reshape_and_cache)
 from minillm.model import DenseKVCache, ModelConfig, build_attention_metadata
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    """Tiny tensors: one thread is as fast, and unaffected by other processes on shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 SMALL = ModelConfig(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
 QWEN3_0_6B = ModelConfig(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128)
 

@@ -17,15 +17,6 @@ from minillm.model import DenseKVCache, ModelConfig, build_attention_metadata, g
 transformers.logging.set_verbosity_error()
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    """Tiny tensors: one thread is as fast, and unaffected by other processes on shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def paged_and_dense(backend, block_size, n_heads, n_kv_heads, context_lens, query_lens, seed=0, head_dim=16,
                     dtype=torch.float32):
     """Run one step of random q/k/v through a PagedKVCache (shuffled blocks, every slot NaN first) and

@@ -88,13 +88,9 @@ def test_swap_matches_recompute_on_tiny_model_and_computes_fewer_tokens(tiny):
     (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False)),
     (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True)),
 ])
-def test_swap_matches_recompute_on_hf_models(tmp_path, tiny, cls, config):
-    torch.manual_seed(0)
-    reference = cls(config).eval()
-    reference.generation_config.eos_token_id = None
-    reference.save_pretrained(tmp_path)
-    tiny[1].save(tmp_path)  # any tokenizer.json will do: prompts are token ids
-    compare_modes(tmp_path, mixed_prompts(16, 384))
+def test_swap_matches_recompute_on_hf_models(hf_checkpoint, cls, config):
+    _, folder = hf_checkpoint(cls, config)
+    compare_modes(folder, mixed_prompts(16, 384))
 
 
 def test_full_swap_space_falls_back_to_recompute(tiny, caplog):
