@@ -88,6 +88,8 @@ def run_mode(folder: Path, prompts: list[list[int]], output_len: int, impl: str 
               "hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
               "steps": llm.engine.num_steps, "preemptions": llm.engine.num_preemptions,
               "num_kv_blocks": kv.num_blocks, "prefix_cache_impl": impl,
+              "engine": {k: getattr(llm.engine, k, None)
+                         for k in ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile")},
               "token_ids": [o.outputs[0].token_ids for o in outputs[:4]]}
     del llm, outputs
     gc.collect()
@@ -122,7 +124,7 @@ def main() -> None:
                            "token_ids": "uniform in [0, 10000)", "ignore_eos": True, "seed": 0,
                            "prompt_tokens": sum(map(len, prompts)), "submitted": "all at once (offline batch)",
                            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                           "block_size": 16, "attention": "paged_attention_ref (PyTorch)",
+                           "block_size": 16,
                            "warm_prefix": args.warm_prefix},
               "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:

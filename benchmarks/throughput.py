@@ -88,6 +88,7 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
               max_model_len=2 * args.max_len + 16)
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in output_lens]
     llm.generate(prompts[:4], [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)
+    steps_before = llm.engine.num_steps
     torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
@@ -98,11 +99,13 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
     result = {"seconds": seconds, "requests": len(prompts), "output_tokens": produced,
               "total_tokens": produced + sum(map(len, prompts)), "output_tokens_per_s": produced / seconds,
               "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
-              "steps": llm.engine.num_steps, "preemptions": llm.engine.num_preemptions,
+              "steps": llm.engine.num_steps - steps_before,
+              "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0), "preemptions": llm.engine.num_preemptions,
               "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,
               "config": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                          "gpu_memory_utilization": args.gpu_memory_utilization, "block_size": 16,
-                         "attention": "paged_attention_ref (PyTorch)", "cuda_graphs": False}}
+                         "attention": llm.engine.attention_backend, "cuda_graphs": llm.engine.cuda_graphs,
+                         "persistent_batch": llm.engine.persistent_batch}}
     del llm, outputs
     gc.collect()
     torch.cuda.empty_cache()
@@ -150,7 +153,7 @@ def main() -> None:
     parser.add_argument("--hf-requests", type=int, default=64, help="HF runs the first N requests (it is slow)")
     parser.add_argument("--hf-batch-size", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

@@ -5,8 +5,10 @@
     module                   chapter
     attention                chapters/04_paged_attention.md
     block_pool               chapters/03_block_allocator.md
+    cuda_graph               chapters/11_cuda_graph.md
     engine                   chapters/07_engine.md
     hf                       chapters/01_model.md
+    input_batch              chapters/11_cuda_graph.md
     kv_cache                 chapters/02_paged_kv.md
     kv_cache_manager         chapters/05_scheduler.md
     llm                      chapters/07_engine.md

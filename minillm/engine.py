@@ -165,13 +165,20 @@ class ModelRunner:
                                   for t in r.all_token_ids[r.num_computed_tokens:r.num_computed_tokens + n]],
                                  device=self.device)
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)  # (num_tokens, hidden)
+        return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
 
+    def sample(self, output: SchedulerOutput, hidden: Tensor, last: Tensor) -> ModelRunnerOutput:
+        """Next tokens for the requests whose chunk reached their end; last: (num_seqs,) their last rows."""
+        requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         if not sampling:
             return ModelRunnerOutput({}, {})
-        last = metadata.query_start_loc[1:].long() - 1  # (num_seqs,) each request's last token
         logits = self.model.compute_logits(hidden[last[sampling]])  # (num_sampling, vocab)
         chosen = [requests[i] for i in sampling]
+        token_ids, logprobs = self.sample_tokens(chosen, logits)
+        return ModelRunnerOutput({r.request_id: [t] for r, t in zip(chosen, token_ids)}, logprobs)
+
+    def sample_tokens(self, chosen: list[Request], logits: Tensor) -> tuple[list[int], dict[str, SampleLogprobs]]:
         sampling_md = SamplingMetadata.from_requests(
             [r.sampling_params for r in chosen], [r.prompt_token_ids for r in chosen],
             [r.output_token_ids for r in chosen], logits.shape[-1],
@@ -183,9 +190,9 @@ class ModelRunner:
             for r, lp in zip(chosen, out.logprobs_tensors.tolists(sampling_md.num_logprobs)):
                 if lp is not None:
                     logprobs[r.request_id] = lp
-        return ModelRunnerOutput({r.request_id: [t] for r, t in zip(chosen, token_ids)}, logprobs)
+        return token_ids, logprobs
 
-# %% chapters/07_engine.md:380
+# %% chapters/07_engine.md:390
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
@@ -198,10 +205,13 @@ class EngineConfig:
     cpu_kv_cache_bytes: int = 1 << 30  # on a CPU: this many bytes of KV cache
     seed: int = 0
     prefix_cache_impl: str | None = None  # chapter 8: None (off), "hash" (vLLM's) or "radix" (SGLang's)
-    attention_backend: str = "torch"  # "torch": chapter 4's reference; "triton": chapter 10's kernels
+    attention_backend: str = "auto"  # "torch": chapter 4's reference; "triton": chapter 10's; "auto": triton on a GPU
     preemption_mode: str = "recompute"  # chapter 9: "recompute" (drop the cache) or "swap" (to CPU memory)
     num_cpu_blocks: int | None = None  # chapter 9: the swap space in blocks; else from swap_space_bytes
     swap_space_bytes: int = 1 << 30  # chapter 9: CPU memory for swapped-out blocks
+    persistent_batch: bool | None = None  # chapter 11: a runner that keeps its batch between steps; None: on a GPU
+    cuda_graphs: bool | None = None  # chapter 11: replay captured decode steps; None: on a GPU with Triton attention
+    torch_compile: bool | None = None  # chapter 11: fuse each layer's small operators; None: with CUDA graphs
 
     def __post_init__(self):
         if self.prefix_cache_impl not in (None, "hash", "radix"):
@@ -211,8 +221,13 @@ class EngineConfig:
         if self.preemption_mode == "swap" and self.prefix_cache_impl is not None:
             raise ValueError("preemption_mode='swap' does not combine with prefix caching (chapter 9 says why): "
                              "use preemption_mode='recompute', which a prefix cache already makes cheap")
-        if self.attention_backend not in ("torch", "triton"):
-            raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.cuda_graphs and self.persistent_batch is False:
+            raise ValueError("cuda_graphs=True needs the persistent batch (chapter 11): leave persistent_batch on")
+        if self.cuda_graphs and self.attention_backend == "torch":
+            raise ValueError("cuda_graphs=True needs attention_backend='triton' (or 'auto' on a GPU): chapter 4's "
+                             "reference attention sizes its tensors from each step's lengths, so it cannot be captured")
 
 
 def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
@@ -229,7 +244,7 @@ def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
                                        config.gpu_memory_utilization, torch.cuda.max_memory_allocated(device))
     return num_blocks_for_memory(model.config, config.block_size, dtype, budget)
 
-# %% chapters/07_engine.md:436
+# %% chapters/07_engine.md:454
 @dataclass
 class _Sequence:
     """The engine's view of one child request: its detokenizer and what it produced."""
@@ -263,20 +278,35 @@ class LLMEngine:
             num_blocks = profile_num_blocks(model, config)
         else:
             num_blocks = num_blocks_for_memory(model.config, config.block_size, param.dtype, config.cpu_kv_cache_bytes)
+        on_gpu = param.device.type == "cuda"
+        backend_name = config.attention_backend
+        if backend_name == "auto":  # chapter 10's kernels where they run fast, chapter 4's reference elsewhere
+            backend_name = "triton" if on_gpu else "torch"
+        use_graphs = config.cuda_graphs if config.cuda_graphs is not None else (on_gpu and backend_name == "triton")
+        if use_graphs and (not on_gpu or backend_name != "triton"):
+            raise ValueError("cuda_graphs=True needs a model on a CUDA device and Triton attention")
+        persistent = config.persistent_batch if config.persistent_batch is not None else on_gpu
+        use_compile = config.torch_compile if config.torch_compile is not None else use_graphs
+        if use_compile and not persistent:
+            raise ValueError("torch_compile=True needs the persistent batch (chapter 11): leave persistent_batch on")
+        # chapter 11: with CUDA graphs the last block is nobody's, the scratch where padding rows write
+        num_usable = num_blocks - 1 if use_graphs else num_blocks
         # unless told otherwise: the model's context, capped at 4096 and at what the cache can hold
         max_model_len = config.max_model_len or min(model.config.max_position_embeddings, 4096,
-                                                    num_blocks * config.block_size)
+                                                    num_usable * config.block_size)
         if config.prefix_cache_impl is None:
-            self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size)
+            self.kv_cache_manager = KVCacheManager(num_usable, config.block_size)
         else:  # chapter 8 comes later in the book, so its module is imported only when asked for
             from minillm.prefix_cache import make_kv_cache_manager
-            self.kv_cache_manager = make_kv_cache_manager(num_blocks, config.block_size, config.prefix_cache_impl)
+            self.kv_cache_manager = make_kv_cache_manager(num_usable, config.block_size, config.prefix_cache_impl)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                                            config.enable_chunked_prefill)
         backend = paged_attention_ref
-        if config.attention_backend == "triton":  # chapter 10, imported only when asked for
+        if backend_name == "triton":  # chapter 10, imported only when asked for
             from minillm.kernels.paged_attention import triton_paged_attention as backend
         kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, backend, param.dtype, param.device)
+        self.attention_backend, self.cuda_graphs, self.persistent_batch = backend_name, use_graphs, persistent
+        self.torch_compile = use_compile
         self.swapper = None  # chapter 9: copies the blocks a step swaps out or in
         if config.preemption_mode == "recompute":
             self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager)
@@ -286,18 +316,24 @@ class LLMEngine:
                                                                config)
         tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_token_ids = sorted(set(model.config.eos_token_ids) | ({tokenizer_eos} - {None}))
-        self.model_runner = ModelRunner(model, kv_cache, self.eos_token_ids, config.seed)
+        if persistent:  # chapter 11, imported only when asked for
+            from minillm.input_batch import GPUModelRunner
+            self.model_runner = GPUModelRunner(model, kv_cache, self.eos_token_ids, config.seed, config.max_num_seqs,
+                                               max_model_len, cuda_graphs=use_graphs, torch_compile=use_compile)
+        else:
+            self.model_runner = ModelRunner(model, kv_cache, self.eos_token_ids, config.seed)
         self.max_model_len = max_model_len
         self.sequences: dict[str, _Sequence] = {}
         self.parents: dict[str, _Parent] = {}
         self.num_steps = 0
         self.num_preemptions = 0
+        self.num_generated_tokens = 0
 
     @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-# %% chapters/07_engine.md:506
+# %% chapters/07_engine.md:545
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or parameters."""
@@ -354,7 +390,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-# %% chapters/07_engine.md:573
+# %% chapters/07_engine.md:612
     def _check_stop(self, seq: _Sequence, stop_string: str | None) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
@@ -370,9 +406,10 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-# %% chapters/07_engine.md:597
+# %% chapters/07_engine.md:636
     def step(self) -> list[RequestOutput]:
-        """One engine step. Returns an output for every request that got new tokens or finished."""
+        """One engine step. Returns an output for every request that got new tokens (for
+        output_kind="final_only": only once it finished) or finished."""
         scheduler_output = self.scheduler.schedule()
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
         if self.swapper is not None:  # chapter 9: move swapped blocks before the forward reads the cache
@@ -386,6 +423,7 @@ class LLMEngine:
         result = self.model_runner.execute_model(scheduler_output, self.kv_cache_manager)
         updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
         self.num_steps += 1
+        self.num_generated_tokens += len(updated)
 
         now = time.monotonic()
         touched: dict[str, None] = {}
@@ -401,7 +439,8 @@ class LLMEngine:
             if status is not None:
                 seq.metrics.finished_time = now
                 self.scheduler.finish_requests(request.request_id, status)
-            touched[seq.parent_id] = None
+            if status is not None or request.sampling_params.output_kind == "cumulative":
+                touched[seq.parent_id] = None  # "final_only" requests are reported once, when they end
         return [self._make_output(parent_id) for parent_id in touched]
 
     def _make_output(self, parent_id: str) -> RequestOutput:

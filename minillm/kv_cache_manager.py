@@ -59,9 +59,12 @@ class KVCacheManager:
         request's table, one reference more each; num_new_tokens come after them.
         Raises NoFreeBlocksError, leaving everything unchanged, when the pool is too small.
         """
-        blocks = self.req_to_blocks.get(request.request_id, []) + list(new_computed_blocks)
+        held = self.req_to_blocks.get(request.request_id, [])
         total = (request.num_computed_tokens + len(new_computed_blocks) * self.block_size + num_new_tokens
                  + num_lookahead_tokens)
+        if not new_computed_blocks and self.blocks_needed(total) <= len(held):
+            return []  # most decode steps: the new token fits in the last block the request holds
+        blocks = held + list(new_computed_blocks)
         num_needed = max(0, self.blocks_needed(total) - len(blocks))
         # a cached block that sits in the free queue leaves it when touched: it is not free for new blocks
         num_free = self.block_pool.get_num_free_blocks() - sum(b.ref_cnt == 0 for b in new_computed_blocks)

@@ -72,6 +72,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # None, or the only tokens that may be sampled
     banned_token_ids: list[int] | None = None  # tokens that may never be sampled
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
+    output_kind: str = "cumulative"  # the engine (chapter 7) reports every step, or "final_only": when done
 
     def __post_init__(self) -> None:
         def as_list(value):  # accept tuples and sets; leave anything else for _verify_args to reject
@@ -108,7 +109,7 @@ class SamplingParams:
         if self.logprobs is not None and self.logprobs > vocab_size:
             raise SamplingParamsError("logprobs", self.logprobs, f"at most the vocabulary size {vocab_size}")
 
-# %% chapters/06_sampler.md:424
+# %% chapters/06_sampler.md:425
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range (vLLM's _verify_args)."""
     def integer(v):
@@ -140,6 +141,7 @@ def _verify_args(params: SamplingParams) -> None:
          f"an integer in [0, max_tokens={params.max_tokens}]"),
         ("logprobs", params.logprobs is None or (integer(params.logprobs) and params.logprobs >= 0),
          "None or an integer >= 0"),
+        ("output_kind", params.output_kind in ("cumulative", "final_only"), "'cumulative' or 'final_only'"),
         ("stop", isinstance(params.stop, list) and all(isinstance(s, str) and s for s in params.stop),
          "a string or a list of non-empty strings"),
         ("stop_token_ids", token_ids(params.stop_token_ids), "a list of token ids (integers >= 0)"),

@@ -64,19 +64,21 @@ class SwapSpace:
         self.block_pool.free_blocks(blocks)
         return [b.block_id for b in blocks]
 
-# %% chapters/09_swap.md:257
+# %% chapters/09_swap.md:260
 def swap_blocks(src: Tensor, dst: Tensor, block_mapping: Iterable[tuple[int, int]]) -> None:
     """dst[:, d] = src[:, s] for every (s, d) pair, all layers at once, across devices.
 
     src, dst: (num_layers, num_blocks, block_size, n_kv_heads, head_dim), one on the device and
     one on the CPU (or both on the CPU); their num_blocks may differ.
     """
-    pairs = list(block_mapping)
-    if not pairs:
-        return
-    src_ids = torch.tensor([s for s, _ in pairs], device=src.device)
-    dst_ids = torch.tensor([d for _, d in pairs], device=dst.device)
-    dst[:, dst_ids] = src[:, src_ids].to(dst.device)  # (layers, pairs, block_size, n_kv, D): one gather, one copy
+    runs: list[list[int]] = []  # [first src, first dst, length]: consecutive pairs merge into one copy
+    for s, d in block_mapping:
+        if runs and s == runs[-1][0] + runs[-1][2] and d == runs[-1][1] + runs[-1][2]:
+            runs[-1][2] += 1
+        else:
+            runs.append([s, d, 1])
+    for s, d, n in runs:  # a view to a view: pinned host memory is copied by DMA, no staging copy
+        dst[:, d:d + n].copy_(src[:, s:s + n], non_blocking=True)  # (layers, n, block_size, n_kv, D)
 
 
 class Swapper:
@@ -108,7 +110,7 @@ class Swapper:
         self.swap_in(output.blocks_to_swap_in)
         self.swap_out(output.blocks_to_swap_out)
 
-# %% chapters/09_swap.md:329
+# %% chapters/09_swap.md:334
 class SwapScheduler(Scheduler):
     """A Scheduler whose preemption swaps a request's blocks to CPU memory instead of dropping them.
 
@@ -131,7 +133,7 @@ class SwapScheduler(Scheduler):
     def get_num_unfinished_requests(self) -> int:
         return super().get_num_unfinished_requests() + len(self.swapped)
 
-# %% chapters/09_swap.md:363
+# %% chapters/09_swap.md:368
     def _preempt(self, request: Request) -> None:
         """Swap preemption: copy the computed tokens' blocks to the swap space; recompute if it is full."""
         manager = self.kv_cache_manager
@@ -153,7 +155,7 @@ class SwapScheduler(Scheduler):
         self.swapped.append(request)
         self.num_swapped_out += 1
 
-# %% chapters/09_swap.md:399
+# %% chapters/09_swap.md:404
     def _swap_in(self) -> None:
         """Bring swapped requests back, oldest first, while the device has room for them to grow."""
         manager = self.kv_cache_manager
@@ -193,7 +195,7 @@ class SwapScheduler(Scheduler):
                 self.waiting.append(request)
         super().finish_requests(request_ids, status)
 
-# %% chapters/09_swap.md:448
+# %% chapters/09_swap.md:453
 def make_swap_scheduler(config: SchedulerConfig, kv_cache_manager: KVCacheManager, kv_cache: PagedKVCache,
                         engine_config) -> tuple[SwapScheduler, Swapper]:
     """The engine's entry point (chapter 7): a swap space sized by EngineConfig, its scheduler and its copier."""
