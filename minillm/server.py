@@ -654,8 +654,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix-cache-impl", default=None, choices=["hash", "radix"],
                    help="turn on prefix caching (chapter 8); off by default")
-    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"],
-                   help="PyTorch reference (chapter 4) or Triton kernels (chapter 10)")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="PyTorch reference (chapter 4) or Triton kernels (chapter 10); auto: Triton on a GPU")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs and no compiled layers (chapter 11), as vLLM's flag of that name")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -678,7 +680,8 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                           num_kv_blocks=args.num_kv_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
                           cpu_kv_cache_bytes=int(args.cpu_kv_cache_gib * (1 << 30)), seed=args.seed,
-                          prefix_cache_impl=args.prefix_cache_impl, attention_backend=args.attention_backend)
+                          prefix_cache_impl=args.prefix_cache_impl, attention_backend=args.attention_backend,
+                          **({"cuda_graphs": False, "torch_compile": False} if args.enforce_eager else {}))
     return LLMEngine(model, tokenizer, config), args.served_model_name or args.model or "minillm-tiny"
 
 
@@ -698,6 +701,6 @@ def main(argv: list[str] | None = None) -> None:
                 engine.max_model_len, engine.kv_cache_manager.num_blocks)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
-# %% chapters/16_server.md:1830
+# %% chapters/16_server.md:1833
 if __name__ == "__main__":
     main()

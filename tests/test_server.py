@@ -396,7 +396,7 @@ def test_cli_help_lists_the_flags(capsys):
     out = capsys.readouterr().out
     for flag in ["--host", "--port", "--model", "--max-model-len", "--num-kv-blocks", "--block-size",
                  "--max-num-seqs", "--max-num-batched-tokens", "--served-model-name", "--prefix-cache-impl",
-                 "--attention-backend"]:
+                 "--attention-backend", "--enforce-eager"]:
         assert flag in out
     assert json.dumps(vars(parse_args(["--port", "9000"])))  # plain values
 
@@ -407,6 +407,9 @@ def test_cli_flags_reach_the_engine_config(tiny):
     engine, name = build_engine(parse_args(["--prefix-cache-impl", "hash", "--num-kv-blocks", "64", "--device", "cpu"]))
     assert engine.config.prefix_cache_impl == "hash" and engine.kv_cache_manager.num_blocks == 64
     assert name == "minillm-tiny"
+    assert engine.attention_backend == "torch" and not engine.cuda_graphs  # "auto" on a CPU
+    eager, _ = build_engine(parse_args(["--enforce-eager", "--num-kv-blocks", "64", "--device", "cpu"]))
+    assert eager.config.cuda_graphs is False and eager.config.torch_compile is False
 
 
 def test_prefix_cache_counters_follow_the_kv_cache_manager(tiny):
