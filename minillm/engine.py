@@ -192,7 +192,7 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return token_ids, logprobs
 
-# %% chapters/07_engine.md:390
+# %% chapters/07_engine.md:391
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
@@ -230,6 +230,24 @@ class EngineConfig:
                              "reference attention sizes its tensors from each step's lengths, so it cannot be captured")
 
 
+def resolve_fast_path(config: EngineConfig, on_gpu: bool) -> tuple[str, bool, bool, bool]:
+    """What "auto" and None mean here: (attention backend, persistent batch, CUDA graphs, torch.compile).
+
+    On a GPU: chapter 10's kernels and all of chapter 11; elsewhere: this chapter's plain path.
+    """
+    backend = config.attention_backend
+    if backend == "auto":
+        backend = "triton" if on_gpu else "torch"
+    graphs = config.cuda_graphs if config.cuda_graphs is not None else (on_gpu and backend == "triton")
+    if graphs and (not on_gpu or backend != "triton"):
+        raise ValueError("cuda_graphs=True needs a model on a CUDA device and Triton attention")
+    persistent = config.persistent_batch if config.persistent_batch is not None else on_gpu
+    compiled = config.torch_compile if config.torch_compile is not None else graphs
+    if compiled and not persistent:
+        raise ValueError("torch_compile=True needs the persistent batch (chapter 11): leave persistent_batch on")
+    return backend, persistent, graphs, compiled
+
+
 def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
     """KV-cache blocks that fit next to the model on its GPU (after a profiling forward)."""
     device = next(model.parameters()).device
@@ -244,7 +262,7 @@ def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
                                        config.gpu_memory_utilization, torch.cuda.max_memory_allocated(device))
     return num_blocks_for_memory(model.config, config.block_size, dtype, budget)
 
-# %% chapters/07_engine.md:454
+# %% chapters/07_engine.md:473
 @dataclass
 class _Sequence:
     """The engine's view of one child request: its detokenizer and what it produced."""
@@ -278,17 +296,7 @@ class LLMEngine:
             num_blocks = profile_num_blocks(model, config)
         else:
             num_blocks = num_blocks_for_memory(model.config, config.block_size, param.dtype, config.cpu_kv_cache_bytes)
-        on_gpu = param.device.type == "cuda"
-        backend_name = config.attention_backend
-        if backend_name == "auto":  # chapter 10's kernels where they run fast, chapter 4's reference elsewhere
-            backend_name = "triton" if on_gpu else "torch"
-        use_graphs = config.cuda_graphs if config.cuda_graphs is not None else (on_gpu and backend_name == "triton")
-        if use_graphs and (not on_gpu or backend_name != "triton"):
-            raise ValueError("cuda_graphs=True needs a model on a CUDA device and Triton attention")
-        persistent = config.persistent_batch if config.persistent_batch is not None else on_gpu
-        use_compile = config.torch_compile if config.torch_compile is not None else use_graphs
-        if use_compile and not persistent:
-            raise ValueError("torch_compile=True needs the persistent batch (chapter 11): leave persistent_batch on")
+        backend_name, persistent, use_graphs, use_compile = resolve_fast_path(config, param.device.type == "cuda")
         # chapter 11: with CUDA graphs the last block is nobody's, the scratch where padding rows write
         num_usable = num_blocks - 1 if use_graphs else num_blocks
         # unless told otherwise: the model's context, capped at 4096 and at what the cache can hold
@@ -333,7 +341,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-# %% chapters/07_engine.md:545
+# %% chapters/07_engine.md:554
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or parameters."""
@@ -390,7 +398,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-# %% chapters/07_engine.md:612
+# %% chapters/07_engine.md:621
     def _check_stop(self, seq: _Sequence, stop_string: str | None) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
@@ -406,7 +414,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-# %% chapters/07_engine.md:636
+# %% chapters/07_engine.md:645
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""

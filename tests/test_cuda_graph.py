@@ -101,6 +101,20 @@ def test_configuration_errors():
             LLM(device="cpu", num_kv_blocks=16, cuda_graphs=True, attention_backend="triton")
 
 
+def test_what_the_defaults_mean_on_each_device():
+    from minillm.engine import resolve_fast_path
+
+    assert resolve_fast_path(EngineConfig(), on_gpu=True) == ("triton", True, True, True)
+    assert resolve_fast_path(EngineConfig(), on_gpu=False) == ("torch", False, False, False)
+    assert resolve_fast_path(EngineConfig(cuda_graphs=False), on_gpu=True) == ("triton", True, False, False)
+    assert resolve_fast_path(EngineConfig(attention_backend="torch"), on_gpu=True) == ("torch", True, False, False)
+    assert resolve_fast_path(EngineConfig(persistent_batch=True), on_gpu=False) == ("torch", True, False, False)
+    with pytest.raises(ValueError, match="CUDA device"):
+        resolve_fast_path(EngineConfig(cuda_graphs=True), on_gpu=False)
+    with pytest.raises(ValueError, match="persistent batch"):
+        resolve_fast_path(EngineConfig(torch_compile=True), on_gpu=False)
+
+
 def test_capture_sizes():
     assert default_capture_sizes(1) == [1]
     assert default_capture_sizes(20) == [1, 2, 4, 8, 16, 20]
