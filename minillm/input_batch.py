@@ -74,6 +74,7 @@ class StepInputs:
     query_start_loc: np.ndarray  # (num_seqs + 1,) int32
     seq_lens: np.ndarray  # (num_seqs,) int32
     block_tables: np.ndarray  # (num_seqs, blocks of the longest sequence) int32
+    all_sample: bool  # every sequence's chunk reaches its end, so every one gets a new token
 
     @property
     def num_seqs(self) -> int:
@@ -94,13 +95,14 @@ class StepInputs:
 
 def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager: KVCacheManager) -> StepInputs:
     """The step's inputs; request i of output.scheduled_requests is sequence i of the batch."""
-    rows, query_lens, context_lens, token_ids = [], [], [], []
+    rows, query_lens, context_lens, token_ids, all_sample = [], [], [], [], True
     for request in output.scheduled_requests:
         rows.append(batch.row_for(request, kv_cache_manager.req_to_blocks[request.request_id]))
         n, start = output.num_scheduled_tokens[request.request_id], request.num_computed_tokens
         query_lens.append(n)
         context_lens.append(start)
         token_ids += request.all_token_ids[start:start + n]
+        all_sample = all_sample and start + n == request.num_tokens
     rows_a, q_lens, ctx = np.array(rows), np.array(query_lens), np.array(context_lens)
     cu = np.cumsum(q_lens)  # (num_seqs,) where each sequence's tokens end
     seq_of_token = np.repeat(np.arange(len(rows)), q_lens)  # (num_tokens,)
@@ -111,9 +113,9 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager:
     width = -(-int(seq_lens.max()) // bs)
     return StepInputs(np.array(token_ids, dtype=np.int64), positions, slot_mapping,
                       np.concatenate([[0], cu]).astype(np.int32), seq_lens.astype(np.int32),
-                      batch.block_table[rows_a, :width].astype(np.int32))
+                      batch.block_table[rows_a, :width].astype(np.int32), all_sample)
 
-# %% chapters/11_cuda_graph.md:315
+# %% chapters/11_cuda_graph.md:320
 def is_plain_greedy(params: SamplingParams) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters."""
     return (params.sampling_type is SamplingType.GREEDY and params.logprobs is None and params.min_tokens == 0
@@ -175,6 +177,10 @@ class GPUModelRunner(ModelRunner):
             input_ids, positions, metadata = inputs.to_device(self.device)
             hidden = self.model(input_ids, positions, metadata, self.kv_cache)  # (num_tokens, hidden)
             self.num_eager_steps += 1
+        if inputs.all_sample and inputs.max_query_len == 1:  # decode only: hidden row i is sequence i's last
+            token_ids, logprobs = self.sample_tokens(output.scheduled_requests, self.model.compute_logits(hidden))
+            return ModelRunnerOutput({r.request_id: [t] for r, t in zip(output.scheduled_requests, token_ids)},
+                                     logprobs)
         last = torch.from_numpy(inputs.query_start_loc[1:] - 1).to(self.device, non_blocking=True)
         return self.sample(output, hidden, last.long())
 

@@ -81,6 +81,18 @@ def test_persistent_batch_samples_like_chapter7_runner(tiny, device):
             assert [lp.top_logprobs for lp in la][0][0][0] == [lp.top_logprobs for lp in lb][0][0][0]
 
 
+def test_one_token_prompt_chunks_do_not_sample(tiny):
+    """A step where every sequence has one token, but one of them is a piece of a longer prompt."""
+    prompts = [[5], [6, 7, 8, 9, 10], [11, 12, 13]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    common = dict(device="cpu", num_kv_blocks=32, block_size=4, max_num_seqs=2, max_num_batched_tokens=2)
+    expected = [o.outputs[0].token_ids for o in LLM(persistent_batch=False, **common).generate(prompts, params,
+                                                                                               use_tqdm=False)]
+    llm = LLM(persistent_batch=True, **common)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected and all(len(t) == 6 for t in got)
+
+
 def test_rows_are_reused_and_freed(tiny):
     llm = LLM(device="cpu", num_kv_blocks=64, block_size=4, max_num_seqs=3, persistent_batch=True)
     for _ in range(3):  # more requests over time than the batch has rows
