@@ -36,8 +36,14 @@ def environment() -> dict:
         info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
         info["cuda"] = torch.version.cuda
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=Path(__file__).parent).stdout.strip() or None
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent).stdout
+
+        info["commit"] = git("rev-parse", "--short", "HEAD").strip() or None
+        # uncommitted edits to the code (results and scratch files aside) mean the commit is not the whole story
+        changed = [line[3:] for line in git("status", "--porcelain").splitlines()
+                   if line[3:].startswith(("minillm/", "chapters/", "benchmarks/")) and "results/" not in line]
+        info["uncommitted_changes"] = changed[:20]
     except OSError:
         info["commit"] = None
     return info

@@ -181,7 +181,7 @@ def run_minillm(folder: Path, prompt: list[int], cuda_graphs: bool, args) -> dic
     runner = llm.engine.model_runner
     graph_runner = getattr(runner, "graph_runner", None)
     resolved = {k: getattr(llm.engine, k, None)
-                for k in ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile")}
+                for k in ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile", "async_scheduling")}
     resolved.update({"num_graph_steps": getattr(runner, "num_graph_steps", None),  # all steps, warm-up included
                      "num_eager_steps": getattr(runner, "num_eager_steps", None),
                      "graph_capture_s": getattr(graph_runner, "capture_seconds", None)})

@@ -6,6 +6,13 @@ blocks shuffled as after a long-running server), over batch sizes and context le
 bandwidth measured in the same run, and chapter 4's PyTorch reference on the same batch.
 
     python benchmarks/paged_attention.py      # on a GPU; writes benchmarks/results/paged_attention-*.json
+    python benchmarks/paged_attention.py --mixed   # also the mixed lengths of the standard workload
+
+--mixed times a batch shaped like the middle of the standard throughput workload: 256 sequences,
+each a prompt of 100-1024 tokens plus part of its 100-1024 output tokens, so contexts from about
+100 to 2,000 tokens; it compares ways of cutting the contexts into pieces (equal splits per
+sequence, or pieces of a fixed number of tokens) and the kernel's tile knobs, timed as CUDA-graph
+replays (triton.testing.do_bench_cudagraph) as the engine runs them.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ def sweep(do_bench) -> list[dict]:
     for block_n in (64, 128):
         for num_warps in (4, 8):
             for num_stages in (1, 2):
-                for programs_per_sm in (2, 4, 8):
+                for programs_per_sm in (2, 4, 8, 16):
                     knobs = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                                  programs_per_sm=programs_per_sm)
                     try:
@@ -61,11 +68,75 @@ def sweep(do_bench) -> list[dict]:
     return rows
 
 
+def mixed_batch(batch: int = 256, seed: int = 0):
+    """Contexts of the standard workload halfway through its outputs, blocks shuffled."""
+    import random
+
+    rng = random.Random(seed)
+    lens = [rng.randint(100, 1024) + rng.randint(0, rng.randint(100, 1024)) for _ in range(batch)]
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // BLOCK_SIZE) for n in lens]
+    num_blocks = sum(per_seq)
+    k_cache = torch.randn(num_blocks, BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables, at = [], 0
+    for n in per_seq:
+        tables.append(order[at:at + n])
+        at += n
+    _, md = build_attention_metadata([1] * batch, lens, tables, BLOCK_SIZE, "cuda")
+    q = torch.randn(batch, N_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    return q, k_cache, v_cache, md, lens
+
+
+def mixed(copy_bw: float, max_model_len: int = 2064) -> dict:
+    """Split policies and tile knobs on mixed context lengths; max_seq_len is fixed as under CUDA graphs."""
+    from triton.testing import do_bench_cudagraph
+
+    q, k_cache, v_cache, md, lens = mixed_batch()
+    kv_bytes = 2 * sum(lens) * N_KV * HEAD_DIM * 2
+    expected = paged_attention_ref(q, k_cache, v_cache, md)
+
+    def measure(knobs: dict) -> dict | None:
+        def call():
+            return paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, max_model_len, **knobs)
+        try:
+            diff = (call().float() - expected.float()).abs().max().item()
+            us = 1e3 * do_bench_cudagraph(call, rep=50)
+        except Exception as e:  # a setting that does not compile (too many registers, say)
+            print("skip", knobs, type(e).__name__, flush=True)
+            return None
+        row = {**knobs, "kernel_us": us, "bandwidth_bytes_per_s": kv_bytes / (us / 1e6),
+               "fraction_of_copy": kv_bytes / (us / 1e6) / copy_bw, "max_abs_diff_vs_reference": diff}
+        print(f"{knobs}: {us:7.1f} us, {row['fraction_of_copy']:4.0%} of copy, diff {diff:.1e}", flush=True)
+        return row
+
+    rows = []
+    base = dict(block_n=64, num_warps=4, num_stages=1)
+    policies = [{"num_splits": n} for n in (1, 2, 4)] + [{"split_tokens": t} for t in (128, 256, 512, 1024)]
+    for policy in policies:
+        rows.append(measure({**base, **policy}))
+    best_policies = sorted((r for r in rows if r), key=lambda r: r["kernel_us"])[:2]
+    for best in best_policies:
+        policy = {k: best[k] for k in ("num_splits", "split_tokens") if k in best}
+        for block_n in (32, 64, 128):
+            for num_warps in (2, 4, 8):
+                for num_stages in (1, 2, 3):
+                    if "split_tokens" in policy and policy["split_tokens"] % block_n:
+                        continue
+                    rows.append(measure(dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, **policy)))
+    rows = sorted((r for r in rows if r), key=lambda r: r["kernel_us"])
+    return {"batch": len(lens), "context_tokens": sum(lens), "min_len": min(lens), "max_len": max(lens),
+            "max_model_len": max_model_len, "kv_bytes": kv_bytes, "rows": rows}
+
+
 def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="first time the tuning knobs, then use the best")
+    parser.add_argument("--mixed", action="store_true", help="also time split policies on mixed context lengths")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/paged_attention.py measures a GPU kernel: no CUDA device found")
@@ -83,6 +154,8 @@ def main() -> None:
         best = record["sweep"][0]
         knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "programs_per_sm")}
     record["kernel_settings"] = knobs or "defaults"
+    if args.mixed:
+        record["mixed"] = mixed(record["copy_bandwidth_bytes_per_s"])
     for context in (512, 4096):
         for batch in (1, 8, 64, 256):
             q, k_cache, v_cache, md = decode_batch(batch, context)
@@ -95,8 +168,8 @@ def main() -> None:
             kv_bytes = 2 * batch * context * N_KV * HEAD_DIM * 2
             row = {"batch": batch, "context": context, "kernel_us": 1e3 * kernel_ms, "reference_us": 1e3 * reference_ms,
                    "kv_bytes": kv_bytes, "bandwidth_bytes_per_s": kv_bytes / (kernel_ms / 1e3),
-                   "num_splits": decode_num_splits(batch, N_KV, context, knobs.get("block_n", 32),
-                                                   knobs.get("programs_per_sm", 2)),
+                   "num_splits": decode_num_splits(batch, N_KV, context, knobs.get("block_n", 64),
+                                                   knobs.get("programs_per_sm", 16)),
                    "max_abs_diff_vs_reference": max_diff}
             record["decode"].append(row)
             print(f"batch {batch:4d} context {context:5d}: {row['kernel_us']:8.1f} us "
@@ -105,7 +178,7 @@ def main() -> None:
                   f"reference {row['reference_us']:9.1f} us, max diff {max_diff:.2e}", flush=True)
             del q, k_cache, v_cache, md, expected, out
             torch.cuda.empty_cache()
-    print("wrote", save("paged_attention", record))
+    print("wrote", save("paged_attention", record, *([args.out] if args.out else [])))
 
 
 if __name__ == "__main__":

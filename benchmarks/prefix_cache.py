@@ -89,7 +89,7 @@ def run_mode(folder: Path, prompts: list[list[int]], output_len: int, impl: str 
               "steps": llm.engine.num_steps, "preemptions": llm.engine.num_preemptions,
               "num_kv_blocks": kv.num_blocks, "prefix_cache_impl": impl,
               "engine": {k: getattr(llm.engine, k, None)
-                         for k in ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile")},
+                         for k in ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile", "async_scheduling")},
               "token_ids": [o.outputs[0].token_ids for o in outputs[:4]]}
     del llm, outputs
     gc.collect()

@@ -50,6 +50,8 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=40)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--output-len", type=int, default=None,
+                        help="give every request this many output tokens (default: the standard workload's)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -58,6 +60,8 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     prompts, output_lens = workload(args.num_requests, 100, 1024)
+    if args.output_len is not None:
+        output_lens = [args.output_len] * len(prompts)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.model) if args.model else Path(tmp)
         if not args.model:
@@ -100,11 +104,11 @@ def main() -> None:
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
     record = {"benchmark": "profile_step", "environment": environment(),
               "workload": {"model": str(args.model or "Qwen3-0.6B shape, random weights"), "dtype": "bfloat16",
-                           "num_requests": args.num_requests, "warm_steps": args.warm_steps,
+                           "num_requests": args.num_requests, "output_len": args.output_len, "warm_steps": args.warm_steps,
                            "steps": args.steps, "profile_steps": args.profile_steps,
                            "running_requests": running,
                            "engine": {k: getattr(engine, k) for k in
-                                      ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile")}},
+                                      ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile", "async_scheduling")}},
               "wall_ms_per_step": wall_ms, "gpu_ms_per_step": gpu_ms, "gpu_idle_ms_per_step": wall_ms - gpu_ms,
               "gpu_ms_per_step_by_kind": {k: v / 1e3 / args.profile_steps for k, v in by_kind.items()},
               "top_kernels": [{"name": e.key[:120], "calls_per_step": e.count / args.profile_steps,

@@ -105,7 +105,8 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
               "config": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                          "gpu_memory_utilization": args.gpu_memory_utilization, "block_size": 16,
                          "attention": llm.engine.attention_backend, "cuda_graphs": llm.engine.cuda_graphs,
-                         "persistent_batch": llm.engine.persistent_batch}}
+                         "persistent_batch": llm.engine.persistent_batch, "torch_compile": llm.engine.torch_compile,
+                         "async_scheduling": llm.engine.async_scheduling}}
     del llm, outputs
     gc.collect()
     torch.cuda.empty_cache()

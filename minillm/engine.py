@@ -212,6 +212,7 @@ class EngineConfig:
     persistent_batch: bool | None = None  # chapter 11: a runner that keeps its batch between steps; None: on a GPU
     cuda_graphs: bool | None = None  # chapter 11: replay captured decode steps; None: on a GPU with Triton attention
     torch_compile: bool | None = None  # chapter 11: fuse each layer's small operators; None: with CUDA graphs
+    async_scheduling: bool | None = None  # chapter 11: schedule step N+1 while step N runs; None: with CUDA graphs
 
     def __post_init__(self):
         if self.prefix_cache_impl not in (None, "hash", "radix"):
@@ -230,8 +231,9 @@ class EngineConfig:
                              "reference attention sizes its tensors from each step's lengths, so it cannot be captured")
 
 
-def resolve_fast_path(config: EngineConfig, on_gpu: bool) -> tuple[str, bool, bool, bool]:
-    """What "auto" and None mean here: (attention backend, persistent batch, CUDA graphs, torch.compile).
+def resolve_fast_path(config: EngineConfig, on_gpu: bool) -> tuple[str, bool, bool, bool, bool]:
+    """What "auto" and None mean here: (attention backend, persistent batch, CUDA graphs, torch.compile,
+    async scheduling).
 
     On a GPU: chapter 10's kernels and all of chapter 11; elsewhere: this chapter's plain path.
     """
@@ -245,7 +247,10 @@ def resolve_fast_path(config: EngineConfig, on_gpu: bool) -> tuple[str, bool, bo
     compiled = config.torch_compile if config.torch_compile is not None else graphs
     if compiled and not persistent:
         raise ValueError("torch_compile=True needs the persistent batch (chapter 11): leave persistent_batch on")
-    return backend, persistent, graphs, compiled
+    overlap = config.async_scheduling if config.async_scheduling is not None else graphs
+    if overlap and not persistent:
+        raise ValueError("async_scheduling=True needs the persistent batch (chapter 11): leave persistent_batch on")
+    return backend, persistent, graphs, compiled, overlap
 
 
 def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
@@ -262,7 +267,7 @@ def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
                                        config.gpu_memory_utilization, torch.cuda.max_memory_allocated(device))
     return num_blocks_for_memory(model.config, config.block_size, dtype, budget)
 
-# %% chapters/07_engine.md:473
+# %% chapters/07_engine.md:478
 @dataclass
 class _Sequence:
     """The engine's view of one child request: its detokenizer and what it produced."""
@@ -296,7 +301,8 @@ class LLMEngine:
             num_blocks = profile_num_blocks(model, config)
         else:
             num_blocks = num_blocks_for_memory(model.config, config.block_size, param.dtype, config.cpu_kv_cache_bytes)
-        backend_name, persistent, use_graphs, use_compile = resolve_fast_path(config, param.device.type == "cuda")
+        backend_name, persistent, use_graphs, use_compile, use_async = resolve_fast_path(
+            config, param.device.type == "cuda")
         # chapter 11: with CUDA graphs the last block is nobody's, the scratch where padding rows write
         num_usable = num_blocks - 1 if use_graphs else num_blocks
         # unless told otherwise: the model's context, capped at 4096 and at what the cache can hold
@@ -330,6 +336,11 @@ class LLMEngine:
                                                max_model_len, cuda_graphs=use_graphs, torch_compile=use_compile)
         else:
             self.model_runner = ModelRunner(model, kv_cache, self.eos_token_ids, config.seed)
+        self.async_scheduling = use_async
+        self.stepper = None  # chapter 11: the step loop that overlaps the CPU's work with the GPU's
+        if use_async:
+            from minillm.input_batch import AsyncStepper
+            self.stepper = AsyncStepper(self)
         self.max_model_len = max_model_len
         self.sequences: dict[str, _Sequence] = {}
         self.parents: dict[str, _Parent] = {}
@@ -341,7 +352,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-# %% chapters/07_engine.md:554
+# %% chapters/07_engine.md:565
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or parameters."""
@@ -398,7 +409,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-# %% chapters/07_engine.md:621
+# %% chapters/07_engine.md:632
     def _check_stop(self, seq: _Sequence, stop_string: str | None) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
@@ -414,25 +425,34 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-# %% chapters/07_engine.md:645
+# %% chapters/07_engine.md:656
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
+        if self.stepper is not None:  # chapter 11's overlapped loop, which reuses the two halves below
+            return self.stepper.step()
+        scheduler_output = self._schedule()
+        if not scheduler_output.scheduled_requests:
+            return []
+        result = self.model_runner.execute_model(scheduler_output, self.kv_cache_manager)
+        updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
+        self.num_steps += 1
+        return self._apply_tokens(updated, result)
+
+    def _schedule(self) -> SchedulerOutput:
         scheduler_output = self.scheduler.schedule()
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
         if self.swapper is not None:  # chapter 9: move swapped blocks before the forward reads the cache
             self.swapper.execute(scheduler_output)
-        if not scheduler_output.scheduled_requests:
-            return []
         now = time.monotonic()
         for request in scheduler_output.scheduled_requests:
             metrics = self.sequences[request.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
-        result = self.model_runner.execute_model(scheduler_output, self.kv_cache_manager)
-        updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
-        self.num_steps += 1
-        self.num_generated_tokens += len(updated)
+        return scheduler_output
 
+    def _apply_tokens(self, updated: list[Request], result: ModelRunnerOutput) -> list[RequestOutput]:
+        """The engine's side of new tokens: metrics, logprobs, text, stop conditions, outputs."""
+        self.num_generated_tokens += len(updated)
         now = time.monotonic()
         touched: dict[str, None] = {}
         for request in updated:

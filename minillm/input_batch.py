@@ -12,18 +12,19 @@ vllm/v1/worker/gpu_input_batch.py, block_table.py and gpu_model_runner.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from minillm.block_pool import KVCacheBlock
 from minillm.engine import ModelRunner, ModelRunnerOutput
 from minillm.kv_cache import PagedKVCache
 from minillm.kv_cache_manager import KVCacheManager
-from minillm.model import AttentionMetadata, CausalLM
-from minillm.request import Request
+from minillm.model import MLP, Attention, AttentionMetadata, CausalLM
+from minillm.request import Request, RequestStatus
 from minillm.sampler import SampleLogprobs
 from minillm.sampling_params import SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
@@ -63,7 +64,7 @@ class InputBatch:
         if row is not None:
             self.free_rows.append(row)
 
-# %% chapters/11_cuda_graph.md:255
+# %% chapters/11_cuda_graph.md:256
 @dataclass
 class StepInputs:
     """One step's flat batch as CPU arrays (what chapter 1's build_attention_metadata returns as tensors)."""
@@ -115,7 +116,7 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager:
                       np.concatenate([[0], cu]).astype(np.int32), seq_lens.astype(np.int32),
                       batch.block_table[rows_a, :width].astype(np.int32), all_sample)
 
-# %% chapters/11_cuda_graph.md:320
+# %% chapters/11_cuda_graph.md:321
 def is_plain_greedy(params: SamplingParams) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters."""
     return (params.sampling_type is SamplingType.GREEDY and params.logprobs is None and params.min_tokens == 0
@@ -143,10 +144,15 @@ class GPUModelRunner(ModelRunner):
                  max_num_seqs: int = 256, max_model_len: int = 4096, cuda_graphs: bool = False,
                  capture_sizes: list[int] | None = None, torch_compile: bool = False):
         super().__init__(model, kv_cache, eos_token_ids, seed)
-        if torch_compile:
+        if torch_compile:  # both below, in "Fewer kernels"
+            merge_projections(model)
             compile_layers(model, kv_cache)
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
         self.plain_greedy: dict[str, bool] = {}
+        self.previous: InFlight | None = None  # the last step launched ahead (async scheduling, below)
+        self.host_tokens = [torch.empty(max_num_seqs, dtype=torch.int64).pin_memory()
+                            for _ in range(2)] if self.device.type == "cuda" else []
+        self.host_slot = 0
         self.graph_runner = None
         self.num_graph_steps = self.num_eager_steps = 0
         if cuda_graphs:
@@ -166,17 +172,8 @@ class GPUModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput, kv_cache_manager: KVCacheManager) -> ModelRunnerOutput:
-        for request_id in (*output.finished_req_ids, *output.preempted_req_ids):
-            self.input_batch.remove(request_id)
-        inputs = prepare_inputs(self.input_batch, output, kv_cache_manager)
-        graphs = self.graph_runner
-        if graphs is not None and inputs.max_query_len == 1 and inputs.num_seqs <= graphs.max_batch_size:
-            hidden = graphs.run(inputs)  # (num_seqs, hidden): one token per sequence
-            self.num_graph_steps += 1
-        else:
-            input_ids, positions, metadata = inputs.to_device(self.device)
-            hidden = self.model(input_ids, positions, metadata, self.kv_cache)  # (num_tokens, hidden)
-            self.num_eager_steps += 1
+        self.previous = None  # a step run here samples on the CPU's side: no placeholders follow it
+        inputs, hidden = self.forward(output, kv_cache_manager)
         if inputs.all_sample and inputs.max_query_len == 1:  # decode only: hidden row i is sequence i's last
             token_ids, logprobs = self.sample_tokens(output.scheduled_requests, self.model.compute_logits(hidden))
             return ModelRunnerOutput({r.request_id: [t] for r, t in zip(output.scheduled_requests, token_ids)},
@@ -184,7 +181,185 @@ class GPUModelRunner(ModelRunner):
         last = torch.from_numpy(inputs.query_start_loc[1:] - 1).to(self.device, non_blocking=True)
         return self.sample(output, hidden, last.long())
 
+    def forward(self, output: SchedulerOutput, kv_cache_manager: KVCacheManager,
+                patch_input_ids=None) -> tuple[StepInputs, Tensor]:
+        """The step's inputs and hidden states; patch_input_ids(ids), if given, edits the ids on the device."""
+        for request_id in (*output.finished_req_ids, *output.preempted_req_ids):
+            self.input_batch.remove(request_id)
+        inputs = prepare_inputs(self.input_batch, output, kv_cache_manager)
+        graphs = self.graph_runner
+        if graphs is not None and inputs.max_query_len == 1 and inputs.num_seqs <= graphs.max_batch_size:
+            hidden = graphs.run(inputs, patch_input_ids)  # (num_seqs, hidden): one token per sequence
+            self.num_graph_steps += 1
+        else:
+            input_ids, positions, metadata = inputs.to_device(self.device)
+            if patch_input_ids is not None:
+                patch_input_ids(input_ids)
+            hidden = self.model(input_ids, positions, metadata, self.kv_cache)  # (num_tokens, hidden)
+            self.num_eager_steps += 1
+        return inputs, hidden
+
     def sample_tokens(self, chosen: list[Request], logits: Tensor) -> tuple[list[int], dict[str, SampleLogprobs]]:
         if all(self.plain_greedy.get(r.request_id, False) for r in chosen):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
+
+# %% chapters/11_cuda_graph.md:578
+class MergedAttention(Attention):
+    """Chapter 1's attention with q, k and v from one matrix product."""
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+
+
+class MergedMLP(MLP):
+    """Chapter 1's MLP with gate and up from one matrix product."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def merged_linear(parts: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose outputs are the parts' outputs, concatenated."""
+    merged = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None,
+                       device="meta")  # no initialisation: the weights come from the parts
+    merged.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]), requires_grad=False)
+    if parts[0].bias is not None:
+        merged.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+    return merged
+
+
+def merge_projections(model: CausalLM) -> None:
+    """Surgery, in place: one qkv_proj per attention, one gate_up_proj per MLP; the outputs are unchanged."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if type(attn) is Attention:
+            attn.qkv_sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+            attn.qkv_proj = merged_linear([attn.q_proj, attn.k_proj, attn.v_proj])
+            del attn.q_proj, attn.k_proj, attn.v_proj
+            attn.__class__ = MergedAttention
+        if type(mlp) is MLP:
+            mlp.gate_up_proj = merged_linear([mlp.gate_proj, mlp.up_proj])
+            del mlp.gate_proj, mlp.up_proj
+            mlp.__class__ = MergedMLP
+
+# %% chapters/11_cuda_graph.md:693
+PLACEHOLDER = -1  # stands for a token the device has sampled and the CPU has not seen yet
+
+
+@dataclass
+class InFlight:
+    """A step enqueued on the device, with greedy sampling, whose tokens the CPU has not read yet."""
+
+    output: SchedulerOutput
+    sampling: list[Request]  # the requests that get a token, in the order of `tokens`
+    tokens: Tensor  # (len(sampling),) on the device: what the next step's placeholders stand for
+    host: Tensor  # the same tokens, being copied into pinned CPU memory
+    ready: torch.cuda.Event | None  # passed when `host` holds them; None on a CPU (nothing to wait for)
+    placeholders: set[str] = field(default_factory=set)  # requests that got a placeholder for their token
+
+
+class GPUModelRunner(GPUModelRunner):  # continued
+    @torch.inference_mode()
+    def launch(self, output: SchedulerOutput, kv_cache_manager: KVCacheManager) -> InFlight | None:
+        """Enqueue the step and its argmax without waiting; None (and nothing done) unless every request
+        that samples is plainly greedy."""
+        requests = output.scheduled_requests
+        sampling = [i for i, r in enumerate(requests) if output.samples(r)]
+        if not all(self.plain_greedy.get(requests[i].request_id, False) for i in sampling):
+            return None
+        previous, self.previous = self.previous, None
+        patch = None
+        # a placeholder is always a request's last token, so it is the last one it computes this step
+        holes = [i for i in sampling if requests[i].all_token_ids[-1] == PLACEHOLDER]
+        if holes:
+            if previous is None:
+                raise RuntimeError("a placeholder token without a step in flight to fill it")
+            row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
+            query_end = np.cumsum([output.num_scheduled_tokens[r.request_id] for r in requests]) - 1
+            dst = torch.as_tensor(query_end[holes], dtype=torch.int64).to(self.device, non_blocking=True)
+            src = torch.as_tensor([row_of[requests[i].request_id] for i in holes]).to(self.device, non_blocking=True)
+            sampled = previous.tokens
+
+            def patch(input_ids: Tensor) -> None:  # runs on the device, in stream order after step N's argmax
+                input_ids[dst] = sampled[src]
+        inputs, hidden = self.forward(output, kv_cache_manager, patch)
+        if inputs.all_sample and inputs.max_query_len == 1:
+            logits = self.model.compute_logits(hidden)
+        else:
+            last = torch.as_tensor(inputs.query_start_loc[1:] - 1, dtype=torch.int64)[sampling]
+            logits = self.model.compute_logits(hidden[last.to(self.device)])
+        tokens = logits.argmax(dim=-1)
+        if self.device.type == "cuda":
+            self.host_slot ^= 1  # two pinned buffers: the step in flight reads one while this one fills the other
+            host = self.host_tokens[self.host_slot][:len(sampling)]
+            host.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host, ready = tokens, None
+        self.previous = InFlight(output, [requests[i] for i in sampling], tokens, host, ready)
+        return self.previous
+
+# %% chapters/11_cuda_graph.md:758
+class AsyncStepper:
+    """LLMEngine.step with the CPU one step ahead of the device (vLLM's async scheduling)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.in_flight: InFlight | None = None
+
+    def step(self) -> list:
+        engine = self.engine
+        output = engine._schedule()  # step N+1: step N's tokens count, as placeholders
+        launched = None
+        if output.scheduled_requests:
+            launched = engine.model_runner.launch(output, engine.kv_cache_manager)
+        outputs = self._take_tokens(self.in_flight) if self.in_flight is not None else []  # step N's
+        self.in_flight = None
+        if launched is not None:
+            self._advance(launched)
+            self.in_flight = launched
+            engine.num_steps += 1
+        elif output.scheduled_requests:  # a request needs the full sampler: run this step as chapter 7 does
+            for request in [r for r in output.scheduled_requests if r.is_finished]:  # stopped at step N
+                output.scheduled_requests.remove(request)
+                del output.num_scheduled_tokens[request.request_id]
+            if output.scheduled_requests:
+                result = engine.model_runner.execute_model(output, engine.kv_cache_manager)
+                updated = engine.scheduler.update_from_output(output, result.sampled_token_ids)
+                engine.num_steps += 1
+                outputs += engine._apply_tokens(updated, result)
+        return outputs
+
+    def _take_tokens(self, step: InFlight) -> list:
+        """Wait for a step's tokens and hand them to the engine in place of their placeholders."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        updated, sampled = [], {}
+        for request, token in zip(step.sampling, step.host.tolist()):
+            if request.is_finished:
+                continue  # stopped at the step before, or aborted: the token is thrown away
+            if request.request_id in step.placeholders:
+                request.output_token_ids[-1] = request.all_token_ids[-1] = token
+            else:  # its last token by length: no placeholder was made for it
+                request.append_output_token_ids([token])
+            updated.append(request)
+            sampled[request.request_id] = [token]
+        return self.engine._apply_tokens(updated, ModelRunnerOutput(sampled, {}))
+
+    def _advance(self, step: InFlight) -> None:
+        """What update_from_output does at the end of a step, done at its launch, without the tokens."""
+        engine = self.engine
+        for request in step.output.scheduled_requests:
+            if request.status is not RequestStatus.RUNNING:
+                continue  # stopped while the step was being launched
+            request.num_computed_tokens += step.output.num_scheduled_tokens[request.request_id]
+            engine.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)  # every token known
+        for request in step.sampling:
+            params = request.sampling_params
+            if (request.status is RequestStatus.RUNNING and request.num_output_tokens + 1 < params.max_tokens
+                    and request.num_tokens + 1 < engine.max_model_len):  # the token will not be its last
+                request.append_output_token_ids([PLACEHOLDER])
+                step.placeholders.add(request.request_id)

@@ -151,11 +151,16 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v of every token: three matrix products (chapter 11 merges them into one)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn_metadata, kv_cache) -> Tensor:
         lead = x.shape[:-1]  # (B, T) without a cache, (num_tokens,) with one
-        q = self.q_proj(x).view(*lead, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.n_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
+        q = q.view(*lead, self.n_heads, self.head_dim)
+        k = k.view(*lead, self.n_kv_heads, self.head_dim)
+        v = v.view(*lead, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -165,7 +170,7 @@ class Attention(nn.Module):
             out = kv_cache.attend(self.layer_idx, q, k, v, attn_metadata)
         return self.o_proj(out.reshape(*lead, self.n_heads * self.head_dim))
 
-# %% chapters/01_model.md:538
+# %% chapters/01_model.md:543
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -189,7 +194,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_metadata, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-# %% chapters/01_model.md:571
+# %% chapters/01_model.md:576
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -239,7 +244,7 @@ class CausalLM(nn.Module):
         """(..., hidden) -> (..., vocab_size) float32 logits."""
         return self.lm_head(hidden_states).float()
 
-# %% chapters/01_model.md:669
+# %% chapters/01_model.md:674
 @dataclass
 class AttentionMetadata:
     """How the flat batch of new tokens in one forward splits into sequences (names as vLLM v1).
@@ -295,7 +300,7 @@ def build_attention_metadata(query_lens: list[int], seq_lens: list[int], block_t
         max_query_len=max(query_lens), max_seq_len=max(seq_lens))
     return torch.tensor(positions, dtype=torch.int64, device=device), metadata
 
-# %% chapters/01_model.md:733
+# %% chapters/01_model.md:738
 def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention of the last n of L positions over all L: q (n, n_heads, D), k/v (L, n_kv_heads, D)."""
     n, L = q.shape[0], k.shape[0]
@@ -306,7 +311,7 @@ def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
                                          attn_mask=visible)  # (n_heads, n, D)
     return out.transpose(0, 1)
 
-# %% chapters/01_model.md:752
+# %% chapters/01_model.md:757
 class DenseKVCache:
     """A contiguous KV cache: every sequence owns a row of max_len slots in every layer.
 
@@ -339,7 +344,7 @@ class DenseKVCache:
             out[s:e] = context_attention(q[s:e], k_rows[row, :seq_len], v_rows[row, :seq_len])
         return out
 
-# %% chapters/01_model.md:800
+# %% chapters/01_model.md:805
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
                 generator: torch.Generator | None = None) -> Tensor:
     """Next token ids (B,) from logits (B, vocab): greedy at temperature 0, else a softmax draw."""

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from minillm.cuda_graph import default_capture_sizes
 from minillm.engine import EngineConfig
@@ -40,7 +40,8 @@ def all_blocks_free(llm):
 @pytest.mark.parametrize("cls, config", MODELS)
 @pytest.mark.parametrize("options", [{}, {"prefix_cache_impl": "hash"}, {"prefix_cache_impl": "radix"},
                                      {"preemption_mode": "swap", "num_cpu_blocks": 64}])
-def test_persistent_batch_matches_chapter7_runner(hf_checkpoint, device, cls, config, options):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_persistent_batch_matches_chapter7_runner(hf_checkpoint, device, cls, config, options, async_scheduling):
     """Greedy tokens under chunked prefill and preemption (and prefix caching or swapping), float32.
 
     On a GPU the fast engine also uses the defaults there: Triton attention and CUDA graphs; the
@@ -52,12 +53,13 @@ def test_persistent_batch_matches_chapter7_runner(hf_checkpoint, device, cls, co
                   max_num_batched_tokens=24, **options)
     reference = LLM(path, skip_tokenizer_init=True, attention_backend="torch", persistent_batch=False,
                     cuda_graphs=False, **common)
-    fast = LLM(path, skip_tokenizer_init=True, persistent_batch=True, **common)
+    fast = LLM(path, skip_tokenizer_init=True, persistent_batch=True, async_scheduling=async_scheduling, **common)
     expected = [o.outputs[0].token_ids for o in reference.generate(prompts, GREEDY, use_tqdm=False)]
     got = [o.outputs[0].token_ids for o in fast.generate(prompts, GREEDY, use_tqdm=False)]
     assert got == expected
     assert fast.engine.num_preemptions > 0 and all_blocks_free(fast)
     assert type(fast.engine.model_runner).__name__ == "GPUModelRunner"
+    assert (fast.engine.stepper is not None) == async_scheduling
     if device == "cuda":
         assert fast.engine.cuda_graphs and fast.engine.attention_backend == "triton"
         assert fast.engine.model_runner.num_graph_steps > 0
@@ -79,6 +81,116 @@ def test_persistent_batch_samples_like_chapter7_runner(tiny, device):
         if la is not None:
             assert [lp.logprob for lp in la] == pytest.approx([lp.logprob for lp in lb])
             assert [lp.top_logprobs for lp in la][0][0][0] == [lp.top_logprobs for lp in lb][0][0][0]
+
+
+@pytest.mark.parametrize("cls, config", MODELS + [(Qwen2ForCausalLM, Qwen2Config(**SHAPE, num_key_value_heads=2))])
+def test_merged_projections_change_nothing(hf_checkpoint, cls, config):
+    """merge_projections (qkv_proj, gate_up_proj; Qwen2's q/k/v biases too): same logits, same engine tokens."""
+    import copy
+
+    from minillm.engine import LLMEngine
+    from minillm.hf import load_model
+    from minillm.input_batch import MergedAttention, MergedMLP, merge_projections
+
+    _, path = hf_checkpoint(cls, config)
+    model = load_model(path)
+    merged = copy.deepcopy(model)
+    merge_projections(merged)
+    assert all(type(layer.self_attn) is MergedAttention and type(layer.mlp) is MergedMLP
+               for layer in merged.model.layers)
+    modules = {part for n, _ in merged.named_parameters() for part in n.split(".")}
+    assert not modules & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    assert {"qkv_proj", "gate_up_proj"} <= modules
+    ids = torch.randint(0, 384, (2, 30))
+    positions = torch.arange(30).expand(2, 30)
+    with torch.no_grad():
+        assert torch.allclose(merged(ids, positions), model(ids, positions), atol=1e-5)
+    prompts = prompts_with_shared_prefixes(6, 384)
+    tokens = []
+    for m in (model, merged):
+        engine = LLMEngine(m, None, EngineConfig(num_kv_blocks=40, block_size=4, max_num_seqs=4,
+                                                 max_num_batched_tokens=16, persistent_batch=m is merged))
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, GREEDY)
+        done = {}
+        while engine.has_unfinished_requests():
+            done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        tokens.append([done[str(i)] for i in range(len(prompts))])
+    assert tokens[0] == tokens[1]
+    merge_projections(merged)  # a second call finds nothing left to merge
+    assert type(merged.model.layers[0].self_attn) is MergedAttention
+
+
+def compare_with_chapter7(prompts, params, **options):
+    """Run both engines on the tiny model; assert equal tokens, finish reasons and text; return the fast LLM."""
+    common = dict(device="cpu", num_kv_blocks=40, block_size=4, max_num_seqs=8, max_num_batched_tokens=24,
+                  **options)
+    expected = LLM(persistent_batch=False, **common).generate(prompts, params, use_tqdm=False)
+    fast = LLM(persistent_batch=True, async_scheduling=True, **common)
+    got = fast.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(expected, got):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        assert (b.outputs[0].finish_reason, b.outputs[0].text) == (a.outputs[0].finish_reason, a.outputs[0].text)
+    assert all_blocks_free(fast)
+    return expected, fast
+
+
+def test_async_scheduling_stops_like_chapter7(tiny):
+    """Stop tokens, EOS, max_tokens of 1, the model's context, preemption: the overlapped loop stops
+    every request at the same token as chapter 7's loop, and the tokens computed past a stop are dropped."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 200, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(16)]
+    free_run = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    runs, _ = compare_with_chapter7(prompts, free_run)
+    params = []
+    for i, run in enumerate(runs):  # stop on a token the request really produces, at different depths
+        tokens = run.outputs[0].token_ids
+        stop = [tokens[2 + i % 9]] if i % 3 == 0 else None
+        params.append(SamplingParams(temperature=0, max_tokens=[1, None, 7, None][i % 4], stop_token_ids=stop,
+                                     ignore_eos=i % 2 == 0))
+    expected, fast = compare_with_chapter7(prompts, params, max_model_len=48)
+    reasons = [o.outputs[0].finish_reason for o in expected]
+    assert "stop" in reasons and "length" in reasons
+    assert any(len(p) + len(o.outputs[0].token_ids) == 48 for p, o in zip(prompts, expected))  # context cap
+    assert fast.engine.num_preemptions > 0
+
+
+def test_async_scheduling_falls_back_for_sampled_requests(tiny):
+    """A batch with seeded random sampling and penalties runs chapter 7's sampler in step; greedy steps overlap."""
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3], [4, 4, 4], [20, 21]]
+    params = [SamplingParams(temperature=0, max_tokens=12) for _ in prompts]
+    params[1] = SamplingParams(temperature=0.8, top_k=40, seed=1, max_tokens=5)
+    params[4] = SamplingParams(temperature=0, max_tokens=9, repetition_penalty=1.3)
+    compare_with_chapter7(prompts, params)
+
+
+def test_async_scheduling_abort_in_flight(tiny):
+    """Aborting a request whose token is being computed: it never reports, the others are unaffected."""
+    from minillm.engine import EngineConfig, LLMEngine
+
+    model, tokenizer = tiny
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    expected = [o.outputs[0].token_ids for o in LLM(device="cpu", num_kv_blocks=40).generate(
+        prompts, params, use_tqdm=False)]
+    engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=40, persistent_batch=True, async_scheduling=True))
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    outputs = {}
+    for _ in range(3):
+        for o in engine.step():
+            outputs[o.request_id] = o
+    assert engine.stepper.in_flight is not None
+    engine.abort_request("1")
+    reported_after_abort = set()
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outputs[o.request_id] = o
+            reported_after_abort.add(o.request_id)
+    assert "1" in outputs and "1" not in reported_after_abort  # its token in flight was dropped
+    assert [outputs[k].outputs[0].token_ids for k in ("0", "2")] == [expected[0], expected[2]]
+    assert not engine.kv_cache_manager.req_to_blocks
 
 
 def test_one_token_prompt_chunks_do_not_sample(tiny):
@@ -116,11 +228,16 @@ def test_configuration_errors():
 def test_what_the_defaults_mean_on_each_device():
     from minillm.engine import resolve_fast_path
 
-    assert resolve_fast_path(EngineConfig(), on_gpu=True) == ("triton", True, True, True)
-    assert resolve_fast_path(EngineConfig(), on_gpu=False) == ("torch", False, False, False)
-    assert resolve_fast_path(EngineConfig(cuda_graphs=False), on_gpu=True) == ("triton", True, False, False)
-    assert resolve_fast_path(EngineConfig(attention_backend="torch"), on_gpu=True) == ("torch", True, False, False)
-    assert resolve_fast_path(EngineConfig(persistent_batch=True), on_gpu=False) == ("torch", True, False, False)
+    assert resolve_fast_path(EngineConfig(), on_gpu=True) == ("triton", True, True, True, True)
+    assert resolve_fast_path(EngineConfig(), on_gpu=False) == ("torch", False, False, False, False)
+    assert resolve_fast_path(EngineConfig(cuda_graphs=False), on_gpu=True) == ("triton", True, False, False, False)
+    assert resolve_fast_path(EngineConfig(attention_backend="torch"), on_gpu=True) == (
+        "torch", True, False, False, False)
+    assert resolve_fast_path(EngineConfig(persistent_batch=True), on_gpu=False) == ("torch", True, False, False, False)
+    assert resolve_fast_path(EngineConfig(persistent_batch=True, async_scheduling=True), on_gpu=False) == (
+        "torch", True, False, False, True)
+    with pytest.raises(ValueError, match="persistent batch"):
+        resolve_fast_path(EngineConfig(async_scheduling=True), on_gpu=False)
     with pytest.raises(ValueError, match="CUDA device"):
         resolve_fast_path(EngineConfig(cuda_graphs=True), on_gpu=False)
     with pytest.raises(ValueError, match="persistent batch"):

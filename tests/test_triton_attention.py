@@ -37,6 +37,12 @@ def test_decode_kernel_matches_reference(block_size, n_heads, n_kv):
     for splits in (1, 8):
         out = paged_decode(q, k, v, md.block_tables, md.seq_lens, md.max_seq_len, num_splits=splits)
         assert (out - expected).abs().max() <= 1e-5
+    # pieces of a fixed size, past the longest context too (as under CUDA graphs, with max_model_len)
+    for split_tokens in (32, 64):
+        out = paged_decode(q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=split_tokens)
+        assert (out - expected).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        paged_decode(q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=48)
 
 
 @pytest.mark.parametrize("block_size", [1, 5, 16])

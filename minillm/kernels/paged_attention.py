@@ -27,10 +27,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, acc_ptr,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                    stride_bt, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr, IEEE: tl.constexpr):
+                   NUM_SPLITS: tl.constexpr, SPLIT_TOKENS: tl.constexpr, NUM_STAGES: tl.constexpr,
+                   IEEE: tl.constexpr):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if SPLIT_TOKENS > 0:  # pieces of a fixed size: a long context gets more programs than a short one
+        split_len = SPLIT_TOKENS
+    else:  # every sequence in NUM_SPLITS equal pieces, each a whole number of tiles
+        split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     g = tl.arange(0, ROWS)  # the query heads that share this KV head, padded to ROWS >= 16
@@ -71,7 +75,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, acc_ptr,
     tl.store(m_ptr + row, m_i, mask=g_ok)
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
-# %% chapters/10_triton_decode.md:262
+# %% chapters/10_triton_decode.md:266
 @triton.jit
 def _reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ot, stride_oh, NUM_HEADS: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, NUM_SPLITS: tl.constexpr):
@@ -87,29 +91,35 @@ def _reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ot, stride_oh, NUM_HEA
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
-# %% chapters/10_triton_decode.md:287
+# %% chapters/10_triton_decode.md:291
 NUM_SMS = 132  # H100 / H200; only sizes the split count, correctness does not depend on it
 DECODE_KERNEL_VERSION = 2  # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
-                      programs_per_sm: int = 4) -> int:
+                      programs_per_sm: int = 16) -> int:
     want = triton.cdiv(programs_per_sm * NUM_SMS, num_seqs * num_kv_heads)
     return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(triton.cdiv(max_seq_len, block_n)), 64))
 
 
 def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
                  max_seq_len: int, num_splits: int | None = None, block_n: int = 64, num_warps: int = 4,
-                 num_stages: int = 1, programs_per_sm: int = 4) -> Tensor:
+                 num_stages: int = 2, programs_per_sm: int = 16, split_tokens: int = 0) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence, its K/V already cached.
 
     key_cache, value_cache: (num_blocks, block_size, n_kv_heads, D). Returns (num_seqs, n_heads, D).
     block_n, num_warps, num_stages, programs_per_sm are tuning knobs (benchmarks/paged_attention.py).
+    split_tokens > 0 cuts every context into pieces of that many tokens (a multiple of block_n)
+    instead of into num_splits equal pieces; num_splits then only has to cover max_seq_len.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    if num_splits is None:
+    if split_tokens:
+        if split_tokens % block_n:
+            raise ValueError(f"split_tokens ({split_tokens}) must be a multiple of block_n ({block_n})")
+        num_splits = triton.next_power_of_2(triton.cdiv(max_seq_len, split_tokens))
+    elif num_splits is None:
         num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, block_n, programs_per_sm)
     acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -120,14 +130,14 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
         q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        D_P2=d_p2, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, NUM_STAGES=num_stages,
-        IEEE=q.dtype == torch.float32, num_warps=num_warps)
+        D_P2=d_p2, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, SPLIT_TOKENS=split_tokens,
+        NUM_STAGES=num_stages, IEEE=q.dtype == torch.float32, num_warps=num_warps)
     out = torch.empty_like(q)
     _reduce_kernel[(num_seqs, num_heads)](acc, m, l, out, out.stride(0), out.stride(1), NUM_HEADS=num_heads,
                                           HEAD_DIM=head_dim, D_P2=d_p2, NUM_SPLITS=num_splits)
     return out
 
-# %% chapters/10_triton_decode.md:373
+# %% chapters/10_triton_decode.md:386
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                     tile_seq_ptr, tile_start_ptr, scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -209,7 +219,7 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
         IEEE=q.dtype == torch.float32)
     return out
 
-# %% chapters/10_triton_decode.md:461
+# %% chapters/10_triton_decode.md:474
 def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                            attn_metadata: AttentionMetadata) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same shape."""
