@@ -244,7 +244,7 @@ def merge_projections(model: CausalLM) -> None:
             del mlp.gate_proj, mlp.up_proj
             mlp.__class__ = MergedMLP
 
-# %% chapters/11_cuda_graph.md:697
+# %% chapters/11_cuda_graph.md:700
 PLACEHOLDER = -1  # stands for a token the device has sampled and the CPU has not seen yet
 
 
@@ -302,7 +302,7 @@ class GPUModelRunner(GPUModelRunner):  # continued
         self.previous = InFlight(output, [requests[i] for i in sampling], tokens, host, ready)
         return self.previous
 
-# %% chapters/11_cuda_graph.md:762
+# %% chapters/11_cuda_graph.md:765
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async scheduling)."""
 

@@ -156,6 +156,35 @@ def test_async_scheduling_stops_like_chapter7(tiny):
     assert fast.engine.num_preemptions > 0
 
 
+def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
+    """When every stop is known in advance (max_tokens, the context), the overlapped loop computes
+    exactly the tokens chapter 7's loop computes: no step is spent on a request whose last token is pending."""
+    from minillm.engine import EngineConfig, LLMEngine
+
+    model, tokenizer = tiny
+    prompts = [[5, 6, 7], [8] * 20, [9, 10, 11, 12, 13], [14, 15] * 9]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 9, 4)]
+    params.append(SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))  # until the context is full
+    scheduled = []
+    for overlap in (False, True):
+        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=40, block_size=4, max_model_len=30,
+                                                          persistent_batch=overlap, async_scheduling=overlap))
+        schedule, total = engine.scheduler.schedule, [0]
+
+        def counting_schedule(schedule=schedule, total=total):
+            output = schedule()
+            total[0] += output.total_num_scheduled_tokens
+            return output
+
+        engine.scheduler.schedule = counting_schedule
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            engine.add_request(str(i), p, sp)
+        while engine.has_unfinished_requests():
+            engine.step()
+        scheduled.append(total[0])
+    assert scheduled[0] == scheduled[1]
+
+
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):
     """A batch with seeded random sampling and penalties runs chapter 7's sampler in step; greedy steps overlap."""
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3], [4, 4, 4], [20, 21]]
