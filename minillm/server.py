@@ -657,7 +657,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="PyTorch reference (chapter 4) or Triton kernels (chapter 10); auto: Triton on a GPU")
     p.add_argument("--enforce-eager", action="store_true",
-                   help="no CUDA graphs and no compiled layers (chapter 11), as vLLM's flag of that name")
+                   help="no CUDA graphs, merged projections or compiled layers (chapter 11), as vLLM's flag of "
+                        "that name; async scheduling, whose default follows CUDA graphs, is then off too")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -701,6 +702,6 @@ def main(argv: list[str] | None = None) -> None:
                 engine.max_model_len, engine.kv_cache_manager.num_blocks)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
-# %% chapters/16_server.md:1833
+# %% chapters/16_server.md:1834
 if __name__ == "__main__":
     main()
