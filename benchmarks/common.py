@@ -65,6 +65,60 @@ def copy_bandwidth(num_bytes: int = 4 << 30, repeats: int = 10) -> float:
     return 2 * num_bytes / seconds
 
 
+class StepTimeline:
+    """Every engine step of a run: wall time, sequences and tokens scheduled. Wraps the engine in place.
+
+    With async scheduling a step() call returns while its own step still runs on the device and
+    waits for the previous one, so a call's time is the previous step's: exact over a run (the
+    last calls, which only collect tokens, count as "no step"), approximate per step.
+    """
+
+    BATCHES = (1, 8, 32, 64, 128, 256)  # decode steps are grouped by batch size: 1, 2-8, 9-32, ...
+
+    def __init__(self, engine):
+        self.rows: list[tuple[float, int, int]] = []  # (seconds, sequences, tokens) per step() call
+        schedule, step, scheduled = engine.scheduler.schedule, engine.step, {}
+
+        def counting_schedule():
+            output = schedule()
+            scheduled.update(seqs=len(output.scheduled_requests), tokens=output.total_num_scheduled_tokens)
+            return output
+
+        def timed_step():
+            scheduled.clear()
+            start = time.perf_counter()
+            outputs = step()
+            self.rows.append((time.perf_counter() - start, scheduled.get("seqs", 0), scheduled.get("tokens", 0)))
+            return outputs
+
+        engine.scheduler.schedule, engine.step = counting_schedule, timed_step
+
+    def kind(self, seqs: int, tokens: int) -> str:
+        if seqs == 0:
+            return "no step"
+        if tokens > seqs:
+            return "with prompt tokens"
+        low = 1
+        for high in self.BATCHES:
+            if seqs <= high:
+                return f"decode, batch {low}-{high}" if high > low else f"decode, batch {low}"
+            low = high + 1
+        return f"decode, batch > {self.BATCHES[-1]}"
+
+    def summary(self) -> dict:
+        """Steps, seconds and tokens by kind of step, and every step's (ms, sequences, tokens)."""
+        kinds: dict[str, dict] = {}
+        for seconds, seqs, tokens in self.rows:
+            k = kinds.setdefault(self.kind(seqs, tokens), {"steps": 0, "seconds": 0.0, "tokens": 0})
+            k["steps"] += 1
+            k["seconds"] += seconds
+            k["tokens"] += tokens
+        for k in kinds.values():
+            k["ms_per_step"] = 1e3 * k["seconds"] / k["steps"]
+        return {"steps": len(self.rows), "seconds": sum(r[0] for r in self.rows), "by_kind": kinds,
+                "per_step_ms_seqs_tokens": [(round(1e3 * s, 3), n, t) for s, n, t in self.rows]}
+
+
 def save(name: str, record: dict, out_dir: Path = RESULTS) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = record.get("environment", {}).get("gpu", "cpu").replace(" ", "-")

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import StepTimeline, copy_bandwidth, environment, save  # noqa: E402
 from minillm.kv_cache import kv_cache_bytes_per_token  # noqa: E402
 from minillm.hf import config_from_hf  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
@@ -89,6 +89,7 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in output_lens]
     llm.generate(prompts[:4], [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)
     steps_before = llm.engine.num_steps
+    timeline = StepTimeline(llm.engine)  # where the time goes: prompt steps, decode steps by batch size
     torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
@@ -101,7 +102,7 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
               "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
               "steps": llm.engine.num_steps - steps_before,
               "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0), "preemptions": llm.engine.num_preemptions,
-              "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,
+              "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks, "timeline": timeline.summary(),
               "config": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                          "gpu_memory_utilization": args.gpu_memory_utilization, "block_size": 16,
                          "attention": llm.engine.attention_backend, "cuda_graphs": llm.engine.cuda_graphs,
@@ -177,6 +178,8 @@ def main() -> None:
         record["bandwidth_limit"] = bandwidth_limit(folder, prompts, output_lens, bandwidth)
         record["minillm"] = run_minillm(folder, prompts, output_lens, args)
         print(f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s", flush=True)
+        for kind, k in record["minillm"]["timeline"]["by_kind"].items():
+            print(f"  {kind:24}: {k['steps']:5d} steps, {k['seconds']:6.2f} s ({k['ms_per_step']:6.2f} ms per step)")
         n = min(args.hf_requests, args.num_requests)
         record["hf_transformers"] = run_hf(folder, prompts[:n], output_lens[:n], args.hf_batch_size)
         print(f"HF generate ({n} requests): {record['hf_transformers']['output_tokens_per_s']:,.0f} output tok/s")
