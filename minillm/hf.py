@@ -142,6 +142,11 @@ def load_pretrained(folder: str | Path, dtype: torch.dtype = torch.float32,
 # %% chapters/01_model.md:1213
 def save_pretrained(model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path) -> None:
     """Write model (and tokenizer) to folder in Hugging Face's LlamaForCausalLM format."""
+    merged = [name for name, _ in model.named_parameters() if ".qkv_proj." in name or ".gate_up_proj." in name]
+    if merged:
+        raise ValueError(f"{merged[0]}: this model's projections were merged for serving (chapter 11's "
+                         "merge_projections, which the engine runs on a GPU); save it before handing it to the "
+                         "engine, or load it again")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dtype = next(model.parameters()).dtype

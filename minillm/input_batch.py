@@ -6,7 +6,9 @@
 
 `InputBatch` keeps every running request's block table in a row of a CPU array between steps
 and computes a step's inputs with NumPy; `GPUModelRunner` is chapter 7's ModelRunner on top of
-it, replaying captured decode steps (`minillm.cuda_graph`) when CUDA graphs are on. vLLM:
+it, replaying captured decode steps (`minillm.cuda_graph`) when CUDA graphs are on. Also here:
+`merge_projections` (one qkv_proj and one gate_up_proj per layer, "Fewer kernels") and
+`AsyncStepper` (the engine's step with the CPU one step ahead, "async scheduling"). vLLM:
 vllm/v1/worker/gpu_input_batch.py, block_table.py and gpu_model_runner.py.
 """
 
@@ -64,7 +66,7 @@ class InputBatch:
         if row is not None:
             self.free_rows.append(row)
 
-# %% chapters/11_cuda_graph.md:256
+# %% chapters/11_cuda_graph.md:258
 @dataclass
 class StepInputs:
     """One step's flat batch as CPU arrays (what chapter 1's build_attention_metadata returns as tensors)."""
@@ -116,7 +118,7 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager:
                       np.concatenate([[0], cu]).astype(np.int32), seq_lens.astype(np.int32),
                       batch.block_table[rows_a, :width].astype(np.int32), all_sample)
 
-# %% chapters/11_cuda_graph.md:321
+# %% chapters/11_cuda_graph.md:323
 def is_plain_greedy(params: SamplingParams) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters."""
     return (params.sampling_type is SamplingType.GREEDY and params.logprobs is None and params.min_tokens == 0
@@ -204,7 +206,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-# %% chapters/11_cuda_graph.md:578
+# %% chapters/11_cuda_graph.md:580
 class MergedAttention(Attention):
     """Chapter 1's attention with q, k and v from one matrix product."""
 
@@ -244,7 +246,7 @@ def merge_projections(model: CausalLM) -> None:
             del mlp.gate_proj, mlp.up_proj
             mlp.__class__ = MergedMLP
 
-# %% chapters/11_cuda_graph.md:700
+# %% chapters/11_cuda_graph.md:706
 PLACEHOLDER = -1  # stands for a token the device has sampled and the CPU has not seen yet
 
 
@@ -302,13 +304,14 @@ class GPUModelRunner(GPUModelRunner):  # continued
         self.previous = InFlight(output, [requests[i] for i in sampling], tokens, host, ready)
         return self.previous
 
-# %% chapters/11_cuda_graph.md:765
+# %% chapters/11_cuda_graph.md:771
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async scheduling)."""
 
     def __init__(self, engine):
         self.engine = engine
         self.in_flight: InFlight | None = None
+        self.num_ahead = self.num_in_step = 0  # steps launched ahead / run as chapter 7's (the fallback)
 
     def step(self) -> list:
         engine = self.engine
@@ -322,6 +325,7 @@ class AsyncStepper:
             self._advance(launched)
             self.in_flight = launched
             engine.num_steps += 1
+            self.num_ahead += 1
         elif output.scheduled_requests:  # a request needs the full sampler: run this step as chapter 7 does
             for request in [r for r in output.scheduled_requests if r.is_finished]:  # stopped at step N
                 output.scheduled_requests.remove(request)
@@ -330,6 +334,7 @@ class AsyncStepper:
                 result = engine.model_runner.execute_model(output, engine.kv_cache_manager)
                 updated = engine.scheduler.update_from_output(output, result.sampled_token_ids)
                 engine.num_steps += 1
+                self.num_in_step += 1
                 outputs += engine._apply_tokens(updated, result)
         return outputs
 
@@ -350,13 +355,11 @@ class AsyncStepper:
         return self.engine._apply_tokens(updated, ModelRunnerOutput(sampled, {}))
 
     def _advance(self, step: InFlight) -> None:
-        """What update_from_output does at the end of a step, done at its launch, without the tokens."""
+        """The end of a step, done at its launch: the scheduler's update without tokens, then placeholders."""
         engine = self.engine
-        for request in step.output.scheduled_requests:
-            if request.status is not RequestStatus.RUNNING:
-                continue  # stopped while the step was being launched
-            request.num_computed_tokens += step.output.num_scheduled_tokens[request.request_id]
-            engine.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)  # every token known
+        # every token the step computes is known by now (step N's were just put in), so the prefix
+        # cache may register full blocks; their K/V is written by the step itself, before any later reader
+        engine.scheduler.update_from_output(step.output, {})
         for request in step.sampling:
             params = request.sampling_params
             if (request.status is RequestStatus.RUNNING and request.num_output_tokens + 1 < params.max_tokens

@@ -60,6 +60,8 @@ def test_persistent_batch_matches_chapter7_runner(hf_checkpoint, device, cls, co
     assert fast.engine.num_preemptions > 0 and all_blocks_free(fast)
     assert type(fast.engine.model_runner).__name__ == "GPUModelRunner"
     assert (fast.engine.stepper is not None) == async_scheduling
+    if async_scheduling:  # greedy throughout: every step runs ahead
+        assert fast.engine.stepper.num_ahead > 0 and fast.engine.stepper.num_in_step == 0
     if device == "cuda":
         assert fast.engine.cuda_graphs and fast.engine.attention_backend == "triton"
         assert fast.engine.model_runner.num_graph_steps > 0
@@ -119,6 +121,12 @@ def test_merged_projections_change_nothing(hf_checkpoint, cls, config):
     assert tokens[0] == tokens[1]
     merge_projections(merged)  # a second call finds nothing left to merge
     assert type(merged.model.layers[0].self_attn) is MergedAttention
+    from minillm.hf import save_pretrained
+
+    target = path.parent / "merged_copy"
+    with pytest.raises(ValueError, match="merged for serving"):
+        save_pretrained(merged, None, target)
+    assert not target.exists()  # refused before anything was written
 
 
 def compare_with_chapter7(prompts, params, **options):
@@ -185,13 +193,46 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
     assert scheduled[0] == scheduled[1]
 
 
+def test_async_scheduling_streams_no_placeholder(tiny):
+    """Every step's outputs (cumulative, n=2, a request added mid-run, stop tokens) hold only real tokens,
+    and the final ones are chapter 7's."""
+    from minillm.engine import EngineConfig, LLMEngine
+    from minillm.input_batch import PLACEHOLDER
+
+    model, tokenizer = tiny
+    late = [3, 4, 5, 6]
+    prompts = {"a": [5, 6, 7], "b": [8, 9, 10, 11], "c": [12] * 9}
+    params = {"a": SamplingParams(temperature=0, max_tokens=8, n=2), "b": SamplingParams(temperature=0, max_tokens=12),
+              "c": SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[7, 9, 11])}
+    finals = []
+    for overlap in (False, True):
+        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=40, block_size=4, max_num_seqs=4,
+                                                          persistent_batch=overlap, async_scheduling=overlap))
+        for rid, p in prompts.items():
+            engine.add_request(rid, p, params[rid])
+        final, calls = {}, 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                for c in out.outputs:
+                    assert PLACEHOLDER not in c.token_ids
+                if out.finished:
+                    final[out.request_id] = [c.token_ids for c in out.outputs]
+            calls += 1
+            if calls == 3:
+                engine.add_request("late", late, SamplingParams(temperature=0, max_tokens=6))
+        finals.append(final)
+    assert finals[0] == finals[1] and len(finals[0]["a"]) == 2
+
+
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):
     """A batch with seeded random sampling and penalties runs chapter 7's sampler in step; greedy steps overlap."""
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3], [4, 4, 4], [20, 21]]
     params = [SamplingParams(temperature=0, max_tokens=12) for _ in prompts]
     params[1] = SamplingParams(temperature=0.8, top_k=40, seed=1, max_tokens=5)
     params[4] = SamplingParams(temperature=0, max_tokens=9, repetition_penalty=1.3)
-    compare_with_chapter7(prompts, params)
+    _, fast = compare_with_chapter7(prompts, params)
+    stepper = fast.engine.stepper
+    assert stepper.num_in_step > 0 and stepper.num_ahead > 0  # both kinds of step ran
 
 
 def test_async_scheduling_abort_in_flight(tiny):

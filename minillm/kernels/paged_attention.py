@@ -91,7 +91,7 @@ def _reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ot, stride_oh, NUM_HEA
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
-# %% chapters/10_triton_decode.md:301
+# %% chapters/10_triton_decode.md:304
 NUM_SMS = 132  # H100 / H200; only sizes the split count, correctness does not depend on it
 DECODE_KERNEL_VERSION = 2  # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
 
@@ -137,7 +137,7 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
                                           HEAD_DIM=head_dim, D_P2=d_p2, NUM_SPLITS=num_splits)
     return out
 
-# %% chapters/10_triton_decode.md:396
+# %% chapters/10_triton_decode.md:399
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                     tile_seq_ptr, tile_start_ptr, scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -219,7 +219,7 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
         IEEE=q.dtype == torch.float32)
     return out
 
-# %% chapters/10_triton_decode.md:484
+# %% chapters/10_triton_decode.md:487
 def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                            attn_metadata: AttentionMetadata) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same shape."""
