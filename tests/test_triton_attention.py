@@ -43,6 +43,8 @@ def test_decode_kernel_matches_reference(block_size, n_heads, n_kv):
         assert (out - expected).abs().max() <= 1e-5
     with pytest.raises(ValueError, match="multiple of block_n"):
         paged_decode(q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=48)
+    with pytest.raises(ValueError, match="not both"):
+        paged_decode(q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=32, num_splits=2)
 
 
 @pytest.mark.parametrize("block_size", [1, 5, 16])

@@ -110,12 +110,14 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
     key_cache, value_cache: (num_blocks, block_size, n_kv_heads, D). Returns (num_seqs, n_heads, D).
     block_n, num_warps, num_stages, programs_per_sm are tuning knobs (benchmarks/paged_attention.py).
     split_tokens > 0 cuts every context into pieces of that many tokens (a multiple of block_n)
-    instead of into num_splits equal pieces; num_splits then only has to cover max_seq_len.
+    instead of into num_splits equal pieces; the number of pieces then follows from max_seq_len.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     if split_tokens:
+        if num_splits is not None:
+            raise ValueError("give num_splits or split_tokens, not both")
         if split_tokens % block_n:
             raise ValueError(f"split_tokens ({split_tokens}) must be a multiple of block_n ({block_n})")
         num_splits = triton.next_power_of_2(triton.cdiv(max_seq_len, split_tokens))
@@ -137,7 +139,7 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
                                           HEAD_DIM=head_dim, D_P2=d_p2, NUM_SPLITS=num_splits)
     return out
 
-# %% chapters/10_triton_decode.md:399
+# %% chapters/10_triton_decode.md:401
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                     tile_seq_ptr, tile_start_ptr, scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -219,7 +221,7 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
         IEEE=q.dtype == torch.float32)
     return out
 
-# %% chapters/10_triton_decode.md:487
+# %% chapters/10_triton_decode.md:489
 def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                            attn_metadata: AttentionMetadata) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same shape."""
