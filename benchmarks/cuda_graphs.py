@@ -7,8 +7,8 @@ persistent-batch preparation, forward, greedy sampling, update), each a decode s
 sequences, with `cuda_graphs=False` and with `cuda_graphs=True` (and then the engine's GPU
 defaults follow: async scheduling, and with --no-compile left out a third variant adds merged
 projections and compiled layers), in the same run. All use chapter 10's Triton attention and
-chapter 11's persistent batch. It also compares their greedy tokens: the tokens the CPU has
-seen, leaving out an async step's placeholder for the token still in flight.
+chapter 11's persistent batch. It also compares their greedy tokens, as far as both have them:
+an async engine's token lists lack the token still in flight (it is only counted, as a placeholder).
 
     python benchmarks/cuda_graphs.py                 # on a GPU; writes benchmarks/results/*.json
 """
@@ -60,10 +60,7 @@ def time_decode_steps(model, batch: int, context: int, steps: int, cuda_graphs: 
             engine.step()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / steps * 1e3)
-    from minillm.input_batch import PLACEHOLDER
-
-    tokens = [[t for t in engine.scheduler.requests[str(i)].output_token_ids if t != PLACEHOLDER]
-              for i in range(batch)]
+    tokens = [list(engine.scheduler.requests[str(i)].output_token_ids) for i in range(batch)]
     assert engine.model_runner.num_graph_steps > 0 if cuda_graphs else True
     del engine
     gc.collect()

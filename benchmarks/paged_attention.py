@@ -7,6 +7,7 @@ bandwidth measured in the same run, and chapter 4's PyTorch reference on the sam
 
     python benchmarks/paged_attention.py      # on a GPU; writes benchmarks/results/paged_attention-*.json
     python benchmarks/paged_attention.py --mixed   # also the mixed lengths of the standard workload
+    python benchmarks/paged_attention.py --prefill # also the prefill kernel's tile sizes on a prompt step
 
 --mixed times a batch shaped like the middle of the standard throughput workload: 256 sequences,
 each a prompt of 100-1024 tokens plus part of its 100-1024 output tokens, so contexts from about
@@ -89,6 +90,50 @@ def mixed_batch(batch: int = 256, seed: int = 0):
     return q, k_cache, v_cache, md, lens
 
 
+def prefill(max_tokens: int = 16384, seed: int = 0) -> dict:
+    """The prefill kernel on a step of the standard workload's prompts (100-1024 tokens, no cached
+    context, up to max_tokens in all), over its tile sizes; time by CUDA-graph replay."""
+    import random
+
+    from triton.testing import do_bench_cudagraph
+
+    from minillm.kernels.paged_attention import paged_prefill
+
+    rng = random.Random(seed)
+    lens = []
+    while sum(lens) < max_tokens - 1024:
+        lens.append(rng.randint(100, 1024))
+    per_seq = [-(-n // BLOCK_SIZE) for n in lens]
+    k_cache = torch.randn(sum(per_seq), BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(sum(per_seq), generator=torch.Generator().manual_seed(seed)).tolist()
+    tables, at = [], 0
+    for n in per_seq:
+        tables.append(order[at:at + n])
+        at += n
+    _, md = build_attention_metadata(lens, lens, tables, BLOCK_SIZE, "cuda")
+    q = torch.randn(sum(lens), N_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    flops = sum(4 * n * (n + 1) / 2 * HEAD_DIM * N_HEADS for n in lens)  # causal: QK^T and PV, half the square
+    expected = paged_attention_ref(q[:lens[0]], k_cache, v_cache,
+                                   build_attention_metadata(lens[:1], lens[:1], tables[:1], BLOCK_SIZE, "cuda")[1])
+    rows = []
+    for block_m in (8, 16, 32, 64):
+        for block_n in (32, 64):
+            try:
+                out = paged_prefill(q, k_cache, v_cache, md, block_m=block_m, block_n=block_n)
+                diff = (out[:lens[0]].float() - expected.float()).abs().max().item()
+                us = 1e3 * do_bench_cudagraph(lambda: paged_prefill(q, k_cache, v_cache, md, block_m=block_m,
+                                                                      block_n=block_n), rep=50)
+            except Exception as e:  # a tile that does not fit
+                print("skip", block_m, block_n, type(e).__name__, flush=True)
+                continue
+            rows.append({"block_m": block_m, "block_n": block_n, "kernel_us": us, "tflops": flops / us / 1e6,
+                         "max_abs_diff_vs_reference": diff})
+            print(f"prefill block_m {block_m:3d} block_n {block_n:3d}: {us:8.1f} us, {flops / us / 1e6:6.1f} TFLOP/s, "
+                  f"diff {diff:.1e}", flush=True)
+    return {"num_seqs": len(lens), "tokens": sum(lens), "flops": flops, "rows": rows}
+
+
 def mixed(copy_bw: float, max_model_len: int = 2064) -> dict:
     """Split policies and tile knobs on mixed context lengths; max_seq_len is fixed as under CUDA graphs."""
     from triton.testing import do_bench_cudagraph
@@ -136,6 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="first time the tuning knobs, then use the best")
     parser.add_argument("--mixed", action="store_true", help="also time split policies on mixed context lengths")
+    parser.add_argument("--prefill", action="store_true", help="also time the prefill kernel's tiles on a prompt step")
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -156,6 +202,8 @@ def main() -> None:
     record["kernel_settings"] = knobs or "defaults"
     if args.mixed:
         record["mixed"] = mixed(record["copy_bandwidth_bytes_per_s"])
+    if args.prefill:
+        record["prefill"] = prefill()
     for context in (512, 4096):
         for batch in (1, 8, 64, 256):
             q, k_cache, v_cache, md = decode_batch(batch, context)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from minillm.attention import paged_attention_ref
-from minillm.kv_cache import PagedKVCache, available_kv_cache_memory, num_blocks_for_memory
+from minillm.kv_cache import PagedKVCache, available_kv_cache_memory, num_blocks_for_memory, reshape_and_cache
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.model import CausalLM, build_attention_metadata
 from minillm.request import Request, RequestStatus
@@ -315,10 +315,12 @@ class LLMEngine:
             self.kv_cache_manager = make_kv_cache_manager(num_usable, config.block_size, config.prefix_cache_impl)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                                            config.enable_chunked_prefill)
-        backend = paged_attention_ref
+        backend, writer = paged_attention_ref, reshape_and_cache
         if backend_name == "triton":  # chapter 10, imported only when asked for
             from minillm.kernels.paged_attention import triton_paged_attention as backend
-        kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, backend, param.dtype, param.device)
+            from minillm.kernels.paged_attention import triton_reshape_and_cache as writer
+        kv_cache = PagedKVCache(model.config, num_blocks, config.block_size, backend, param.dtype, param.device,
+                                cache_writer=writer)
         self.attention_backend, self.cuda_graphs, self.persistent_batch = backend_name, use_graphs, persistent
         self.torch_compile = use_compile
         self.swapper = None  # chapter 9: copies the blocks a step swaps out or in
@@ -352,7 +354,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-# %% chapters/07_engine.md:565
+# %% chapters/07_engine.md:567
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or parameters."""
@@ -409,7 +411,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-# %% chapters/07_engine.md:632
+# %% chapters/07_engine.md:634
     def _check_stop(self, seq: _Sequence, stop_string: str | None) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
@@ -425,7 +427,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-# %% chapters/07_engine.md:659
+# %% chapters/07_engine.md:661
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""

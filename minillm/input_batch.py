@@ -14,7 +14,8 @@ vllm/v1/worker/gpu_input_batch.py, block_table.py and gpu_model_runner.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import gc
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ class InputBatch:
         if row is not None:
             self.free_rows.append(row)
 
-# %% chapters/11_cuda_graph.md:258
+# %% chapters/11_cuda_graph.md:259
 @dataclass
 class StepInputs:
     """One step's flat batch as CPU arrays (what chapter 1's build_attention_metadata returns as tensors)."""
@@ -104,8 +105,9 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager:
         n, start = output.num_scheduled_tokens[request.request_id], request.num_computed_tokens
         query_lens.append(n)
         context_lens.append(start)
-        token_ids += request.all_token_ids[start:start + n]
-        all_sample = all_sample and start + n == request.num_tokens
+        known = request.all_token_ids[start:start + n]
+        token_ids += known + [0] * (n - len(known))  # a placeholder's slot: launch's patch fills it on the device
+        all_sample = all_sample and output.samples(request)
     rows_a, q_lens, ctx = np.array(rows), np.array(query_lens), np.array(context_lens)
     cu = np.cumsum(q_lens)  # (num_seqs,) where each sequence's tokens end
     seq_of_token = np.repeat(np.arange(len(rows)), q_lens)  # (num_tokens,)
@@ -118,7 +120,7 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager:
                       np.concatenate([[0], cu]).astype(np.int32), seq_lens.astype(np.int32),
                       batch.block_table[rows_a, :width].astype(np.int32), all_sample)
 
-# %% chapters/11_cuda_graph.md:323
+# %% chapters/11_cuda_graph.md:325
 def is_plain_greedy(params: SamplingParams) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters."""
     return (params.sampling_type is SamplingType.GREEDY and params.logprobs is None and params.min_tokens == 0
@@ -134,6 +136,8 @@ def compile_layers(model: CausalLM, kv_cache: PagedKVCache) -> None:
     import torch._dynamo
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    # a layer's index is an int attribute, which Dynamo would treat as a constant: one compilation per layer
+    torch._dynamo.config.allow_unspec_int_on_nn_module = True
     kv_cache.attend = torch.compiler.disable(kv_cache.attend)  # the graph breaks here: Triton kernels run as they are
     for layer in model.model.layers:
         layer.compile(dynamic=True)
@@ -146,8 +150,10 @@ class GPUModelRunner(ModelRunner):
                  max_num_seqs: int = 256, max_model_len: int = 4096, cuda_graphs: bool = False,
                  capture_sizes: list[int] | None = None, torch_compile: bool = False):
         super().__init__(model, kv_cache, eos_token_ids, seed)
-        if torch_compile:  # both below, in "Fewer kernels"
+        if torch_compile:  # all three below, in "Fewer kernels"
             merge_projections(model)
+            if self.device.type == "cuda":
+                use_decode_linear(model)
             compile_layers(model, kv_cache)
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
         self.plain_greedy: dict[str, bool] = {}
@@ -162,6 +168,9 @@ class GPUModelRunner(ModelRunner):
             self.graph_runner = CUDAGraphRunner(model, kv_cache, capture_sizes or default_capture_sizes(max_num_seqs),
                                                 max_model_len, scratch_block=kv_cache.num_blocks - 1)
             self.graph_runner.capture()
+        if self.device.type == "cuda" and (torch_compile or cuda_graphs):  # a big, long-lived heap: "A pause..."
+            gc.collect()
+            gc.freeze()
 
     def add_request(self, request: Request) -> None:
         super().add_request(request)
@@ -206,7 +215,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-# %% chapters/11_cuda_graph.md:580
+# %% chapters/11_cuda_graph.md:594
 class MergedAttention(Attention):
     """Chapter 1's attention with q, k and v from one matrix product."""
 
@@ -246,10 +255,23 @@ def merge_projections(model: CausalLM) -> None:
             del mlp.gate_proj, mlp.up_proj
             mlp.__class__ = MergedMLP
 
-# %% chapters/11_cuda_graph.md:706
-PLACEHOLDER = -1  # stands for a token the device has sampled and the CPU has not seen yet
+# %% chapters/11_cuda_graph.md:670
+class DecodeLinear(nn.Linear):
+    """nn.Linear through chapter 10's `linear`: the skinny Triton kernel for at most 16 rows on a GPU."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        from minillm.kernels.skinny_gemm import linear  # chapter 10; Triton is needed on a GPU only
+        return linear(x, self.weight, self.bias)
 
 
+def use_decode_linear(model: CausalLM) -> None:
+    """In place: every nn.Linear of the decoder layers becomes a DecodeLinear (same weights, same outputs)."""
+    for layer in model.model.layers:
+        for module in layer.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = DecodeLinear
+
+# %% chapters/11_cuda_graph.md:814
 @dataclass
 class InFlight:
     """A step enqueued on the device, with greedy sampling, whose tokens the CPU has not read yet."""
@@ -259,7 +281,6 @@ class InFlight:
     tokens: Tensor  # (len(sampling),) on the device: what the next step's placeholders stand for
     host: Tensor  # the same tokens, being copied into pinned CPU memory
     ready: torch.cuda.Event | None  # passed when `host` holds them; None on a CPU (nothing to wait for)
-    placeholders: set[str] = field(default_factory=set)  # requests that got a placeholder for their token
 
 
 class GPUModelRunner(GPUModelRunner):  # continued
@@ -273,8 +294,8 @@ class GPUModelRunner(GPUModelRunner):  # continued
             return None
         previous, self.previous = self.previous, None
         patch = None
-        # a placeholder is always a request's last token, so it is the last one it computes this step
-        holes = [i for i in sampling if requests[i].all_token_ids[-1] == PLACEHOLDER]
+        # a placeholder comes after all of a request's known tokens, so it is the last one it computes this step
+        holes = [i for i in sampling if requests[i].num_output_placeholders]
         if holes:
             if previous is None:
                 raise RuntimeError("a placeholder token without a step in flight to fill it")
@@ -291,7 +312,7 @@ class GPUModelRunner(GPUModelRunner):  # continued
             logits = self.model.compute_logits(hidden)
         else:
             last = torch.as_tensor(inputs.query_start_loc[1:] - 1, dtype=torch.int64)[sampling]
-            logits = self.model.compute_logits(hidden[last.to(self.device)])
+            logits = self.model.compute_logits(hidden[last.to(self.device, non_blocking=True)])  # no stream sync
         tokens = logits.argmax(dim=-1)
         if self.device.type == "cuda":
             self.host_slot ^= 1  # two pinned buffers: the step in flight reads one while this one fills the other
@@ -304,7 +325,7 @@ class GPUModelRunner(GPUModelRunner):  # continued
         self.previous = InFlight(output, [requests[i] for i in sampling], tokens, host, ready)
         return self.previous
 
-# %% chapters/11_cuda_graph.md:771
+# %% chapters/11_cuda_graph.md:875
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async scheduling)."""
 
@@ -345,11 +366,10 @@ class AsyncStepper:
         updated, sampled = [], {}
         for request, token in zip(step.sampling, step.host.tolist()):
             if request.is_finished:
-                continue  # stopped at the step before, or aborted: the token is thrown away
-            if request.request_id in step.placeholders:
-                request.output_token_ids[-1] = request.all_token_ids[-1] = token
-            else:  # its last token by length: no placeholder was made for it
-                request.append_output_token_ids([token])
+                continue  # stopped at the step before, or aborted (its count is 0): the token is thrown away
+            if request.num_output_placeholders:  # none if the token is its last by length
+                request.num_output_placeholders -= 1
+            request.append_output_token_ids([token])  # running or preempted since: the token is real either way
             updated.append(request)
             sampled[request.request_id] = [token]
         return self.engine._apply_tokens(updated, ModelRunnerOutput(sampled, {}))
@@ -364,5 +384,4 @@ class AsyncStepper:
             params = request.sampling_params
             if (request.status is RequestStatus.RUNNING and request.num_output_tokens + 1 < params.max_tokens
                     and request.num_tokens + 1 < engine.max_model_len):  # the token will not be its last
-                request.append_output_token_ids([PLACEHOLDER])
-                step.placeholders.add(request.request_id)
+                request.num_output_placeholders += 1

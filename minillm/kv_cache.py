@@ -121,12 +121,13 @@ class PagedKVCache:
     view [num_blocks, block_size, n_kv, D] is vLLM's FlashAttention layout, and slot s of a layer is
     (block s // block_size, offset s % block_size). Which blocks a sequence owns is its block table
     in the attention metadata; the cache keeps no per-sequence state. Attention over the blocks is
-    `attn_backend(q, key_cache[l], value_cache[l], attn_metadata)` (chapter 4 provides one).
+    `attn_backend(q, key_cache[l], value_cache[l], attn_metadata)` (chapter 4 provides one). Writing
+    is `cache_writer`, with reshape_and_cache's signature (chapter 10 has a one-kernel version).
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  attn_backend: AttentionBackend | None = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", cache_writer=reshape_and_cache):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
         shape = (config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
@@ -134,6 +135,7 @@ class PagedKVCache:
         self.value_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.attn_backend = attn_backend
+        self.cache_writer = cache_writer
 
     @property
     def num_slots(self) -> int:
@@ -145,7 +147,7 @@ class PagedKVCache:
 
     def write(self, layer_idx: int, key: Tensor, value: Tensor, slot_mapping: Tensor) -> None:
         """Store key/value (num_tokens, n_kv_heads, head_dim) of one layer in their slots."""
-        reshape_and_cache(key, value, self.key_cache[layer_idx], self.value_cache[layer_idx], slot_mapping)
+        self.cache_writer(key, value, self.key_cache[layer_idx], self.value_cache[layer_idx], slot_mapping)
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, attn_metadata: AttentionMetadata) -> Tensor:
         """The model's KV-cache hook (chapter 1): store this step's K/V, then attend over the blocks."""

@@ -193,35 +193,147 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
     assert scheduled[0] == scheduled[1]
 
 
-def test_async_scheduling_streams_no_placeholder(tiny):
-    """Every step's outputs (cumulative, n=2, a request added mid-run, stop tokens) hold only real tokens,
-    and the final ones are chapter 7's."""
+def test_async_scheduling_streams_only_real_tokens(tiny):
+    """Every step's outputs (cumulative, n=2, a request added mid-run, stop tokens) are a prefix of
+    chapter 7's final tokens, the final ones are chapter 7's, and every placeholder count returns to 0."""
     from minillm.engine import EngineConfig, LLMEngine
-    from minillm.input_batch import PLACEHOLDER
 
     model, tokenizer = tiny
     late = [3, 4, 5, 6]
     prompts = {"a": [5, 6, 7], "b": [8, 9, 10, 11], "c": [12] * 9}
     params = {"a": SamplingParams(temperature=0, max_tokens=8, n=2), "b": SamplingParams(temperature=0, max_tokens=12),
               "c": SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[7, 9, 11])}
-    finals = []
+    finals, streams = [], []
     for overlap in (False, True):
         engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=40, block_size=4, max_num_seqs=4,
                                                           persistent_batch=overlap, async_scheduling=overlap))
         for rid, p in prompts.items():
             engine.add_request(rid, p, params[rid])
-        final, calls = {}, 0
+        requests = dict(engine.scheduler.requests)
+        final, stream, calls = {}, [], 0
         while engine.has_unfinished_requests():
             for out in engine.step():
-                for c in out.outputs:
-                    assert PLACEHOLDER not in c.token_ids
+                stream += [(out.request_id, c.index, c.token_ids) for c in out.outputs]
                 if out.finished:
                     final[out.request_id] = [c.token_ids for c in out.outputs]
             calls += 1
             if calls == 3:
                 engine.add_request("late", late, SamplingParams(temperature=0, max_tokens=6))
+                requests.update(engine.scheduler.requests)
+        assert all(r.num_output_placeholders == 0 and r.is_finished for r in requests.values())
         finals.append(final)
+        streams.append(stream)
     assert finals[0] == finals[1] and len(finals[0]["a"]) == 2
+    for stream in streams:
+        for request_id, index, tokens in stream:
+            assert tokens == finals[0][request_id][index][:len(tokens)]
+
+
+def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkeypatch):
+    """A request preempted while its token is still on the device (a placeholder count of 1) gets that
+    token when the same engine step reads it, before anything can recompute the request, which then
+    starts again from real tokens only; the tokens are chapter 7's (recompute with a hash prefix cache,
+    and swap)."""
+    from minillm.input_batch import AsyncStepper
+    from minillm.scheduler import Scheduler
+    from minillm.swap import SwapScheduler
+
+    pending, num_in_flight = [], [0]  # requests preempted with a token in flight, and their num_tokens then
+    take_tokens = AsyncStepper._take_tokens
+
+    def checking_take_tokens(self, step):
+        outputs = take_tokens(self, step)
+        for request, num_tokens in pending:
+            assert (request.num_output_placeholders, request.num_tokens) == (0, num_tokens + 1)
+            assert request in self.engine.scheduler.waiting or request in getattr(self.engine.scheduler, "swapped", ())
+        pending.clear()
+        return outputs
+
+    monkeypatch.setattr(AsyncStepper, "_take_tokens", checking_take_tokens)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 200, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    for base, options in [(Scheduler, {"prefix_cache_impl": "hash"}),
+                          (SwapScheduler, {"preemption_mode": "swap", "num_cpu_blocks": 64})]:
+        preempt = base._preempt
+
+        def recording_preempt(self, request, preempt=preempt):
+            if request.num_output_placeholders:
+                pending.append((request, request.num_tokens))
+                num_in_flight[0] += 1
+            preempt(self, request)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(base, "_preempt", recording_preempt)
+            num_in_flight[0] = 0
+            compare_with_chapter7(prompts, params, **options)
+        assert num_in_flight[0] > 0  # the case this test is about happened
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
+    """Random arrivals, aborts, stop tokens, max_tokens, n=2 and a few requests that need the full sampler:
+    the overlapped loop reports what chapter 7's loop reports for every request that is not aborted, an
+    aborted request only ever reports a prefix of its tokens, and every placeholder count ends at 0."""
+    import random
+
+    from minillm.engine import EngineConfig, LLMEngine
+
+    model, tokenizer = tiny
+    rng = random.Random(seed)
+    arrivals, aborts = {}, {}  # engine step call -> request ids added / aborted before it
+    prompts, free = {}, SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    for i in range(14):
+        rid = f"r{i}"
+        prompts[rid] = [rng.randrange(1, 250) for _ in range(rng.randrange(1, 26))]
+        arrival = rng.randrange(12)
+        arrivals.setdefault(arrival, []).append(rid)
+        if rng.random() < 0.4:
+            aborts.setdefault(arrival + rng.randrange(1, 10), []).append(rid)
+
+    def run(params, overlap, with_aborts):
+        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=20, block_size=4, max_num_seqs=6,
+                                                          max_num_batched_tokens=16, max_model_len=48,
+                                                          persistent_batch=overlap, async_scheduling=overlap))
+        requests, reported, final, call = {}, {}, {}, 0
+        while call <= max(*arrivals, *aborts) or engine.has_unfinished_requests():
+            for rid in arrivals.get(call, []):
+                engine.add_request(rid, prompts[rid], params[rid])
+                requests.update(engine.scheduler.requests)
+            for rid in aborts.get(call, []) if with_aborts else []:
+                engine.abort_request(rid)
+            for out in engine.step():
+                reported.setdefault(out.request_id, []).append([c.token_ids for c in out.outputs])
+                if out.finished:
+                    final[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.outputs]
+            call += 1
+        for _ in range(2):
+            engine.step()  # nothing left to run: drains a step still in flight for an aborted request
+        assert all(r.num_output_placeholders == 0 and r.is_finished for r in requests.values())
+        assert not engine.kv_cache_manager.req_to_blocks
+        return reported, final, engine
+
+    free_run = run({rid: free for rid in prompts}, False, False)[1]
+    params = {}
+    for i, rid in enumerate(prompts):  # stop on tokens the request really produces; some need chapter 6's sampler
+        tokens = free_run[rid][0][0]
+        stop = [rng.choice(tokens)] if rng.random() < 0.4 else None
+        params[rid] = SamplingParams(temperature=0, max_tokens=rng.choice([1, 3, 9, None]), stop_token_ids=stop,
+                                     ignore_eos=rng.random() < 0.7, n=2 if i % 5 == 0 else 1,
+                                     repetition_penalty=1.3 if i % 7 == 3 else 1.0)
+    reference = run(params, False, False)[1]
+    aborted = {rid for rids in aborts.values() for rid in rids}
+    results = [run(params, overlap, True) for overlap in (False, True)]
+    for reported, final, _ in results:
+        for rid in prompts:
+            if rid not in aborted or rid in final:
+                assert final[rid] == reference[rid]
+            for outputs in reported.get(rid, []):
+                for index, tokens in enumerate(outputs):
+                    assert tokens == reference[rid][index][0][:len(tokens)]
+    stepper = results[1][2].stepper
+    assert stepper.num_ahead > 0 and stepper.num_in_step > 0
 
 
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):

@@ -62,6 +62,15 @@ def test_prefill_kernel_prompts_and_long_chunks(query_lens, seq_lens):
     assert (paged_prefill(q, k, v, md) - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("block_m", [2, 4, 8])
+def test_prefill_tiles_smaller_than_the_chunks(block_m):
+    # several tiles per sequence, partial last tiles, and grid slots past the last real tile (the grid is
+    # sized by num_tokens // block_m + num_seqs, and only the device knows how many tiles there are)
+    q, k, v, md = batch([1, 16, 5, 1, 9, 13], [9, 16, 40, 1, 30, 13], 5, 8, 2, 32, seed=block_m)
+    out = paged_prefill(q, k, v, md, block_m=block_m, block_n=16)
+    assert (out - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
+
+
 def test_head_dim_that_is_not_a_power_of_two():
     q, k, v, md = batch([3, 1], [10, 6], 4, 4, 2, 80)
     assert (triton_paged_attention(q, k, v, md) - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5

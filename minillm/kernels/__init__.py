@@ -4,4 +4,5 @@
 
     module                   chapter
     paged_attention          chapters/10_triton_decode.md
+    skinny_gemm              chapters/10_triton_decode.md
 """

@@ -139,7 +139,7 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
                                           HEAD_DIM=head_dim, D_P2=d_p2, NUM_SPLITS=num_splits)
     return out
 
-# %% chapters/10_triton_decode.md:401
+# %% chapters/10_triton_decode.md:423
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                     tile_seq_ptr, tile_start_ptr, scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -166,6 +166,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr
     l_i = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
     acc = tl.zeros([BLOCK_M * GROUP_P2, D_P2], tl.float32)
     last = tl.minimum(seq_len, context + q_first + BLOCK_M)  # the furthest key any row here may see
+    last = tl.where(q_first < q_len, last, 0)  # a tile past the last real one (see paged_prefill) skips the loop
     for t0 in range(0, last, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         t_ok = t < last
@@ -204,14 +205,16 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
-    block_m = block_m or max(1, 16 // group_p2)  # tl.dot wants at least 16 rows
-    q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).long()  # (num_seqs,)
+    block_m = block_m or max(1, 64 // group_p2)  # tiles of 64 rows (tl.dot wants at least 16); see the text
+    q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).long()  # (num_seqs,), on the device
     tiles = (q_lens + block_m - 1) // block_m
-    tile_seq = torch.repeat_interleave(torch.arange(len(tiles), device=q.device), tiles)  # (num_tiles,)
-    first_tile = torch.cumsum(tiles, 0) - tiles
-    tile_start = (torch.arange(len(tile_seq), device=q.device) - first_tile[tile_seq]) * block_m
+    ends = torch.cumsum(tiles, 0)  # tile ends per sequence; their total is never read on the host (no sync)
+    num_tiles = q.shape[0] // block_m + md.num_seqs  # a bound from shapes: each sequence wastes < 1 tile
+    tile = torch.arange(num_tiles, device=q.device)
+    tile_seq = torch.searchsorted(ends, tile, right=True).clamp_(max=md.num_seqs - 1)  # past the end: the last
+    tile_start = (tile - (ends - tiles)[tile_seq]) * block_m  # past the end: beyond the chunk, so no work
     out = torch.empty_like(q)
-    _prefill_kernel[(len(tile_seq), num_kv_heads)](
+    _prefill_kernel[(num_tiles, num_kv_heads)](
         q, key_cache, value_cache, out, md.block_tables, md.seq_lens, md.query_start_loc,
         tile_seq.to(torch.int32), tile_start.to(torch.int32), head_dim**-0.5,
         q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -221,7 +224,7 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
         IEEE=q.dtype == torch.float32)
     return out
 
-# %% chapters/10_triton_decode.md:489
+# %% chapters/10_triton_decode.md:514
 def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                            attn_metadata: AttentionMetadata) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same shape."""
@@ -229,3 +232,35 @@ def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
     if md.max_query_len == 1:
         return paged_decode(q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len)
     return paged_prefill(q, key_cache, value_cache, md)
+
+# %% chapters/10_triton_decode.md:673
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr, stride_kt, stride_vt,
+                     ROW: tl.constexpr, ROW_P2: tl.constexpr):
+    t = tl.program_id(0)  # one program per new token
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)  # int64: slot * ROW can pass 2**31 in a big cache
+    i = tl.arange(0, ROW_P2)  # the token's n_kv_heads * head_dim values, contiguous in q/k/v and in the cache
+    ok = i < ROW
+    tl.store(key_cache_ptr + slot * ROW + i, tl.load(k_ptr + t * stride_kt + i, mask=ok), mask=ok)
+    tl.store(value_cache_ptr + slot * ROW + i, tl.load(v_ptr + t * stride_vt + i, mask=ok), mask=ok)
+
+
+def triton_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                             slot_mapping: Tensor) -> None:
+    """Chapter 2's reshape_and_cache in one kernel launch (both K and V); same arguments, same result."""
+    num_tokens, n_kv, head_dim = key.shape
+    if key_cache.shape[-2:] != (n_kv, head_dim) or value.shape != key.shape:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} do not fit a cache of "
+                         f"{tuple(key_cache.shape)}")
+    if not key_cache.is_contiguous() or not value_cache.is_contiguous():
+        raise ValueError("the caches must be contiguous (one layer's view of PagedKVCache is)")
+    if num_tokens == 0:
+        return
+    # in the cache's dtype (rounded by PyTorch, as chapter 2 does), and each token's (n_kv, head_dim)
+    # values one contiguous run; the rows themselves may be strided (v is a slice of the merged qkv)
+    key, value = key.to(key_cache.dtype), value.to(value_cache.dtype)
+    key = key if key.stride()[1:] == (head_dim, 1) else key.contiguous()
+    value = value if value.stride()[1:] == (head_dim, 1) else value.contiguous()
+    row = n_kv * head_dim
+    _write_kv_kernel[(num_tokens,)](key, value, key_cache, value_cache, slot_mapping, key.stride(0),
+                                    value.stride(0), ROW=row, ROW_P2=triton.next_power_of_2(row))
