@@ -12,6 +12,7 @@ single-process on purpose: the server (chapter 16) wraps it, it does not change 
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field, replace
 
@@ -78,7 +79,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
 
-# %% chapters/07_engine.md:211
+# %% chapters/07_engine.md:212
 class IncrementalDetokenizer:
     """Turns a request's output tokens into text, token by token, without broken characters.
 
@@ -129,7 +130,7 @@ class IncrementalDetokenizer:
             return self.output_text
         return self.output_text[:max(0, len(self.output_text) - self.holdback)]
 
-# %% chapters/07_engine.md:307
+# %% chapters/07_engine.md:308
 @dataclass
 class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
@@ -192,7 +193,7 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return token_ids, logprobs
 
-# %% chapters/07_engine.md:391
+# %% chapters/07_engine.md:392
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
@@ -257,6 +258,11 @@ def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
     """KV-cache blocks that fit next to the model on its GPU (after a profiling forward)."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
+    # Measure from a clean slate: what earlier engines in this process left must be returned first.
+    # Chapter 11's runner freezes the heap after graph capture, so that garbage needs an unfreeze to be seen.
+    gc.unfreeze()
+    gc.collect()
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     n = config.max_num_batched_tokens
     with torch.inference_mode():  # the largest step the scheduler may send, without a cache
@@ -267,7 +273,7 @@ def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
                                        config.gpu_memory_utilization, torch.cuda.max_memory_allocated(device))
     return num_blocks_for_memory(model.config, config.block_size, dtype, budget)
 
-# %% chapters/07_engine.md:478
+# %% chapters/07_engine.md:484
 @dataclass
 class _Sequence:
     """The engine's view of one child request: its detokenizer and what it produced."""
@@ -354,7 +360,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-# %% chapters/07_engine.md:567
+# %% chapters/07_engine.md:573
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or parameters."""
@@ -411,7 +417,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-# %% chapters/07_engine.md:634
+# %% chapters/07_engine.md:640
     def _check_stop(self, seq: _Sequence, stop_string: str | None) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
@@ -427,7 +433,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-# %% chapters/07_engine.md:661
+# %% chapters/07_engine.md:667
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""

@@ -464,3 +464,26 @@ def test_bf16_engine_with_graphs_agrees_with_transformers(tmp_path):
         total += len(tokens)
     print(f"bf16 next-token agreement with transformers: {same / total:.4f} of {total} positions")
     assert same / total >= 0.99
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the heap is frozen on the GPU path only")
+def test_a_second_gpu_engine_gets_back_the_memory_of_the_first(tmp_path):
+    """The runner freezes the heap after capture (gc.freeze); an engine dropped by its caller is then
+    garbage the collector cannot see, until the next engine's memory profiling unfreezes and collects."""
+    import gc
+
+    from minillm.hf import save_pretrained
+    from minillm.tiny import tiny_model
+
+    model, tokenizer = tiny_model(progress=False)
+    save_pretrained(model, tokenizer, tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm = LLM(tmp_path, dtype=torch.bfloat16, max_num_seqs=8, gpu_memory_utilization=0.3)
+    assert llm.engine.cuda_graphs and gc.get_freeze_count() > 0
+    first = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
+    held = torch.cuda.memory_allocated()
+    del llm
+    # with 30% of the GPU each, a second engine only fits if the first one's KV cache was returned
+    llm = LLM(tmp_path, dtype=torch.bfloat16, max_num_seqs=8, gpu_memory_utilization=0.3)
+    assert torch.cuda.memory_allocated() <= held * 1.1
+    assert llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids == first
