@@ -271,7 +271,7 @@ def use_decode_linear(model: CausalLM) -> None:
             if type(module) is nn.Linear:
                 module.__class__ = DecodeLinear
 
-# %% chapters/11_cuda_graph.md:814
+# %% chapters/11_cuda_graph.md:815
 @dataclass
 class InFlight:
     """A step enqueued on the device, with greedy sampling, whose tokens the CPU has not read yet."""
@@ -325,7 +325,7 @@ class GPUModelRunner(GPUModelRunner):  # continued
         self.previous = InFlight(output, [requests[i] for i in sampling], tokens, host, ready)
         return self.previous
 
-# %% chapters/11_cuda_graph.md:875
+# %% chapters/11_cuda_graph.md:876
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async scheduling)."""
 
