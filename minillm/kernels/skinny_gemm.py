@@ -75,14 +75,14 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, K_PER_SPLI
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
             tl.store(count_ptr + pid_n, 0)
 
-# %% chapters/10_triton_decode.md:844
+# %% chapters/10_triton_decode.md:845
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
-    """The kernel's knobs for an (M, N, K) product; from benchmarks/decode_gemm.py --sweep on the H200.
+    """The kernel's knobs for an (M, N, K) product; from sweeps on the H200 (benchmarks/decode_gemm.py --sweep).
 
     Up to 2 rows the CUDA cores do the arithmetic (bands of 16 weight rows, 256 columns a step);
     from 3 rows on, the tensor cores, with x padded to 16 rows. When the output gives fewer than two
@@ -96,7 +96,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     cfg["num_warps"] = 4
     return cfg
 
-# %% chapters/10_triton_decode.md:883
+# %% chapters/10_triton_decode.md:884
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts per device, zero between launches
 
 
