@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--hf-requests", type=int, default=64, help="HF runs the first N requests (it is slow)")
     parser.add_argument("--hf-batch-size", type=int, default=64)
+    parser.add_argument("--skip-hf", action="store_true", help="leave out the HF baseline (for quick experiments)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
@@ -180,12 +181,14 @@ def main() -> None:
         print(f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s", flush=True)
         for kind, k in record["minillm"]["timeline"]["by_kind"].items():
             print(f"  {kind:24}: {k['steps']:5d} steps, {k['seconds']:6.2f} s ({k['ms_per_step']:6.2f} ms per step)")
-        n = min(args.hf_requests, args.num_requests)
-        record["hf_transformers"] = run_hf(folder, prompts[:n], output_lens[:n], args.hf_batch_size)
-        print(f"HF generate ({n} requests): {record['hf_transformers']['output_tokens_per_s']:,.0f} output tok/s")
-    record["speedup_vs_hf"] = record["minillm"]["output_tokens_per_s"] / record["hf_transformers"]["output_tokens_per_s"]
-    print(f"bandwidth limit: {record['bandwidth_limit']['output_tokens_per_s']:,.0f} output tok/s; "
-          f"minillm / HF: {record['speedup_vs_hf']:.2f}x")
+        if not args.skip_hf:
+            n = min(args.hf_requests, args.num_requests)
+            record["hf_transformers"] = run_hf(folder, prompts[:n], output_lens[:n], args.hf_batch_size)
+            print(f"HF generate ({n} requests): {record['hf_transformers']['output_tokens_per_s']:,.0f} output tok/s")
+            record["speedup_vs_hf"] = (record["minillm"]["output_tokens_per_s"]
+                                       / record["hf_transformers"]["output_tokens_per_s"])
+            print(f"minillm / HF: {record['speedup_vs_hf']:.2f}x")
+    print(f"bandwidth limit: {record['bandwidth_limit']['output_tokens_per_s']:,.0f} output tok/s")
     path = save("throughput", record, args.out or Path(__file__).resolve().parent / "results")
     print("wrote", path)
 

@@ -90,11 +90,19 @@ class StepInputs:
 
     def to_device(self, device: torch.device) -> tuple[Tensor, Tensor, AttentionMetadata]:
         def put(a: np.ndarray) -> Tensor:
-            return torch.from_numpy(a).to(device, non_blocking=True)
+            return upload(a, device)
 
         metadata = AttentionMetadata(put(self.query_start_loc), put(self.seq_lens), put(self.block_tables),
                                      put(self.slot_mapping), self.max_query_len, int(self.seq_lens.max()))
         return put(self.input_ids), put(self.positions), metadata
+
+
+def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
+    """a on the device, copied without making the CPU wait for the GPU (see "A copy that waits" below)."""
+    t = torch.as_tensor(a)
+    if device.type == "cuda":
+        t = t.pin_memory()  # from page-locked memory the copy is a DMA the CPU only enqueues
+    return t.to(device, non_blocking=True)
 
 
 def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager: KVCacheManager) -> StepInputs:
@@ -120,7 +128,7 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput, kv_cache_manager:
                       np.concatenate([[0], cu]).astype(np.int32), seq_lens.astype(np.int32),
                       batch.block_table[rows_a, :width].astype(np.int32), all_sample)
 
-# %% chapters/11_cuda_graph.md:325
+# %% chapters/11_cuda_graph.md:333
 def is_plain_greedy(params: SamplingParams) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters."""
     return (params.sampling_type is SamplingType.GREEDY and params.logprobs is None and params.min_tokens == 0
@@ -189,7 +197,7 @@ class GPUModelRunner(ModelRunner):
             token_ids, logprobs = self.sample_tokens(output.scheduled_requests, self.model.compute_logits(hidden))
             return ModelRunnerOutput({r.request_id: [t] for r, t in zip(output.scheduled_requests, token_ids)},
                                      logprobs)
-        last = torch.from_numpy(inputs.query_start_loc[1:] - 1).to(self.device, non_blocking=True)
+        last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
     def forward(self, output: SchedulerOutput, kv_cache_manager: KVCacheManager,
@@ -215,7 +223,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-# %% chapters/11_cuda_graph.md:594
+# %% chapters/11_cuda_graph.md:604
 class MergedAttention(Attention):
     """Chapter 1's attention with q, k and v from one matrix product."""
 
@@ -255,7 +263,7 @@ def merge_projections(model: CausalLM) -> None:
             del mlp.gate_proj, mlp.up_proj
             mlp.__class__ = MergedMLP
 
-# %% chapters/11_cuda_graph.md:670
+# %% chapters/11_cuda_graph.md:680
 class DecodeLinear(nn.Linear):
     """nn.Linear through chapter 10's `linear`: the skinny Triton kernel for at most 16 rows on a GPU."""
 
@@ -271,7 +279,7 @@ def use_decode_linear(model: CausalLM) -> None:
             if type(module) is nn.Linear:
                 module.__class__ = DecodeLinear
 
-# %% chapters/11_cuda_graph.md:815
+# %% chapters/11_cuda_graph.md:825
 @dataclass
 class InFlight:
     """A step enqueued on the device, with greedy sampling, whose tokens the CPU has not read yet."""
@@ -301,19 +309,18 @@ class GPUModelRunner(GPUModelRunner):  # continued
                 raise RuntimeError("a placeholder token without a step in flight to fill it")
             row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
             query_end = np.cumsum([output.num_scheduled_tokens[r.request_id] for r in requests]) - 1
-            dst = torch.as_tensor(query_end[holes], dtype=torch.int64).to(self.device, non_blocking=True)
-            src = torch.as_tensor([row_of[requests[i].request_id] for i in holes]).to(self.device, non_blocking=True)
+            dst = upload(query_end[holes].astype(np.int64), self.device)
+            src = upload([row_of[requests[i].request_id] for i in holes], self.device)
             sampled = previous.tokens
 
             def patch(input_ids: Tensor) -> None:  # runs on the device, in stream order after step N's argmax
                 input_ids[dst] = sampled[src]
         inputs, hidden = self.forward(output, kv_cache_manager, patch)
-        if inputs.all_sample and inputs.max_query_len == 1:
-            logits = self.model.compute_logits(hidden)
-        else:
-            last = torch.as_tensor(inputs.query_start_loc[1:] - 1, dtype=torch.int64)[sampling]
-            logits = self.model.compute_logits(hidden[last.to(self.device, non_blocking=True)])  # no stream sync
-        tokens = logits.argmax(dim=-1)
+        if not (inputs.all_sample and inputs.max_query_len == 1):  # only the rows that sample
+            hidden = hidden[upload(inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1, self.device)]
+        # the argmax of the head's own output: bfloat16 -> float32 is exact and keeps the order, so it picks
+        # the token compute_logits would, without writing float32 logits (155 MB at 256 rows of Qwen3's vocab)
+        tokens = self.model.lm_head(hidden).argmax(dim=-1)
         if self.device.type == "cuda":
             self.host_slot ^= 1  # two pinned buffers: the step in flight reads one while this one fills the other
             host = self.host_tokens[self.host_slot][:len(sampling)]
@@ -325,7 +332,7 @@ class GPUModelRunner(GPUModelRunner):  # continued
         self.previous = InFlight(output, [requests[i] for i in sampling], tokens, host, ready)
         return self.previous
 
-# %% chapters/11_cuda_graph.md:876
+# %% chapters/11_cuda_graph.md:885
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async scheduling)."""
 

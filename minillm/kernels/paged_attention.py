@@ -22,7 +22,7 @@ from torch import Tensor
 from minillm.model import AttentionMetadata
 
 # %% chapters/10_triton_decode.md:206
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every step
 def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, acc_ptr, m_ptr, l_ptr, scale,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                    stride_bt, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
@@ -139,8 +139,8 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
                                           HEAD_DIM=head_dim, D_P2=d_p2, NUM_SPLITS=num_splits)
     return out
 
-# %% chapters/10_triton_decode.md:423
-@triton.jit
+# %% chapters/10_triton_decode.md:426
+@triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every step
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                     tile_seq_ptr, tile_start_ptr, scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
                     stride_vb, stride_vs, stride_vh, stride_bt, stride_ot, stride_oh,
@@ -197,6 +197,25 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
+def prefill_tile_map(md: AttentionMetadata, block_m: int) -> tuple[Tensor, Tensor]:
+    """(tile_seq, tile_start), int32 on the device: each program's sequence and first query row.
+
+    Built once per step: the map depends on the metadata alone, so the first layer builds it and
+    stores it on the metadata object, and every later layer of the same forward reuses it.
+    """
+    cached = md.__dict__.setdefault("_prefill_tiles", {})
+    if block_m not in cached:
+        q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).long()  # (num_seqs,), on the device
+        tiles = (q_lens + block_m - 1) // block_m
+        ends = torch.cumsum(tiles, 0)  # tile ends per sequence; their total is never read on the host (no sync)
+        num_tiles = md.num_tokens // block_m + md.num_seqs  # a bound from shapes: each sequence wastes < 1 tile
+        tile = torch.arange(num_tiles, device=ends.device)
+        tile_seq = torch.searchsorted(ends, tile, right=True).clamp_(max=md.num_seqs - 1)  # past the end: the last
+        tile_start = (tile - (ends - tiles)[tile_seq]) * block_m  # past the end: beyond the chunk, so no work
+        cached[block_m] = (tile_seq.to(torch.int32), tile_start.to(torch.int32))
+    return cached[block_m]
+
+
 def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata,
                   block_m: int | None = None, block_n: int = 32) -> Tensor:
     """Attention for a flat batch of query chunks (any lengths) over the paged cache. Returns q's shape."""
@@ -206,17 +225,11 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
     block_m = block_m or max(1, 64 // group_p2)  # tiles of 64 rows (tl.dot wants at least 16); see the text
-    q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).long()  # (num_seqs,), on the device
-    tiles = (q_lens + block_m - 1) // block_m
-    ends = torch.cumsum(tiles, 0)  # tile ends per sequence; their total is never read on the host (no sync)
-    num_tiles = q.shape[0] // block_m + md.num_seqs  # a bound from shapes: each sequence wastes < 1 tile
-    tile = torch.arange(num_tiles, device=q.device)
-    tile_seq = torch.searchsorted(ends, tile, right=True).clamp_(max=md.num_seqs - 1)  # past the end: the last
-    tile_start = (tile - (ends - tiles)[tile_seq]) * block_m  # past the end: beyond the chunk, so no work
+    tile_seq, tile_start = prefill_tile_map(md, block_m)
     out = torch.empty_like(q)
-    _prefill_kernel[(num_tiles, num_kv_heads)](
+    _prefill_kernel[(tile_seq.shape[0], num_kv_heads)](
         q, key_cache, value_cache, out, md.block_tables, md.seq_lens, md.query_start_loc,
-        tile_seq.to(torch.int32), tile_start.to(torch.int32), head_dim**-0.5,
+        tile_seq, tile_start, head_dim**-0.5,
         q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), md.block_tables.stride(0),
         out.stride(0), out.stride(1), GROUP=group, GROUP_P2=group_p2, HEAD_DIM=head_dim,
@@ -224,7 +237,7 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
         IEEE=q.dtype == torch.float32)
     return out
 
-# %% chapters/10_triton_decode.md:514
+# %% chapters/10_triton_decode.md:530
 def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                            attn_metadata: AttentionMetadata) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same shape."""
@@ -233,7 +246,7 @@ def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
         return paged_decode(q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len)
     return paged_prefill(q, key_cache, value_cache, md)
 
-# %% chapters/10_triton_decode.md:673
+# %% chapters/10_triton_decode.md:689
 @triton.jit
 def _write_kv_kernel(k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr, stride_kt, stride_vt,
                      ROW: tl.constexpr, ROW_P2: tl.constexpr):
