@@ -13,6 +13,7 @@ measured in this run).
 
     python benchmarks/throughput.py                    # on a GPU; writes benchmarks/results/*.json
     python benchmarks/throughput.py --num-requests 32 --hf-requests 8   # a quick look
+    python benchmarks/throughput.py --skip-hf          # minillm only (an experiment, not a stored result)
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class StepInputs:
 
 
 def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
-    """a on the device, copied without making the CPU wait for the GPU (see "A copy that waits" below)."""
+    """a on the device, copied without making the CPU wait for the GPU (chapter 11, "A copy that waits")."""
     t = torch.as_tensor(a)
     if device.type == "cuda":
         t = t.pin_memory()  # from page-locked memory the copy is a DMA the CPU only enqueues

@@ -75,7 +75,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, acc_ptr,
     tl.store(m_ptr + row, m_i, mask=g_ok)
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
-# %% chapters/10_triton_decode.md:266
+# %% chapters/10_triton_decode.md:274
 @triton.jit
 def _reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ot, stride_oh, NUM_HEADS: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, NUM_SPLITS: tl.constexpr):
@@ -91,7 +91,7 @@ def _reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ot, stride_oh, NUM_HEA
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
-# %% chapters/10_triton_decode.md:304
+# %% chapters/10_triton_decode.md:312
 NUM_SMS = 132  # H100 / H200; only sizes the split count, correctness does not depend on it
 DECODE_KERNEL_VERSION = 2  # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
 
@@ -139,7 +139,7 @@ def paged_decode(q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables
                                           HEAD_DIM=head_dim, D_P2=d_p2, NUM_SPLITS=num_splits)
     return out
 
-# %% chapters/10_triton_decode.md:426
+# %% chapters/10_triton_decode.md:434
 @triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every step
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                     tile_seq_ptr, tile_start_ptr, scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -237,7 +237,7 @@ def paged_prefill(q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metada
         IEEE=q.dtype == torch.float32)
     return out
 
-# %% chapters/10_triton_decode.md:530
+# %% chapters/10_triton_decode.md:538
 def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
                            attn_metadata: AttentionMetadata) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same shape."""
@@ -246,7 +246,7 @@ def triton_paged_attention(q: Tensor, key_cache: Tensor, value_cache: Tensor,
         return paged_decode(q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len)
     return paged_prefill(q, key_cache, value_cache, md)
 
-# %% chapters/10_triton_decode.md:689
+# %% chapters/10_triton_decode.md:697
 @triton.jit
 def _write_kv_kernel(k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr, stride_kt, stride_vt,
                      ROW: tl.constexpr, ROW_P2: tl.constexpr):
