@@ -1,6 +1,8 @@
-"""What every benchmark records next to its numbers: hardware, software versions, date, commit.
+"""What every benchmark records next to its numbers: hardware, software versions, date,
+commit.
 
-Benchmarks run on the GPU box (see README); each writes one JSON file to benchmarks/results/.
+Benchmarks run on the GPU box (see README); each writes one JSON file to
+benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def environment() -> dict:
     info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
@@ -36,13 +40,24 @@ def environment() -> dict:
         info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
         info["cuda"] = torch.version.cuda
     try:
+
         def git(*args: str) -> str:
-            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent).stdout
+            return subprocess.run(
+                ["git", *args],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+            ).stdout
 
         info["commit"] = git("rev-parse", "--short", "HEAD").strip() or None
-        # uncommitted edits to the code (results and scratch files aside) mean the commit is not the whole story
-        changed = [line[3:] for line in git("status", "--porcelain").splitlines()
-                   if line[3:].startswith(("minillm/", "chapters/", "benchmarks/")) and "results/" not in line]
+        # uncommitted edits to the code (results and scratch files aside) mean the
+        # commit is not the whole story
+        changed = [
+            line[3:]
+            for line in git("status", "--porcelain").splitlines()
+            if line[3:].startswith(("minillm/", "chapters/", "benchmarks/"))
+            and "results/" not in line
+        ]
         info["uncommitted_changes"] = changed[:20]
     except OSError:
         info["commit"] = None
@@ -66,29 +81,42 @@ def copy_bandwidth(num_bytes: int = 4 << 30, repeats: int = 10) -> float:
 
 
 class StepTimeline:
-    """Every engine step of a run: wall time, sequences and tokens scheduled. Wraps the engine in place.
+    """Every engine step of a run: wall time, sequences and tokens scheduled. Wraps the
+    engine in place.
 
-    With async scheduling a step() call returns while its own step still runs on the device and
-    waits for the previous one, so a call's time is the previous step's: exact over a run (the
-    last calls, which only collect tokens, count as "no step"), approximate per step.
+    With async scheduling a step() call returns while its own step still runs on the
+    device and waits for the previous one, so a call's time is the previous step's:
+    exact over a run (the last calls, which only collect tokens, count as "no step"),
+    approximate per step.
     """
 
-    BATCHES = (1, 8, 32, 64, 128, 256)  # decode steps are grouped by batch size: 1, 2-8, 9-32, ...
+    # decode steps are grouped by batch size: 1, 2-8, 9-32, ...
+    BATCHES = (1, 8, 32, 64, 128, 256)
 
     def __init__(self, engine):
-        self.rows: list[tuple[float, int, int]] = []  # (seconds, sequences, tokens) per step() call
+        # (seconds, sequences, tokens) per step() call
+        self.rows: list[tuple[float, int, int]] = []
         schedule, step, scheduled = engine.scheduler.schedule, engine.step, {}
 
         def counting_schedule():
             output = schedule()
-            scheduled.update(seqs=len(output.scheduled_requests), tokens=output.total_num_scheduled_tokens)
+            scheduled.update(
+                seqs=len(output.scheduled_requests),
+                tokens=output.total_num_scheduled_tokens,
+            )
             return output
 
         def timed_step():
             scheduled.clear()
             start = time.perf_counter()
             outputs = step()
-            self.rows.append((time.perf_counter() - start, scheduled.get("seqs", 0), scheduled.get("tokens", 0)))
+            self.rows.append(
+                (
+                    time.perf_counter() - start,
+                    scheduled.get("seqs", 0),
+                    scheduled.get("tokens", 0),
+                )
+            )
             return outputs
 
         engine.scheduler.schedule, engine.step = counting_schedule, timed_step
@@ -101,22 +129,36 @@ class StepTimeline:
         low = 1
         for high in self.BATCHES:
             if seqs <= high:
-                return f"decode, batch {low}-{high}" if high > low else f"decode, batch {low}"
+                return (
+                    f"decode, batch {low}-{high}"
+                    if high > low
+                    else f"decode, batch {low}"
+                )
             low = high + 1
         return f"decode, batch > {self.BATCHES[-1]}"
 
     def summary(self) -> dict:
-        """Steps, seconds and tokens by kind of step, and every step's (ms, sequences, tokens)."""
+        """Steps, seconds and tokens by kind of step, and every step's (ms,
+        sequences, tokens).
+        """
         kinds: dict[str, dict] = {}
         for seconds, seqs, tokens in self.rows:
-            k = kinds.setdefault(self.kind(seqs, tokens), {"steps": 0, "seconds": 0.0, "tokens": 0})
+            k = kinds.setdefault(
+                self.kind(seqs, tokens), {"steps": 0, "seconds": 0.0, "tokens": 0}
+            )
             k["steps"] += 1
             k["seconds"] += seconds
             k["tokens"] += tokens
         for k in kinds.values():
             k["ms_per_step"] = 1e3 * k["seconds"] / k["steps"]
-        return {"steps": len(self.rows), "seconds": sum(r[0] for r in self.rows), "by_kind": kinds,
-                "per_step_ms_seqs_tokens": [(round(1e3 * s, 3), n, t) for s, n, t in self.rows]}
+        return {
+            "steps": len(self.rows),
+            "seconds": sum(r[0] for r in self.rows),
+            "by_kind": kinds,
+            "per_step_ms_seqs_tokens": [
+                (round(1e3 * s, 3), n, t) for s, n, t in self.rows
+            ],
+        }
 
 
 def save(name: str, record: dict, out_dir: Path = RESULTS) -> Path:

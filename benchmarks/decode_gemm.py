@@ -1,17 +1,21 @@
-"""The matrix products of a decode step: chapter 10's skinny Triton kernel against cuBLAS.
+"""The matrix products of a decode step: chapter 10's skinny Triton kernel against
+cuBLAS.
 
-For every projection of a Qwen3-0.6B and a Llama-3.2-1B decoder layer (q/k/v and gate/up merged, as
-the engine runs them on a GPU), bf16, with 1, 2, 4, 8 and 16 rows of x: the time of F.linear
-(cuBLAS) and of `skinny_linear` at its default configuration, and the bandwidth each reaches
-(weight bytes / time) next to the device-to-device copy bandwidth measured in the same run. Each
-product is checked against F.linear before it is timed.
+For every projection of a Qwen3-0.6B and a Llama-3.2-1B decoder layer (q/k/v and gate/up
+merged, as the engine runs them on a GPU), bf16, with 1, 2, 4, 8 and 16 rows of x: the
+time of F.linear (cuBLAS) and of `skinny_linear` at its default configuration, and the
+bandwidth each reaches (weight bytes / time) next to the device-to-device copy bandwidth
+measured in the same run. Each product is checked against F.linear before it is timed.
 
-Times are per call, from replaying a CUDA graph that makes the call many times in a row (so launch
-costs are left out, as in the engine's graphs), each call on another copy of the weight (200 MB of
-copies in rotation, four times the H200's L2), so that W comes from HBM as in a real step.
+Times are per call, from replaying a CUDA graph that makes the call many times in a row
+(so launch costs are left out, as in the engine's graphs), each call on another copy of
+the weight (200 MB of copies in rotation, four times the H200's L2), so that W comes
+from HBM as in a real step.
 
-    python benchmarks/decode_gemm.py            # on a GPU; writes benchmarks/results/decode_gemm-*.json
-    python benchmarks/decode_gemm.py --sweep    # also a grid of the kernel's knobs (where the defaults come from)
+    # on a GPU; writes benchmarks/results/decode_gemm-*.json
+    python benchmarks/decode_gemm.py
+    # also a grid of the kernel's knobs (where the defaults come from)
+    python benchmarks/decode_gemm.py --sweep
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ TOLERANCE = 2e-2  # max |y - F.linear| / max |F.linear| in bf16
 
 
 def graph_us(calls: list) -> float:
-    """Per-call microseconds: all `calls` captured in one CUDA graph, median of 5 timed replays."""
+    """Per-call microseconds: all `calls` captured in one CUDA graph, median of 5
+    timed replays.
+    """
     for fn in calls[:2]:
         fn()  # allocations (split-K counters) happen before capture
     torch.cuda.synchronize()
@@ -56,7 +62,10 @@ def graph_us(calls: list) -> float:
         for fn in calls:
             fn()
     graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = (
+        torch.cuda.Event(enable_timing=True),
+        torch.cuda.Event(enable_timing=True),
+    )
     times = []
     for _ in range(5):
         start.record()
@@ -68,56 +77,123 @@ def graph_us(calls: list) -> float:
 
 
 def grid(M: int) -> list[dict]:
-    """The knobs --sweep tries: the CUDA-core path up to 4 rows, the tensor cores from 2."""
+    """The knobs --sweep tries: the CUDA-core path up to 4 rows, the tensor cores
+    from 2.
+    """
     out = []
     if M <= 4:
-        out += [dict(use_dot=False, block_n=bn, block_k=bk, num_stages=st, num_warps=4, split_k=sk)
-                for bn in (16, 32, 64) for bk in (128, 256) for st in (1, 3) for sk in (1, 2, 4, 8)]
+        out += [
+            dict(
+                use_dot=False,
+                block_n=bn,
+                block_k=bk,
+                num_stages=st,
+                num_warps=4,
+                split_k=sk,
+            )
+            for bn in (16, 32, 64)
+            for bk in (128, 256)
+            for st in (1, 3)
+            for sk in (1, 2, 4, 8)
+        ]
     if M >= 2:
-        out += [dict(use_dot=True, block_n=bn, block_k=bk, num_stages=st, num_warps=4, split_k=sk)
-                for bn in (32, 64, 128) for bk in (64, 128) for st in (2, 4) for sk in (1, 2, 4, 8)]
+        out += [
+            dict(
+                use_dot=True,
+                block_n=bn,
+                block_k=bk,
+                num_stages=st,
+                num_warps=4,
+                split_k=sk,
+            )
+            for bn in (32, 64, 128)
+            for bk in (64, 128)
+            for st in (2, 4)
+            for sk in (1, 2, 4, 8)
+        ]
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sweep", action="store_true", help="also time a grid of knobs for every shape")
-    parser.add_argument("--sweep-budget-s", type=float, default=240, help="time cap for the grid")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also time a grid of knobs for every shape"
+    )
+    parser.add_argument(
+        "--sweep-budget-s", type=float, default=240, help="time cap for the grid"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/decode_gemm.py times GPU kernels: no CUDA device found")
     device = torch.device("cuda")
-    record = {"benchmark": "decode_gemm", "environment": environment(),
-              "workload": {"dtype": "bfloat16", "rows": list(ROWS), "weights_rotated_bytes": ROTATE_BYTES,
-                           "timing": "CUDA-graph replay of many calls, median of 5 replays, per call"},
-              "copy_bandwidth_bytes_per_s": copy_bandwidth(), "rows": [], "sweep": []}
+    record = {
+        "benchmark": "decode_gemm",
+        "environment": environment(),
+        "workload": {
+            "dtype": "bfloat16",
+            "rows": list(ROWS),
+            "weights_rotated_bytes": ROTATE_BYTES,
+            "timing": "CUDA-graph replay of many calls, median of 5 replays, per call",
+        },
+        "copy_bandwidth_bytes_per_s": copy_bandwidth(),
+        "rows": [],
+        "sweep": [],
+    }
     copy_bw = record["copy_bandwidth_bytes_per_s"]
     deadline = time.time() + args.sweep_budget_s
     for (model, name), (N, K) in SHAPES.items():
         g = torch.Generator().manual_seed(N + K)
         w0 = (torch.randn(N, K, generator=g) / K**0.5).to(device, torch.bfloat16)
-        copies = [w0] + [w0.roll(i, 0) for i in range(1, max(2, math.ceil(ROTATE_BYTES / w0.nbytes)))]
+        copies = [w0] + [
+            w0.roll(i, 0) for i in range(1, max(2, math.ceil(ROTATE_BYTES / w0.nbytes)))
+        ]
         calls = max(20, len(copies))
         for M in ROWS:
             x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
             ref = F.linear(x, w0)
-            err = ((skinny_linear(x, w0) - ref).float().abs().max() / ref.float().abs().max()).item()
+            err = (
+                (skinny_linear(x, w0) - ref).float().abs().max()
+                / ref.float().abs().max()
+            ).item()
             if err > TOLERANCE:
-                raise AssertionError(f"{model} {name} M={M}: relative error {err:.3g} against F.linear")
-            cublas = graph_us([lambda w=copies[i % len(copies)]: F.linear(x, w) for i in range(calls)])
-            ours = graph_us([lambda w=copies[i % len(copies)]: skinny_linear(x, w) for i in range(calls)])
-            row = {"model": model, "name": name, "N": N, "K": K, "M": M, "weight_bytes": w0.nbytes,
-                   "config": default_config(M, N, K, num_sms(device)), "relative_error": err,
-                   "cublas_us": cublas, "skinny_us": ours,
-                   "cublas_fraction_of_copy": w0.nbytes / (cublas * 1e-6) / copy_bw,
-                   "skinny_fraction_of_copy": w0.nbytes / (ours * 1e-6) / copy_bw}
+                raise AssertionError(
+                    f"{model} {name} M={M}: relative error {err:.3g} against F.linear"
+                )
+            cublas = graph_us(
+                [lambda w=copies[i % len(copies)]: F.linear(x, w) for i in range(calls)]
+            )
+            ours = graph_us(
+                [
+                    lambda w=copies[i % len(copies)]: skinny_linear(x, w)
+                    for i in range(calls)
+                ]
+            )
+            row = {
+                "model": model,
+                "name": name,
+                "N": N,
+                "K": K,
+                "M": M,
+                "weight_bytes": w0.nbytes,
+                "config": default_config(M, N, K, num_sms(device)),
+                "relative_error": err,
+                "cublas_us": cublas,
+                "skinny_us": ours,
+                "cublas_fraction_of_copy": w0.nbytes / (cublas * 1e-6) / copy_bw,
+                "skinny_fraction_of_copy": w0.nbytes / (ours * 1e-6) / copy_bw,
+            }
             record["rows"].append(row)
-            print(f"{model:12} {name:12} N {N:5} K {K:4} M {M:2}: cuBLAS {cublas:6.2f} us "
-                  f"({row['cublas_fraction_of_copy']:4.0%}), skinny {ours:6.2f} us ({row['skinny_fraction_of_copy']:4.0%})",
-                  flush=True)
+            print(
+                f"{model:12} {name:12} N {N:5} K {K:4} M {M:2}: cuBLAS {cublas:6.2f} "
+                f"us ({row['cublas_fraction_of_copy']:4.0%}), skinny {ours:6.2f} us "
+                f"({row['skinny_fraction_of_copy']:4.0%})",
+                flush=True,
+            )
             if args.sweep:
-                budget_left = (deadline - time.time()) / (len(SHAPES) * len(ROWS) - len(record["rows"]) + 1)
+                budget_left = (deadline - time.time()) / (
+                    len(SHAPES) * len(ROWS) - len(record["rows"]) + 1
+                )
                 stop = time.time() + budget_left
                 timed = []
                 for knobs in grid(M):
@@ -125,23 +201,52 @@ def main() -> None:
                         break
                     try:
                         y = skinny_linear(x, w0, **knobs)
-                        if ((y - ref).float().abs().max() / ref.float().abs().max()).item() > TOLERANCE:
+                        if (
+                            (y - ref).float().abs().max() / ref.float().abs().max()
+                        ).item() > TOLERANCE:
                             continue
-                        us = graph_us([lambda w=copies[i % len(copies)]: skinny_linear(x, w, **knobs)
-                                       for i in range(calls)])
+                        us = graph_us(
+                            [
+                                lambda w=copies[i % len(copies)]: skinny_linear(
+                                    x, w, **knobs
+                                )
+                                for i in range(calls)
+                            ]
+                        )
                     except Exception:  # noqa: BLE001 - e.g. a tile too large for shared memory
                         continue
                     timed.append({"knobs": knobs, "us": us})
                 timed.sort(key=lambda r: r["us"])
-                record["sweep"].append({"model": model, "name": name, "M": M, "tried": len(timed),
-                                        "default_us": ours, "best": timed[:3]})
+                record["sweep"].append(
+                    {
+                        "model": model,
+                        "name": name,
+                        "M": M,
+                        "tried": len(timed),
+                        "default_us": ours,
+                        "best": timed[:3],
+                    }
+                )
                 if timed:
-                    print(f"{'':44}best of {len(timed)}: {timed[0]['us']:6.2f} us {timed[0]['knobs']}", flush=True)
+                    print(
+                        f"{'':44}best of {len(timed)}: {timed[0]['us']:6.2f} us "
+                        f"{timed[0]['knobs']}",
+                        flush=True,
+                    )
     for model in dict.fromkeys(m for m, _ in SHAPES):
         at1 = [r for r in record["rows"] if r["model"] == model and r["M"] == 1]
-        print(f"{model} layer at batch 1: cuBLAS {sum(r['cublas_us'] for r in at1):.1f} us, "
-              f"skinny {sum(r['skinny_us'] for r in at1):.1f} us")
-    print("wrote", save("decode_gemm", record, args.out or Path(__file__).resolve().parent / "results"))
+        print(
+            f"{model} layer at batch 1: cuBLAS {sum(r['cublas_us'] for r in at1):.1f} "
+            f"us, skinny {sum(r['skinny_us'] for r in at1):.1f} us"
+        )
+    print(
+        "wrote",
+        save(
+            "decode_gemm",
+            record,
+            args.out or Path(__file__).resolve().parent / "results",
+        ),
+    )
 
 
 if __name__ == "__main__":

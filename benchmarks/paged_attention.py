@@ -1,19 +1,25 @@
-"""Decode attention over the paged KV cache: the Triton kernel of chapter 10 against the memory roofline.
+"""Decode attention over the paged KV cache: the Triton kernel of chapter 10 against the
+memory roofline.
 
-For a Qwen3-0.6B attention layer (16 query heads, 8 KV heads of 128, bf16 cache, blocks of 16,
-blocks shuffled as after a long-running server), over batch sizes and context lengths: kernel time
-(triton.testing.do_bench), achieved bandwidth = bytes of K/V read / time, the device-to-device copy
-bandwidth measured in the same run, and chapter 4's PyTorch reference on the same batch.
+For a Qwen3-0.6B attention layer (16 query heads, 8 KV heads of 128, bf16 cache, blocks
+of 16, blocks shuffled as after a long-running server), over batch sizes and context
+lengths: kernel time (triton.testing.do_bench), achieved bandwidth = bytes of K/V read /
+time, the device-to-device copy bandwidth measured in the same run, and chapter 4's
+PyTorch reference on the same batch.
 
-    python benchmarks/paged_attention.py      # on a GPU; writes benchmarks/results/paged_attention-*.json
-    python benchmarks/paged_attention.py --mixed   # also the mixed lengths of the standard workload
-    python benchmarks/paged_attention.py --prefill # also the prefill kernel's tile sizes on a prompt step
+    # on a GPU; writes benchmarks/results/paged_attention-*.json
+    python benchmarks/paged_attention.py
+    # also the mixed lengths of the standard workload
+    python benchmarks/paged_attention.py --mixed
+    # also the prefill kernel's tile sizes on a prompt step
+    python benchmarks/paged_attention.py --prefill
 
---mixed times a batch shaped like the middle of the standard throughput workload: 256 sequences,
-each a prompt of 100-1024 tokens plus part of its 100-1024 output tokens, so contexts from about
-100 to 2,000 tokens; it compares ways of cutting the contexts into pieces (equal splits per
-sequence, or pieces of a fixed number of tokens) and the kernel's tile knobs, timed as CUDA-graph
-replays (triton.testing.do_bench_cudagraph) as the engine runs them.
+--mixed times a batch shaped like the middle of the standard throughput workload: 256
+sequences, each a prompt of 100-1024 tokens plus part of its 100-1024 output tokens, so
+contexts from about 100 to 2,000 tokens; it compares ways of cutting the contexts into
+pieces (equal splits per sequence, or pieces of a fixed number of tokens) and the
+kernel's tile knobs, timed as CUDA-graph replays (triton.testing.do_bench_cudagraph) as
+the engine runs them.
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
 from minillm.attention import paged_attention_ref  # noqa: E402
-from minillm.kernels.paged_attention import DECODE_KERNEL_VERSION, decode_num_splits, paged_decode  # noqa: E402
+from minillm.kernels.paged_attention import (
+    DECODE_KERNEL_VERSION,
+    decode_num_splits,
+    paged_decode,
+)  # noqa: E402
 from minillm.model import build_attention_metadata  # noqa: E402
 
 N_HEADS, N_KV, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -36,17 +46,25 @@ def decode_batch(batch: int, context: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     blocks_per_seq = -(-context // BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq
-    k_cache = torch.randn(num_blocks, BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(
+        num_blocks, BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+    )
     v_cache = torch.randn_like(k_cache)
     order = torch.randperm(num_blocks, generator=g).tolist()
-    tables = [order[i * blocks_per_seq:(i + 1) * blocks_per_seq] for i in range(batch)]
-    _, md = build_attention_metadata([1] * batch, [context] * batch, tables, BLOCK_SIZE, "cuda")
+    tables = [
+        order[i * blocks_per_seq : (i + 1) * blocks_per_seq] for i in range(batch)
+    ]
+    _, md = build_attention_metadata(
+        [1] * batch, [context] * batch, tables, BLOCK_SIZE, "cuda"
+    )
     q = torch.randn(batch, N_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     return q, k_cache, v_cache, md
 
 
 def sweep(do_bench) -> list[dict]:
-    """Tuning knobs of the decode kernel at batch 64 x context 4096; returns every setting's result."""
+    """Tuning knobs of the decode kernel at batch 64 x context 4096; returns every
+    setting's result.
+    """
     q, k_cache, v_cache, md = decode_batch(64, 4096)
     kv_bytes = 2 * 64 * 4096 * N_KV * HEAD_DIM * 2
     rows = []
@@ -54,15 +72,37 @@ def sweep(do_bench) -> list[dict]:
         for num_warps in (4, 8):
             for num_stages in (1, 2):
                 for programs_per_sm in (2, 4, 8, 16):
-                    knobs = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                                 programs_per_sm=programs_per_sm)
+                    knobs = dict(
+                        block_n=block_n,
+                        num_warps=num_warps,
+                        num_stages=num_stages,
+                        programs_per_sm=programs_per_sm,
+                    )
                     try:
-                        ms = do_bench(lambda: paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens,
-                                                           md.max_seq_len, **knobs), warmup=10, rep=40)
-                    except Exception as e:  # a setting that does not compile (too many registers, say)
+                        ms = do_bench(
+                            lambda: paged_decode(
+                                q,
+                                k_cache,
+                                v_cache,
+                                md.block_tables,
+                                md.seq_lens,
+                                md.max_seq_len,
+                                **knobs,
+                            ),
+                            warmup=10,
+                            rep=40,
+                        )
+                    # a setting that does not compile (too many registers, say)
+                    except Exception as e:
                         print("skip", knobs, type(e).__name__)
                         continue
-                    rows.append({**knobs, "kernel_us": 1e3 * ms, "bandwidth_bytes_per_s": kv_bytes / (ms / 1e3)})
+                    rows.append(
+                        {
+                            **knobs,
+                            "kernel_us": 1e3 * ms,
+                            "bandwidth_bytes_per_s": kv_bytes / (ms / 1e3),
+                        }
+                    )
     rows.sort(key=lambda r: r["kernel_us"])
     for r in rows[:5]:
         print("sweep best:", r)
@@ -70,20 +110,27 @@ def sweep(do_bench) -> list[dict]:
 
 
 def mixed_batch(batch: int = 256, seed: int = 0):
-    """Contexts of the standard workload halfway through its outputs, blocks shuffled."""
+    """Contexts of the standard workload halfway through its outputs, blocks
+    shuffled.
+    """
     import random
 
     rng = random.Random(seed)
-    lens = [rng.randint(100, 1024) + rng.randint(0, rng.randint(100, 1024)) for _ in range(batch)]
+    lens = [
+        rng.randint(100, 1024) + rng.randint(0, rng.randint(100, 1024))
+        for _ in range(batch)
+    ]
     g = torch.Generator().manual_seed(seed)
     per_seq = [-(-n // BLOCK_SIZE) for n in lens]
     num_blocks = sum(per_seq)
-    k_cache = torch.randn(num_blocks, BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(
+        num_blocks, BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+    )
     v_cache = torch.randn_like(k_cache)
     order = torch.randperm(num_blocks, generator=g).tolist()
     tables, at = [], 0
     for n in per_seq:
-        tables.append(order[at:at + n])
+        tables.append(order[at : at + n])
         at += n
     _, md = build_attention_metadata([1] * batch, lens, tables, BLOCK_SIZE, "cuda")
     q = torch.randn(batch, N_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -91,8 +138,10 @@ def mixed_batch(batch: int = 256, seed: int = 0):
 
 
 def prefill(max_tokens: int = 16384, seed: int = 0) -> dict:
-    """The prefill kernel on a step of the standard workload's prompts (100-1024 tokens, no cached
-    context, up to max_tokens in all), over its tile sizes; time by CUDA-graph replay."""
+    """The prefill kernel on a step of the standard workload's prompts (100-1024 tokens,
+    no cached context, up to max_tokens in all), over its tile sizes; time by
+    CUDA-graph replay.
+    """
     import random
 
     from triton.testing import do_bench_cudagraph
@@ -104,38 +153,65 @@ def prefill(max_tokens: int = 16384, seed: int = 0) -> dict:
     while sum(lens) < max_tokens - 1024:
         lens.append(rng.randint(100, 1024))
     per_seq = [-(-n // BLOCK_SIZE) for n in lens]
-    k_cache = torch.randn(sum(per_seq), BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(
+        sum(per_seq), BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+    )
     v_cache = torch.randn_like(k_cache)
-    order = torch.randperm(sum(per_seq), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = torch.randperm(
+        sum(per_seq), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
     tables, at = [], 0
     for n in per_seq:
-        tables.append(order[at:at + n])
+        tables.append(order[at : at + n])
         at += n
     _, md = build_attention_metadata(lens, lens, tables, BLOCK_SIZE, "cuda")
     q = torch.randn(sum(lens), N_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    flops = sum(4 * n * (n + 1) / 2 * HEAD_DIM * N_HEADS for n in lens)  # causal: QK^T and PV, half the square
-    expected = paged_attention_ref(q[:lens[0]], k_cache, v_cache,
-                                   build_attention_metadata(lens[:1], lens[:1], tables[:1], BLOCK_SIZE, "cuda")[1])
+    # causal: QK^T and PV, half the square
+    flops = sum(4 * n * (n + 1) / 2 * HEAD_DIM * N_HEADS for n in lens)
+    expected = paged_attention_ref(
+        q[: lens[0]],
+        k_cache,
+        v_cache,
+        build_attention_metadata(lens[:1], lens[:1], tables[:1], BLOCK_SIZE, "cuda")[1],
+    )
     rows = []
     for block_m in (8, 16, 32, 64):
         for block_n in (32, 64):
             try:
-                out = paged_prefill(q, k_cache, v_cache, md, block_m=block_m, block_n=block_n)
-                diff = (out[:lens[0]].float() - expected.float()).abs().max().item()
-                us = 1e3 * do_bench_cudagraph(lambda: paged_prefill(q, k_cache, v_cache, md, block_m=block_m,
-                                                                      block_n=block_n), rep=50)
+                out = paged_prefill(
+                    q, k_cache, v_cache, md, block_m=block_m, block_n=block_n
+                )
+                diff = (out[: lens[0]].float() - expected.float()).abs().max().item()
+                us = 1e3 * do_bench_cudagraph(
+                    lambda: paged_prefill(
+                        q, k_cache, v_cache, md, block_m=block_m, block_n=block_n
+                    ),
+                    rep=50,
+                )
             except Exception as e:  # a tile that does not fit
                 print("skip", block_m, block_n, type(e).__name__, flush=True)
                 continue
-            rows.append({"block_m": block_m, "block_n": block_n, "kernel_us": us, "tflops": flops / us / 1e6,
-                         "max_abs_diff_vs_reference": diff})
-            print(f"prefill block_m {block_m:3d} block_n {block_n:3d}: {us:8.1f} us, {flops / us / 1e6:6.1f} TFLOP/s, "
-                  f"diff {diff:.1e}", flush=True)
+            rows.append(
+                {
+                    "block_m": block_m,
+                    "block_n": block_n,
+                    "kernel_us": us,
+                    "tflops": flops / us / 1e6,
+                    "max_abs_diff_vs_reference": diff,
+                }
+            )
+            print(
+                f"prefill block_m {block_m:3d} block_n {block_n:3d}: {us:8.1f} us, "
+                f"{flops / us / 1e6:6.1f} TFLOP/s, diff {diff:.1e}",
+                flush=True,
+            )
     return {"num_seqs": len(lens), "tokens": sum(lens), "flops": flops, "rows": rows}
 
 
 def mixed(copy_bw: float, max_model_len: int = 2064) -> dict:
-    """Split policies and tile knobs on mixed context lengths; max_seq_len is fixed as under CUDA graphs."""
+    """Split policies and tile knobs on mixed context lengths; max_seq_len is fixed
+    as under CUDA graphs.
+    """
     from triton.testing import do_bench_cudagraph
 
     q, k_cache, v_cache, md, lens = mixed_batch()
@@ -144,21 +220,42 @@ def mixed(copy_bw: float, max_model_len: int = 2064) -> dict:
 
     def measure(knobs: dict) -> dict | None:
         def call():
-            return paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, max_model_len, **knobs)
+            return paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                md.block_tables,
+                md.seq_lens,
+                max_model_len,
+                **knobs,
+            )
+
         try:
             diff = (call().float() - expected.float()).abs().max().item()
             us = 1e3 * do_bench_cudagraph(call, rep=50)
-        except Exception as e:  # a setting that does not compile (too many registers, say)
+        # a setting that does not compile (too many registers, say)
+        except Exception as e:
             print("skip", knobs, type(e).__name__, flush=True)
             return None
-        row = {**knobs, "kernel_us": us, "bandwidth_bytes_per_s": kv_bytes / (us / 1e6),
-               "fraction_of_copy": kv_bytes / (us / 1e6) / copy_bw, "max_abs_diff_vs_reference": diff}
-        print(f"{knobs}: {us:7.1f} us, {row['fraction_of_copy']:4.0%} of copy, diff {diff:.1e}", flush=True)
+        row = {
+            **knobs,
+            "kernel_us": us,
+            "bandwidth_bytes_per_s": kv_bytes / (us / 1e6),
+            "fraction_of_copy": kv_bytes / (us / 1e6) / copy_bw,
+            "max_abs_diff_vs_reference": diff,
+        }
+        print(
+            f"{knobs}: {us:7.1f} us, {row['fraction_of_copy']:4.0%} of copy, diff "
+            f"{diff:.1e}",
+            flush=True,
+        )
         return row
 
     rows = []
     base = dict(block_n=64, num_warps=4, num_stages=1)
-    policies = [{"num_splits": n} for n in (1, 2, 4)] + [{"split_tokens": t} for t in (128, 256, 512, 1024)]
+    policies = [{"num_splits": n} for n in (1, 2, 4)] + [
+        {"split_tokens": t} for t in (128, 256, 512, 1024)
+    ]
     for policy in policies:
         rows.append(measure({**base, **policy}))
     best_policies = sorted((r for r in rows if r), key=lambda r: r["kernel_us"])[:2]
@@ -169,36 +266,84 @@ def mixed(copy_bw: float, max_model_len: int = 2064) -> dict:
                 for num_stages in (1, 2, 3):
                     if "split_tokens" in policy and policy["split_tokens"] % block_n:
                         continue
-                    rows.append(measure(dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, **policy)))
+                    rows.append(
+                        measure(
+                            dict(
+                                block_n=block_n,
+                                num_warps=num_warps,
+                                num_stages=num_stages,
+                                **policy,
+                            )
+                        )
+                    )
     rows = sorted((r for r in rows if r), key=lambda r: r["kernel_us"])
-    return {"batch": len(lens), "context_tokens": sum(lens), "min_len": min(lens), "max_len": max(lens),
-            "max_model_len": max_model_len, "kv_bytes": kv_bytes, "rows": rows}
+    return {
+        "batch": len(lens),
+        "context_tokens": sum(lens),
+        "min_len": min(lens),
+        "max_len": max(lens),
+        "max_model_len": max_model_len,
+        "kv_bytes": kv_bytes,
+        "rows": rows,
+    }
 
 
 def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sweep", action="store_true", help="first time the tuning knobs, then use the best")
-    parser.add_argument("--mixed", action="store_true", help="also time split policies on mixed context lengths")
-    parser.add_argument("--prefill", action="store_true", help="also time the prefill kernel's tiles on a prompt step")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="first time the tuning knobs, then use the best",
+    )
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="also time split policies on mixed context lengths",
+    )
+    parser.add_argument(
+        "--prefill",
+        action="store_true",
+        help="also time the prefill kernel's tiles on a prompt step",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the JSON (default benchmarks/results)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/paged_attention.py measures a GPU kernel: no CUDA device found")
+        sys.exit(
+            "benchmarks/paged_attention.py measures a GPU kernel: no CUDA device found"
+        )
     from triton.testing import do_bench
 
-    record = {"benchmark": "paged_attention", "environment": environment(),
-              "workload": {"layer": "Qwen3-0.6B attention", "n_heads": N_HEADS, "n_kv_heads": N_KV,
-                           "head_dim": HEAD_DIM, "block_size": BLOCK_SIZE, "dtype": "bfloat16",
-                           "blocks": "shuffled"},
-              "kernel_version": DECODE_KERNEL_VERSION,
-              "copy_bandwidth_bytes_per_s": copy_bandwidth(), "decode": []}
+    record = {
+        "benchmark": "paged_attention",
+        "environment": environment(),
+        "workload": {
+            "layer": "Qwen3-0.6B attention",
+            "n_heads": N_HEADS,
+            "n_kv_heads": N_KV,
+            "head_dim": HEAD_DIM,
+            "block_size": BLOCK_SIZE,
+            "dtype": "bfloat16",
+            "blocks": "shuffled",
+        },
+        "kernel_version": DECODE_KERNEL_VERSION,
+        "copy_bandwidth_bytes_per_s": copy_bandwidth(),
+        "decode": [],
+    }
     knobs: dict = {}
     if args.sweep:
         record["sweep"] = sweep(do_bench)
         best = record["sweep"][0]
-        knobs = {k: best[k] for k in ("block_n", "num_warps", "num_stages", "programs_per_sm")}
+        knobs = {
+            k: best[k]
+            for k in ("block_n", "num_warps", "num_stages", "programs_per_sm")
+        }
     record["kernel_settings"] = knobs or "defaults"
     if args.mixed:
         record["mixed"] = mixed(record["copy_bandwidth_bytes_per_s"])
@@ -208,22 +353,58 @@ def main() -> None:
         for batch in (1, 8, 64, 256):
             q, k_cache, v_cache, md = decode_batch(batch, context)
             expected = paged_attention_ref(q, k_cache, v_cache, md)
-            out = paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.max_seq_len, **knobs)
+            out = paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                md.block_tables,
+                md.seq_lens,
+                md.max_seq_len,
+                **knobs,
+            )
             max_diff = (out.float() - expected.float()).abs().max().item()
-            kernel_ms = do_bench(lambda: paged_decode(q, k_cache, v_cache, md.block_tables, md.seq_lens,
-                                                      md.max_seq_len, **knobs), warmup=25, rep=100)
-            reference_ms = do_bench(lambda: paged_attention_ref(q, k_cache, v_cache, md), warmup=5, rep=30)
+            kernel_ms = do_bench(
+                lambda: paged_decode(
+                    q,
+                    k_cache,
+                    v_cache,
+                    md.block_tables,
+                    md.seq_lens,
+                    md.max_seq_len,
+                    **knobs,
+                ),
+                warmup=25,
+                rep=100,
+            )
+            reference_ms = do_bench(
+                lambda: paged_attention_ref(q, k_cache, v_cache, md), warmup=5, rep=30
+            )
             kv_bytes = 2 * batch * context * N_KV * HEAD_DIM * 2
-            row = {"batch": batch, "context": context, "kernel_us": 1e3 * kernel_ms, "reference_us": 1e3 * reference_ms,
-                   "kv_bytes": kv_bytes, "bandwidth_bytes_per_s": kv_bytes / (kernel_ms / 1e3),
-                   "num_splits": decode_num_splits(batch, N_KV, context, knobs.get("block_n", 64),
-                                                   knobs.get("programs_per_sm", 16)),
-                   "max_abs_diff_vs_reference": max_diff}
+            row = {
+                "batch": batch,
+                "context": context,
+                "kernel_us": 1e3 * kernel_ms,
+                "reference_us": 1e3 * reference_ms,
+                "kv_bytes": kv_bytes,
+                "bandwidth_bytes_per_s": kv_bytes / (kernel_ms / 1e3),
+                "num_splits": decode_num_splits(
+                    batch,
+                    N_KV,
+                    context,
+                    knobs.get("block_n", 64),
+                    knobs.get("programs_per_sm", 16),
+                ),
+                "max_abs_diff_vs_reference": max_diff,
+            }
             record["decode"].append(row)
-            print(f"batch {batch:4d} context {context:5d}: {row['kernel_us']:8.1f} us "
-                  f"{row['bandwidth_bytes_per_s'] / 1e12:5.2f} TB/s "
-                  f"({row['bandwidth_bytes_per_s'] / record['copy_bandwidth_bytes_per_s']:4.0%} of copy), "
-                  f"reference {row['reference_us']:9.1f} us, max diff {max_diff:.2e}", flush=True)
+            copy_bw = record["copy_bandwidth_bytes_per_s"]
+            print(
+                f"batch {batch:4d} context {context:5d}: {row['kernel_us']:8.1f} us "
+                f"{row['bandwidth_bytes_per_s'] / 1e12:5.2f} TB/s "
+                f"({row['bandwidth_bytes_per_s'] / copy_bw:4.0%} of copy), reference "
+                f"{row['reference_us']:9.1f} us, max diff {max_diff:.2e}",
+                flush=True,
+            )
             del q, k_cache, v_cache, md, expected, out
             torch.cuda.empty_cache()
     print("wrote", save("paged_attention", record, *([args.out] if args.out else [])))

@@ -1,19 +1,21 @@
-"""Prefix caching on a GPU: a shared-prefix workload with the cache off, "hash" (vLLM) and "radix" (SGLang).
+"""Prefix caching on a GPU: a shared-prefix workload with the cache off, "hash" (vLLM)
+and "radix" (SGLang).
 
-The workload: N requests (default 128) that all begin with the same system prompt (default
-1,000 random token ids), each followed by a question of its own (uniform in [20, 200] tokens)
-and answered with a fixed number of tokens (default 128, ignore_eos), seed 0, on a
-Qwen3-0.6B-shaped model in bf16 with random weights (or a real checkpoint: --model /path or
-$MINILLM_MODEL). All requests are submitted at once, as an offline batch, after one untimed
-request with the shared prefix alone (--no-warm-prefix: start from a cold cache, so that the
-requests admitted in the first steps all miss).
+The workload: N requests (default 128) that all begin with the same system prompt
+(default 1,000 random token ids), each followed by a question of its own (uniform in
+[20, 200] tokens) and answered with a fixed number of tokens (default 128, ignore_eos),
+seed 0, on a Qwen3-0.6B-shaped model in bf16 with random weights (or a real checkpoint:
+--model /path or $MINILLM_MODEL). All requests are submitted at once, as an offline
+batch, after one untimed request with the shared prefix alone (--no-warm-prefix: start
+from a cold cache, so that the requests admitted in the first steps all miss).
 
 For each mode it records throughput (output and total tokens/s), the time to first token
-(from submission; mean, p50, p90), the prompt tokens actually prefilled and the prefix-cache
-hit rate (hits / queries, in tokens). Chapter 8 plots the JSON it writes.
+(from submission; mean, p50, p90), the prompt tokens actually prefilled and the
+prefix-cache hit rate (hits / queries, in tokens). Chapter 8 plots the JSON it writes.
 
-    python benchmarks/prefix_cache.py                          # on a GPU; writes benchmarks/results/*.json
-    python benchmarks/prefix_cache.py --num-requests 32        # a quick look
+    # on a GPU; writes results/*.json
+    python benchmarks/prefix_cache.py
+    python benchmarks/prefix_cache.py --num-requests 32   # a quick look
 """
 
 from __future__ import annotations
@@ -39,10 +41,15 @@ from minillm.sampling_params import SamplingParams  # noqa: E402
 MODES = {"off": None, "hash": "hash", "radix": "radix"}
 
 
-def workload(n: int, prefix_len: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+def workload(
+    n: int, prefix_len: int, lo: int, hi: int, seed: int = 0
+) -> list[list[int]]:
     rng = random.Random(seed)
     system = [rng.randint(0, 9999) for _ in range(prefix_len)]
-    return [system + [rng.randint(0, 9999) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+    return [
+        system + [rng.randint(0, 9999) for _ in range(rng.randint(lo, hi))]
+        for _ in range(n)
+    ]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -50,15 +57,34 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def run_mode(folder: Path, prompts: list[list[int]], output_len: int, impl: str | None, args) -> dict:
-    llm = LLM(folder, dtype=torch.bfloat16, skip_tokenizer_init=True, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
-              max_model_len=args.prefix_len + args.max_suffix + output_len + 16, prefix_cache_impl=impl)
-    # warm-up on unrelated tokens (kernels, allocator); then, with --warm-prefix, one untimed request with
-    # the shared prefix alone, as a server that has seen the system prompt before (chapter 8's measure)
-    llm.generate([[1] * 8] * 4, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+def run_mode(
+    folder: Path, prompts: list[list[int]], output_len: int, impl: str | None, args
+) -> dict:
+    llm = LLM(
+        folder,
+        dtype=torch.bfloat16,
+        skip_tokenizer_init=True,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.prefix_len + args.max_suffix + output_len + 16,
+        prefix_cache_impl=impl,
+    )
+    # warm-up on unrelated tokens (kernels, allocator); then, with --warm-prefix, one
+    # untimed request with
+    # the shared prefix alone, as a server that has seen the system prompt before
+    # (chapter 8's measure)
+    llm.generate(
+        [[1] * 8] * 4,
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        use_tqdm=False,
+    )
     if args.warm_prefix:
-        llm.generate([prompts[0][:args.prefix_len]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+        llm.generate(
+            [prompts[0][: args.prefix_len]],
+            SamplingParams(temperature=0, max_tokens=1),
+            use_tqdm=False,
+        )
     kv = llm.engine.kv_cache_manager
     kv.prefix_cache_queries = kv.prefix_cache_hits = 0
     prefilled, schedule = [0], llm.engine.scheduler.schedule
@@ -79,18 +105,39 @@ def run_mode(folder: Path, prompts: list[list[int]], output_len: int, impl: str 
     seconds = time.perf_counter() - start
     ttfts = [o.metrics.time_to_first_token for o in outputs]
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
-    assert produced == len(prompts) * output_len, "every request must produce exactly its output length"
-    result = {"seconds": seconds, "output_tokens": produced, "output_tokens_per_s": produced / seconds,
-              "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
-              "mean_ttft_s": statistics.mean(ttfts), "p50_ttft_s": percentile(ttfts, 0.5),
-              "p90_ttft_s": percentile(ttfts, 0.9), "prefilled_prompt_tokens": prefilled[0],
-              "prefix_cache_queries": kv.prefix_cache_queries, "prefix_cache_hits": kv.prefix_cache_hits,
-              "hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
-              "steps": llm.engine.num_steps, "preemptions": llm.engine.num_preemptions,
-              "num_kv_blocks": kv.num_blocks, "prefix_cache_impl": impl,
-              "engine": {k: getattr(llm.engine, k, None)
-                         for k in ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile", "async_scheduling")},
-              "token_ids": [o.outputs[0].token_ids for o in outputs[:4]]}
+    assert produced == len(prompts) * output_len, (
+        "every request must produce exactly its output length"
+    )
+    result = {
+        "seconds": seconds,
+        "output_tokens": produced,
+        "output_tokens_per_s": produced / seconds,
+        "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
+        "mean_ttft_s": statistics.mean(ttfts),
+        "p50_ttft_s": percentile(ttfts, 0.5),
+        "p90_ttft_s": percentile(ttfts, 0.9),
+        "prefilled_prompt_tokens": prefilled[0],
+        "prefix_cache_queries": kv.prefix_cache_queries,
+        "prefix_cache_hits": kv.prefix_cache_hits,
+        "hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries
+        if kv.prefix_cache_queries
+        else 0.0,
+        "steps": llm.engine.num_steps,
+        "preemptions": llm.engine.num_preemptions,
+        "num_kv_blocks": kv.num_blocks,
+        "prefix_cache_impl": impl,
+        "engine": {
+            k: getattr(llm.engine, k, None)
+            for k in (
+                "attention_backend",
+                "cuda_graphs",
+                "persistent_batch",
+                "torch_compile",
+                "async_scheduling",
+            )
+        },
+        "token_ids": [o.outputs[0].token_ids for o in outputs[:4]],
+    }
     del llm, outputs
     gc.collect()
     torch.cuda.empty_cache()
@@ -99,7 +146,11 @@ def run_mode(folder: Path, prompts: list[list[int]], output_len: int, impl: str 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=os.environ.get("MINILLM_MODEL"), help="a local HF folder (default: random Qwen3-0.6B shape)")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("MINILLM_MODEL"),
+        help="a local HF folder (default: random Qwen3-0.6B shape)",
+    )
     parser.add_argument("--num-requests", type=int, default=128)
     parser.add_argument("--prefix-len", type=int, default=1000)
     parser.add_argument("--min-suffix", type=int, default=20)
@@ -109,24 +160,46 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--modes", default="off,hash,radix")
-    parser.add_argument("--warm-prefix", action=argparse.BooleanOptionalAction, default=True,
-                        help="send the shared prefix alone once, untimed, before the workload (default: yes)")
+    parser.add_argument(
+        "--warm-prefix",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send the shared prefix alone once, untimed, before the workload "
+        "(default: yes)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/prefix_cache.py measures GPU throughput and TTFT: no CUDA device found")
+        sys.exit(
+            "benchmarks/prefix_cache.py measures GPU throughput and TTFT: no CUDA "
+            "device found"
+        )
 
-    prompts = workload(args.num_requests, args.prefix_len, args.min_suffix, args.max_suffix)
-    record = {"benchmark": "prefix_cache", "environment": environment(),
-              "workload": {"model": str(args.model or "Qwen3-0.6B shape, random weights"), "dtype": "bfloat16",
-                           "num_requests": args.num_requests, "shared_prefix_len": args.prefix_len,
-                           "suffix_len": [args.min_suffix, args.max_suffix], "output_len": args.output_len,
-                           "token_ids": "uniform in [0, 10000)", "ignore_eos": True, "seed": 0,
-                           "prompt_tokens": sum(map(len, prompts)), "submitted": "all at once (offline batch)",
-                           "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                           "block_size": 16,
-                           "warm_prefix": args.warm_prefix},
-              "runs": {}}
+    prompts = workload(
+        args.num_requests, args.prefix_len, args.min_suffix, args.max_suffix
+    )
+    record = {
+        "benchmark": "prefix_cache",
+        "environment": environment(),
+        "workload": {
+            "model": str(args.model or "Qwen3-0.6B shape, random weights"),
+            "dtype": "bfloat16",
+            "num_requests": args.num_requests,
+            "shared_prefix_len": args.prefix_len,
+            "suffix_len": [args.min_suffix, args.max_suffix],
+            "output_len": args.output_len,
+            "token_ids": "uniform in [0, 10000)",
+            "ignore_eos": True,
+            "seed": 0,
+            "prompt_tokens": sum(map(len, prompts)),
+            "submitted": "all at once (offline batch)",
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "block_size": 16,
+            "warm_prefix": args.warm_prefix,
+        },
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.model) if args.model else Path(tmp)
         if not args.model:
@@ -134,15 +207,22 @@ def main() -> None:
         for name in args.modes.split(","):
             run = run_mode(folder, prompts, args.output_len, MODES[name], args)
             record["runs"][name] = run
-            print(f"{name:>6}: {run['output_tokens_per_s']:,.0f} output tok/s, mean TTFT {1e3 * run['mean_ttft_s']:.0f} ms, "
-                  f"prefilled {run['prefilled_prompt_tokens']:,} prompt tokens, hit rate {run['hit_rate']:.0%}",
-                  flush=True)
+            print(
+                f"{name:>6}: {run['output_tokens_per_s']:,.0f} output tok/s, mean "
+                f"TTFT {1e3 * run['mean_ttft_s']:.0f} ms, prefilled "
+                f"{run['prefilled_prompt_tokens']:,} prompt tokens, hit rate "
+                f"{run['hit_rate']:.0%}",
+                flush=True,
+            )
     reference = record["runs"].get("off", {}).get("token_ids")
-    for run in record["runs"].values():  # the cache should not change greedy tokens (bf16: recorded, not asserted)
+    # the cache should not change greedy tokens (bf16: recorded, not asserted)
+    for run in record["runs"].values():
         tokens = run.pop("token_ids")
         if reference is not None:
             run["first_outputs_same_as_off"] = tokens == reference
-    path = save("prefix_cache", record, args.out or Path(__file__).resolve().parent / "results")
+    path = save(
+        "prefix_cache", record, args.out or Path(__file__).resolve().parent / "results"
+    )
     print("wrote", path)
 
 

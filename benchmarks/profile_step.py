@@ -1,17 +1,22 @@
-"""Where an engine step's time goes: GPU kernels by kind, and the CPU time the GPU waits for.
+"""Where an engine step's time goes: GPU kernels by kind, and the CPU time the GPU waits
+for.
 
-The workload is the standard one of benchmarks/throughput.py (256 requests, prompt and output
-lengths uniform in [100, 1024], random ids, seed 0) on a Qwen3-0.6B-shaped bf16 model with random
-weights, with the engine's GPU defaults. After --warm-steps steps (every prompt admitted), it
-times --steps decode steps, then profiles --profile-steps more with torch.profiler and writes:
+The workload is the standard one of benchmarks/throughput.py (256 requests, prompt and
+output lengths uniform in [100, 1024], random ids, seed 0) on a Qwen3-0.6B-shaped bf16
+model with random weights, with the engine's GPU defaults. After --warm-steps steps
+(every prompt admitted), it times --steps decode steps, then profiles --profile-steps
+more with torch.profiler and writes:
 
-- wall time per step, and GPU time per step (sum of kernel times), so their difference is
-  time the GPU sat idle, waiting for the CPU (scheduling, input preparation, sampling, update);
-- GPU time per step by kind of kernel: attention (our Triton decode/prefill/reduce kernels),
-  matrix products (cuBLAS/nvjet), everything else (element-wise, norms, copies);
-- the 25 kernels with the most GPU time, and the CPU functions with the most own time (cProfile).
+- wall time per step, and GPU time per step (sum of kernel times), so their difference
+  is time the GPU sat idle, waiting for the CPU (scheduling, input preparation,
+  sampling, update);
+- GPU time per step by kind of kernel: attention (our Triton decode/prefill/reduce
+  kernels), matrix products (cuBLAS/nvjet), everything else (element-wise, norms,
+  copies);
+- the 25 kernels with the most GPU time, and the CPU functions with the most own time
+  (cProfile).
 
-    python benchmarks/profile_step.py            # on a GPU; writes benchmarks/results/profile_step-*.json
+    python benchmarks/profile_step.py     # on a GPU; writes results/profile_step-*.json
 """
 
 from __future__ import annotations
@@ -38,8 +43,13 @@ from minillm.sampling_params import SamplingParams  # noqa: E402
 def kernel_kind(name: str) -> str:
     if any(k in name for k in ("_decode_kernel", "_reduce_kernel", "_prefill_kernel")):
         return "attention"
-    if any(k in name for k in ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas", "_skinny_kernel")):
-        return "matmul"  # chapter 10's skinny kernel (profile_step_batch1_skinny-* predates this and files it under other)
+    if any(
+        k in name
+        for k in ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas", "_skinny_kernel")
+    ):
+        # chapter 10's skinny kernel (profile_step_batch1_skinny-* predates this and
+        # files it under other)
+        return "matmul"
     return "other"
 
 
@@ -50,13 +60,20 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=40)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--profile-steps", type=int, default=10)
-    parser.add_argument("--output-len", type=int, default=None,
-                        help="give every request this many output tokens (default: the standard workload's)")
+    parser.add_argument(
+        "--output-len",
+        type=int,
+        default=None,
+        help="give every request this many output tokens (default: the standard "
+        "workload's)",
+    )
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/profile_step.py profiles the GPU engine: no CUDA device found")
+        sys.exit(
+            "benchmarks/profile_step.py profiles the GPU engine: no CUDA device found"
+        )
     from torch.profiler import ProfilerActivity, profile
 
     prompts, output_lens = workload(args.num_requests, 100, 1024)
@@ -66,13 +83,24 @@ def main() -> None:
         folder = Path(args.model) if args.model else Path(tmp)
         if not args.model:
             random_checkpoint(folder)
-        llm = LLM(folder, dtype=torch.bfloat16, skip_tokenizer_init=True, max_num_seqs=args.num_requests,
-                  max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=0.5,
-                  max_model_len=2 * 1024 + 16)
+        llm = LLM(
+            folder,
+            dtype=torch.bfloat16,
+            skip_tokenizer_init=True,
+            max_num_seqs=args.num_requests,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            gpu_memory_utilization=0.5,
+            max_model_len=2 * 1024 + 16,
+        )
     engine = llm.engine
     for i, (p, o) in enumerate(zip(prompts, output_lens)):
-        engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True,
-                                                     output_kind="final_only"))
+        engine.add_request(
+            str(i),
+            p,
+            SamplingParams(
+                temperature=0, max_tokens=o, ignore_eos=True, output_kind="final_only"
+            ),
+        )
     for _ in range(args.warm_steps):
         engine.step()
     torch.cuda.synchronize()
@@ -96,27 +124,65 @@ def main() -> None:
         for _ in range(args.profile_steps):
             engine.step()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [
+        e
+        for e in prof.key_averages()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    ]
     by_kind: dict[str, float] = {}
     for e in kernels:
-        by_kind[kernel_kind(e.key)] = by_kind.get(kernel_kind(e.key), 0.0) + e.self_device_time_total
+        by_kind[kernel_kind(e.key)] = (
+            by_kind.get(kernel_kind(e.key), 0.0) + e.self_device_time_total
+        )
     gpu_ms = sum(by_kind.values()) / 1e3 / args.profile_steps
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
-    record = {"benchmark": "profile_step", "environment": environment(),
-              "workload": {"model": str(args.model or "Qwen3-0.6B shape, random weights"), "dtype": "bfloat16",
-                           "num_requests": args.num_requests, "output_len": args.output_len, "warm_steps": args.warm_steps,
-                           "steps": args.steps, "profile_steps": args.profile_steps,
-                           "running_requests": running,
-                           "engine": {k: getattr(engine, k) for k in
-                                      ("attention_backend", "cuda_graphs", "persistent_batch", "torch_compile", "async_scheduling")}},
-              "wall_ms_per_step": wall_ms, "gpu_ms_per_step": gpu_ms, "gpu_idle_ms_per_step": wall_ms - gpu_ms,
-              "gpu_ms_per_step_by_kind": {k: v / 1e3 / args.profile_steps for k, v in by_kind.items()},
-              "top_kernels": [{"name": e.key[:120], "calls_per_step": e.count / args.profile_steps,
-                               "us_per_call": e.self_device_time_total / max(e.count, 1)} for e in top],
-              "cpu_profile": text.getvalue().splitlines()[:60]}
-    print(f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes {gpu_ms:.2f} ms "
-          f"({', '.join(f'{k} {v:.2f}' for k, v in record['gpu_ms_per_step_by_kind'].items())})")
-    path = save("profile_step", record, args.out or Path(__file__).resolve().parent / "results")
+    record = {
+        "benchmark": "profile_step",
+        "environment": environment(),
+        "workload": {
+            "model": str(args.model or "Qwen3-0.6B shape, random weights"),
+            "dtype": "bfloat16",
+            "num_requests": args.num_requests,
+            "output_len": args.output_len,
+            "warm_steps": args.warm_steps,
+            "steps": args.steps,
+            "profile_steps": args.profile_steps,
+            "running_requests": running,
+            "engine": {
+                k: getattr(engine, k)
+                for k in (
+                    "attention_backend",
+                    "cuda_graphs",
+                    "persistent_batch",
+                    "torch_compile",
+                    "async_scheduling",
+                )
+            },
+        },
+        "wall_ms_per_step": wall_ms,
+        "gpu_ms_per_step": gpu_ms,
+        "gpu_idle_ms_per_step": wall_ms - gpu_ms,
+        "gpu_ms_per_step_by_kind": {
+            k: v / 1e3 / args.profile_steps for k, v in by_kind.items()
+        },
+        "top_kernels": [
+            {
+                "name": e.key[:120],
+                "calls_per_step": e.count / args.profile_steps,
+                "us_per_call": e.self_device_time_total / max(e.count, 1),
+            }
+            for e in top
+        ],
+        "cpu_profile": text.getvalue().splitlines()[:60],
+    }
+    by_kind = record["gpu_ms_per_step_by_kind"].items()
+    print(
+        f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes "
+        f"{gpu_ms:.2f} ms ({', '.join(f'{k} {v:.2f}' for k, v in by_kind)})"
+    )
+    path = save(
+        "profile_step", record, args.out or Path(__file__).resolve().parent / "results"
+    )
     print("wrote", path)
 
 

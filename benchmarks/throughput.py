@@ -1,19 +1,23 @@
-"""Offline throughput on the course's standard workload: minillm's engine against HF `generate`.
+"""Offline throughput on the course's standard workload: minillm's engine against HF
+`generate`.
 
-The workload (COURSE.md, the mix nano-vllm and mini-sglang use): 256 requests, prompt and
-output lengths each uniform in [100, 1024] tokens, random token ids in [0, 10000), every
-request generating exactly its output length (ignore_eos), seed 0, on a Qwen3-0.6B-shaped
-model in bf16 with random weights (or a real checkpoint: --model /path or $MINILLM_MODEL).
+The workload (COURSE.md, the mix nano-vllm and mini-sglang use): 256 requests, prompt
+and output lengths each uniform in [100, 1024] tokens, random token ids in [0, 10000),
+every request generating exactly its output length (ignore_eos), seed 0, on a
+Qwen3-0.6B-shaped model in bf16 with random weights (or a real checkpoint: --model /path
+or $MINILLM_MODEL).
 
-Baselines measured in the same run: Hugging Face transformers `generate` (static batches,
-left padding; each batch runs until its longest request is done, and only the requested
-tokens are counted), and the memory-bandwidth limit of the workload (weights read once per
-step of an ideal single batch, plus every decode token's KV read, over the copy bandwidth
-measured in this run).
+Baselines measured in the same run: Hugging Face transformers `generate` (static
+batches, left padding; each batch runs until its longest request is done, and only the
+requested tokens are counted), and the memory-bandwidth limit of the workload (weights
+read once per step of an ideal single batch, plus every decode token's KV read, over the
+copy bandwidth measured in this run).
 
-    python benchmarks/throughput.py                    # on a GPU; writes benchmarks/results/*.json
+    # on a GPU; writes benchmarks/results/*.json
+    python benchmarks/throughput.py
     python benchmarks/throughput.py --num-requests 32 --hf-requests 8   # a quick look
-    python benchmarks/throughput.py --skip-hf          # minillm only (an experiment, not a stored result)
+    # minillm only (an experiment, not stored)
+    python benchmarks/throughput.py --skip-hf
 """
 
 from __future__ import annotations
@@ -36,15 +40,28 @@ from minillm.hf import config_from_hf  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
 
-QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+QWEN3_0_6B = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+)
 
 
-def workload(n: int, lo: int, hi: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+def workload(
+    n: int, lo: int, hi: int, seed: int = 0
+) -> tuple[list[list[int]], list[int]]:
     rng = random.Random(seed)
-    prompts = [[rng.randint(0, 9999) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+    prompts = [
+        [rng.randint(0, 9999) for _ in range(rng.randint(lo, hi))] for _ in range(n)
+    ]
     output_lens = [rng.randint(lo, hi) for _ in range(n)]
     return prompts, output_lens
 
@@ -61,7 +78,9 @@ def random_checkpoint(folder: Path) -> None:
 
 
 def bandwidth_limit(folder: Path, prompts, output_lens, bandwidth: float) -> dict:
-    """Seconds a perfect engine would need: weights once per decode step of one batch + all KV reads."""
+    """Seconds a perfect engine would need: weights once per decode step of one batch
+    + all KV reads.
+    """
     import json
 
     from safetensors import safe_open
@@ -76,39 +95,77 @@ def bandwidth_limit(folder: Path, prompts, output_lens, bandwidth: float) -> dic
                     numel *= d
                 weight_bytes += 2 * numel  # bf16
     kv_per_token = kv_cache_bytes_per_token(config, torch.bfloat16)
-    kv_reads = sum(sum(p_len + t for t in range(o)) for p_len, o in zip(map(len, prompts), output_lens))
+    kv_reads = sum(
+        sum(p_len + t for t in range(o))
+        for p_len, o in zip(map(len, prompts), output_lens)
+    )
     steps = max(output_lens)
     seconds = (steps * weight_bytes + kv_reads * kv_per_token) / bandwidth
-    return {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "decode_steps": steps,
-            "kv_token_reads": kv_reads, "seconds": seconds, "output_tokens_per_s": sum(output_lens) / seconds}
+    return {
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "decode_steps": steps,
+        "kv_token_reads": kv_reads,
+        "seconds": seconds,
+        "output_tokens_per_s": sum(output_lens) / seconds,
+    }
 
 
 def run_minillm(folder, prompts, output_lens, args) -> dict:
-    llm = LLM(folder, dtype=torch.bfloat16, skip_tokenizer_init=True, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
-              max_model_len=2 * args.max_len + 16)
-    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in output_lens]
-    llm.generate(prompts[:4], [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)
+    llm = LLM(
+        folder,
+        dtype=torch.bfloat16,
+        skip_tokenizer_init=True,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=2 * args.max_len + 16,
+    )
+    params = [
+        SamplingParams(temperature=0, max_tokens=o, ignore_eos=True)
+        for o in output_lens
+    ]
+    llm.generate(
+        prompts[:4],
+        [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 4,
+        use_tqdm=False,
+    )
     steps_before = llm.engine.num_steps
-    timeline = StepTimeline(llm.engine)  # where the time goes: prompt steps, decode steps by batch size
+    # where the time goes: prompt steps, decode steps by batch size
+    timeline = StepTimeline(llm.engine)
     torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
-    assert produced == sum(output_lens), "every request must produce exactly its output length"
-    result = {"seconds": seconds, "requests": len(prompts), "output_tokens": produced,
-              "total_tokens": produced + sum(map(len, prompts)), "output_tokens_per_s": produced / seconds,
-              "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
-              "steps": llm.engine.num_steps - steps_before,
-              "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0), "preemptions": llm.engine.num_preemptions,
-              "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks, "timeline": timeline.summary(),
-              "config": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                         "gpu_memory_utilization": args.gpu_memory_utilization, "block_size": 16,
-                         "attention": llm.engine.attention_backend, "cuda_graphs": llm.engine.cuda_graphs,
-                         "persistent_batch": llm.engine.persistent_batch, "torch_compile": llm.engine.torch_compile,
-                         "async_scheduling": llm.engine.async_scheduling}}
+    assert produced == sum(output_lens), (
+        "every request must produce exactly its output length"
+    )
+    result = {
+        "seconds": seconds,
+        "requests": len(prompts),
+        "output_tokens": produced,
+        "total_tokens": produced + sum(map(len, prompts)),
+        "output_tokens_per_s": produced / seconds,
+        "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
+        "steps": llm.engine.num_steps - steps_before,
+        "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0),
+        "preemptions": llm.engine.num_preemptions,
+        "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,
+        "timeline": timeline.summary(),
+        "config": {
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "block_size": 16,
+            "attention": llm.engine.attention_backend,
+            "cuda_graphs": llm.engine.cuda_graphs,
+            "persistent_batch": llm.engine.persistent_batch,
+            "torch_compile": llm.engine.torch_compile,
+            "async_scheduling": llm.engine.async_scheduling,
+        },
+    }
     del llm, outputs
     gc.collect()
     torch.cuda.empty_cache()
@@ -118,22 +175,32 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
 def run_hf(folder, prompts, output_lens, batch_size) -> dict:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+    )
     model.generation_config.eos_token_id = None
 
     def batch_generate(batch, max_new):
         width = max(map(len, batch))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device="cuda")
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device="cuda")
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in batch], device="cuda"
+        )
         with torch.inference_mode():
-            return model.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
-                                  do_sample=False, pad_token_id=0)
+            return model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=0,
+            )
 
     batch_generate(prompts[:2], 8)  # warm-up
     torch.cuda.synchronize()
     start, generated = time.perf_counter(), 0
     for i in range(0, len(prompts), batch_size):
-        batch, lens = prompts[i:i + batch_size], output_lens[i:i + batch_size]
+        batch, lens = prompts[i : i + batch_size], output_lens[i : i + batch_size]
         batch_generate(batch, max(lens))
         generated += len(batch) * max(lens)
     torch.cuda.synchronize()
@@ -142,27 +209,48 @@ def run_hf(folder, prompts, output_lens, batch_size) -> dict:
     del model
     gc.collect()
     torch.cuda.empty_cache()
-    return {"seconds": seconds, "requests": len(prompts), "batch_size": batch_size, "output_tokens": useful,
-            "tokens_generated_including_padding_steps": generated, "output_tokens_per_s": useful / seconds,
-            "total_tokens_per_s": (useful + sum(map(len, prompts))) / seconds}
+    return {
+        "seconds": seconds,
+        "requests": len(prompts),
+        "batch_size": batch_size,
+        "output_tokens": useful,
+        "tokens_generated_including_padding_steps": generated,
+        "output_tokens_per_s": useful / seconds,
+        "total_tokens_per_s": (useful + sum(map(len, prompts))) / seconds,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=os.environ.get("MINILLM_MODEL"), help="a local HF folder (default: random Qwen3-0.6B shape)")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("MINILLM_MODEL"),
+        help="a local HF folder (default: random Qwen3-0.6B shape)",
+    )
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
-    parser.add_argument("--hf-requests", type=int, default=64, help="HF runs the first N requests (it is slow)")
+    parser.add_argument(
+        "--hf-requests",
+        type=int,
+        default=64,
+        help="HF runs the first N requests (it is slow)",
+    )
     parser.add_argument("--hf-batch-size", type=int, default=64)
-    parser.add_argument("--skip-hf", action="store_true", help="leave out the HF baseline (for quick experiments)")
+    parser.add_argument(
+        "--skip-hf",
+        action="store_true",
+        help="leave out the HF baseline (for quick experiments)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/throughput.py measures GPU throughput: no CUDA device found")
+        sys.exit(
+            "benchmarks/throughput.py measures GPU throughput: no CUDA device found"
+        )
 
     prompts, output_lens = workload(args.num_requests, args.min_len, args.max_len)
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,27 +258,58 @@ def main() -> None:
         if not args.model:
             random_checkpoint(folder)
         bandwidth = copy_bandwidth()
-        record = {"benchmark": "throughput", "environment": environment(),
-                  "workload": {"model": str(args.model or "Qwen3-0.6B shape, random weights"), "dtype": "bfloat16",
-                               "num_requests": args.num_requests, "prompt_len": [args.min_len, args.max_len],
-                               "output_len": [args.min_len, args.max_len], "distribution": "uniform",
-                               "token_ids": "uniform in [0, 10000)", "ignore_eos": True, "seed": 0,
-                               "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(output_lens)},
-                  "copy_bandwidth_bytes_per_s": bandwidth}
-        record["bandwidth_limit"] = bandwidth_limit(folder, prompts, output_lens, bandwidth)
+        record = {
+            "benchmark": "throughput",
+            "environment": environment(),
+            "workload": {
+                "model": str(args.model or "Qwen3-0.6B shape, random weights"),
+                "dtype": "bfloat16",
+                "num_requests": args.num_requests,
+                "prompt_len": [args.min_len, args.max_len],
+                "output_len": [args.min_len, args.max_len],
+                "distribution": "uniform",
+                "token_ids": "uniform in [0, 10000)",
+                "ignore_eos": True,
+                "seed": 0,
+                "prompt_tokens": sum(map(len, prompts)),
+                "output_tokens": sum(output_lens),
+            },
+            "copy_bandwidth_bytes_per_s": bandwidth,
+        }
+        record["bandwidth_limit"] = bandwidth_limit(
+            folder, prompts, output_lens, bandwidth
+        )
         record["minillm"] = run_minillm(folder, prompts, output_lens, args)
-        print(f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s", flush=True)
+        print(
+            f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s",
+            flush=True,
+        )
         for kind, k in record["minillm"]["timeline"]["by_kind"].items():
-            print(f"  {kind:24}: {k['steps']:5d} steps, {k['seconds']:6.2f} s ({k['ms_per_step']:6.2f} ms per step)")
+            print(
+                f"  {kind:24}: {k['steps']:5d} steps, {k['seconds']:6.2f} s "
+                f"({k['ms_per_step']:6.2f} ms per step)"
+            )
         if not args.skip_hf:
             n = min(args.hf_requests, args.num_requests)
-            record["hf_transformers"] = run_hf(folder, prompts[:n], output_lens[:n], args.hf_batch_size)
-            print(f"HF generate ({n} requests): {record['hf_transformers']['output_tokens_per_s']:,.0f} output tok/s")
-            record["speedup_vs_hf"] = (record["minillm"]["output_tokens_per_s"]
-                                       / record["hf_transformers"]["output_tokens_per_s"])
+            record["hf_transformers"] = run_hf(
+                folder, prompts[:n], output_lens[:n], args.hf_batch_size
+            )
+            print(
+                f"HF generate ({n} requests): "
+                f"{record['hf_transformers']['output_tokens_per_s']:,.0f} output tok/s"
+            )
+            record["speedup_vs_hf"] = (
+                record["minillm"]["output_tokens_per_s"]
+                / record["hf_transformers"]["output_tokens_per_s"]
+            )
             print(f"minillm / HF: {record['speedup_vs_hf']:.2f}x")
-    print(f"bandwidth limit: {record['bandwidth_limit']['output_tokens_per_s']:,.0f} output tok/s")
-    path = save("throughput", record, args.out or Path(__file__).resolve().parent / "results")
+    print(
+        f"bandwidth limit: {record['bandwidth_limit']['output_tokens_per_s']:,.0f} "
+        "output tok/s"
+    )
+    path = save(
+        "throughput", record, args.out or Path(__file__).resolve().parent / "results"
+    )
     print("wrote", path)
 
 

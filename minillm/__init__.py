@@ -2,28 +2,60 @@
 
 """minillm: modules tangled from the course's chapters.
 
-    module                   chapter
-    attention                chapters/04_paged_attention.md
-    block_pool               chapters/03_block_allocator.md
-    cuda_graph               chapters/11_cuda_graph.md
-    engine                   chapters/07_engine.md
-    hf                       chapters/01_model.md
-    input_batch              chapters/11_cuda_graph.md
-    kv_cache                 chapters/02_paged_kv.md
-    kv_cache_manager         chapters/05_scheduler.md
-    llm                      chapters/07_engine.md
-    metrics                  chapters/16_server.md
-    model                    chapters/01_model.md
-    prefix_cache             chapters/08_prefix_cache.md
-    protocol                 chapters/16_server.md
-    radix_cache              chapters/08_prefix_cache.md
-    request                  chapters/05_scheduler.md
-    sampler                  chapters/06_sampler.md
-    sampling_params          chapters/06_sampler.md
-    scheduler                chapters/05_scheduler.md
-    server                   chapters/16_server.md
-    swap                     chapters/09_swap.md
-    tiny                     chapters/01_model.md
-    tokenizer                chapters/01_model.md
-    train                    chapters/01_model.md
+The public API, named as vLLM's (`from minillm import LLM`):
+
+CompletionOutput         minillm.engine
+EngineConfig             minillm.engine
+LLM                      minillm.llm
+LLMEngine                minillm.engine
+RequestOutput            minillm.engine
+SamplingParams           minillm.sampling_params
+
+module                   chapter
+attention                chapters/04_paged_attention.md
+block_pool               chapters/03_block_allocator.md
+cuda_graph               chapters/11_cuda_graph.md
+engine                   chapters/07_engine.md
+hf                       chapters/01_model.md
+input_batch              chapters/11_cuda_graph.md
+kv_cache                 chapters/02_paged_kv.md
+kv_cache_manager         chapters/05_scheduler.md
+llm                      chapters/07_engine.md
+metrics                  chapters/16_server.md
+model                    chapters/01_model.md
+prefix_cache             chapters/08_prefix_cache.md
+protocol                 chapters/16_server.md
+radix_cache              chapters/08_prefix_cache.md
+request                  chapters/05_scheduler.md
+sampler                  chapters/06_sampler.md
+sampling_params          chapters/06_sampler.md
+scheduler                chapters/05_scheduler.md
+server                   chapters/16_server.md
+swap                     chapters/09_swap.md
+tiny                     chapters/01_model.md
+tokenizer                chapters/01_model.md
+train                    chapters/01_model.md
 """
+
+import importlib
+
+# Imported on first use, so that `import minillm` stays cheap.
+_API = {
+    "CompletionOutput": "minillm.engine",
+    "EngineConfig": "minillm.engine",
+    "LLM": "minillm.llm",
+    "LLMEngine": "minillm.engine",
+    "RequestOutput": "minillm.engine",
+    "SamplingParams": "minillm.sampling_params",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,4 +1,6 @@
-"""Shared fixtures: the trained tiny model (built once per cache folder) and a quiet transformers."""
+"""Shared fixtures: the trained tiny model (built once per cache folder) and a quiet
+transformers.
+"""
 
 import os
 
@@ -6,7 +8,8 @@ import pytest
 import torch
 from hypothesis import settings
 
-# In CI (CI=true) property tests draw the same examples every run, so a red run is reproducible;
+# In CI (CI=true) property tests draw the same examples every run, so a red run is
+# reproducible;
 # locally they keep exploring new ones (and remember failures in .hypothesis/).
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
@@ -14,7 +17,8 @@ if os.environ.get("CI"):
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on the CPU; set before triton loads
+    # Triton kernels run on the CPU; set before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -28,19 +32,24 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def device():
-    """Where device-aware tests run: $MINILLM_TEST_DEVICE (e.g. cuda on the GPU box), else cpu."""
+    """Where device-aware tests run: $MINILLM_TEST_DEVICE (e.g. cuda on the GPU box),
+    else cpu.
+    """
     return os.environ.get("MINILLM_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture
 def hf_checkpoint(tmp_path, tiny):
-    """make(cls, config): a random-initialised transformers model saved to tmp_path with the tiny
-    tokenizer (prompts are token ids, so any tokenizer.json will do); returns (model, folder)."""
+    """make(cls, config): a random-initialised transformers model saved to tmp_path with
+    the tiny tokenizer (prompts are token ids, so any tokenizer.json will do);
+    returns (model, folder).
+    """
 
     def make(cls, config):
         torch.manual_seed(0)
         reference = cls(config).eval()
-        reference.generation_config.eos_token_id = None  # random weights: generate every requested token
+        # random weights: generate every requested token
+        reference.generation_config.eos_token_id = None
         reference.save_pretrained(tmp_path)
         tiny[1].save(tmp_path)
         return reference, tmp_path

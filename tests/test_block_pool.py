@@ -1,8 +1,9 @@
-"""The block pool (minillm/block_pool.py, chapter 3): allocation, LRU free queue, ref counts, fork, copy-on-write.
+"""The block pool (minillm/block_pool.py, chapter 3): allocation, LRU free queue, ref
+counts, fork, copy-on-write.
 
-The unit tests read as the specification. The property test runs random operations against a
-plain-Python model of the pool and checks every invariant after each step; the last test shows
-that the same state machine catches deliberately broken allocators.
+The unit tests read as the specification. The property test runs random operations
+against a plain-Python model of the pool and checks every invariant after each step; the
+last test shows that the same state machine catches deliberately broken allocators.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from minillm.block_pool import (
     BlockCopy,
@@ -33,14 +40,21 @@ def ids(blocks) -> list[int]:
 
 
 def snapshot(pool: BlockPool) -> tuple:
-    """A pool's whole state as plain values: (ref_cnt, hash, prev id, next id) per block, and the free count."""
+    """A pool's whole state as plain values: (ref_cnt, hash, prev id, next id) per
+    block, and the free count.
+    """
+
     def link(b):
         return None if b is None else b.block_id
-    return tuple((b.ref_cnt, b.block_hash, link(b.prev_free_block), link(b.next_free_block))
-                 for b in pool.blocks) + (pool.get_num_free_blocks(),)
+
+    return tuple(
+        (b.ref_cnt, b.block_hash, link(b.prev_free_block), link(b.next_free_block))
+        for b in pool.blocks
+    ) + (pool.get_num_free_blocks(),)
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
+# -------
 # The free queue
 
 
@@ -50,8 +64,11 @@ def test_free_queue_starts_in_the_given_order_and_links_both_ways():
     assert ids(queue) == [0, 1, 2, 3] and len(queue) == 4
     assert queue.fake_free_list_head.next_free_block is blocks[0]
     assert queue.fake_free_list_tail.prev_free_block is blocks[3]
-    assert all(blocks[i].next_free_block is blocks[i + 1] and blocks[i + 1].prev_free_block is blocks[i]
-               for i in range(3))
+    assert all(
+        blocks[i].next_free_block is blocks[i + 1]
+        and blocks[i + 1].prev_free_block is blocks[i]
+        for i in range(3)
+    )
 
 
 def test_free_queue_matches_a_python_list_under_random_operations():
@@ -88,7 +105,8 @@ def test_free_queue_refuses_to_remove_a_block_it_does_not_hold_and_to_pop_when_e
     assert len(queue) == 0 and ids(queue) == []
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
+# -------
 # Allocation and free
 
 
@@ -114,9 +132,15 @@ def test_allocation_that_cannot_be_satisfied_raises_and_changes_nothing():
     pool = BlockPool(8)
     pool.get_new_blocks(5)
     before = snapshot(pool)
-    with pytest.raises(NoFreeBlocksError, match=r"cannot allocate 4 .* only 3 of 8 are free") as info:
+    with pytest.raises(
+        NoFreeBlocksError, match=r"cannot allocate 4 .* only 3 of 8 are free"
+    ) as info:
         pool.get_new_blocks(4)
-    assert (info.value.num_requested, info.value.num_free, info.value.num_blocks) == (4, 3, 8)
+    assert (info.value.num_requested, info.value.num_free, info.value.num_blocks) == (
+        4,
+        3,
+        8,
+    )
     assert snapshot(pool) == before
     with pytest.raises(ValueError):
         pool.get_new_blocks(-1)
@@ -128,7 +152,8 @@ def test_freed_blocks_join_the_tail_in_the_given_order():
     a, b = pool.get_new_blocks(2), pool.get_new_blocks(2)
     pool.free_blocks(b)
     pool.free_blocks(a)
-    assert ids(pool.free_block_queue) == [4, 5, 2, 3, 0, 1]  # least recently freed first
+    # least recently freed first
+    assert ids(pool.free_block_queue) == [4, 5, 2, 3, 0, 1]
     assert ids(pool.get_new_blocks(3)) == [4, 5, 2]
 
 
@@ -146,9 +171,11 @@ def test_double_free_raises_and_changes_nothing():
     before = snapshot(pool)
     with pytest.raises(DoubleFreeError, match="block 0: it is already free"):
         pool.free_blocks([a[0]])
-    with pytest.raises(DoubleFreeError):  # a valid block before the bad one is not freed either
+    # a valid block before the bad one is not freed either
+    with pytest.raises(DoubleFreeError):
         pool.free_blocks([a[1], a[0]])
-    with pytest.raises(DoubleFreeError, match="held by 1 block table"):  # one reference, given twice
+    # one reference, given twice
+    with pytest.raises(DoubleFreeError, match="held by 1 block table"):
         pool.free_blocks([a[1], a[1]])
     assert snapshot(pool) == before and a[1].ref_cnt == 1
 
@@ -171,7 +198,10 @@ def test_touch_adds_a_reference_and_takes_a_free_block_out_of_the_middle_of_the_
     assert held[0].ref_cnt == 2
     pool.touch([pool.blocks[3]])  # a "cache hit" on a free block
     assert pool.blocks[3].ref_cnt == 1 and ids(pool.free_block_queue) == [1, 2, 4]
-    assert pool.blocks[3].prev_free_block is None and pool.blocks[3].next_free_block is None
+    assert (
+        pool.blocks[3].prev_free_block is None
+        and pool.blocks[3].next_free_block is None
+    )
 
 
 def test_a_new_allocation_forgets_what_a_reused_block_cached():
@@ -179,12 +209,14 @@ def test_a_new_allocation_forgets_what_a_reused_block_cached():
     (block,) = pool.get_new_blocks(1)
     block.block_hash = ("tokens", 1, 2, 3)
     pool.free_blocks([block])
-    assert block.block_hash is not None  # a free block keeps its contents (chapter 8 reuses them)
+    # a free block keeps its contents (chapter 8 reuses them)
+    assert block.block_hash is not None
     (again,) = pool.get_new_blocks(1)
     assert again is block and block.block_hash is None
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
+# -------
 # Sharing
 
 
@@ -194,7 +226,8 @@ def test_fork_shares_every_block_and_counts_the_new_holder():
     child = fork(pool, parent)
     assert child == parent and child is not parent
     assert [b.ref_cnt for b in parent] == [2, 2, 2] and pool.get_num_free_blocks() == 3
-    pool.free_blocks(reversed(parent))  # the parent finishes: the child keeps every block
+    # the parent finishes: the child keeps every block
+    pool.free_blocks(reversed(parent))
     assert [b.ref_cnt for b in child] == [1, 1, 1] and pool.get_num_free_blocks() == 3
     pool.free_blocks(reversed(child))
     assert pool.get_num_free_blocks() == 6
@@ -218,9 +251,11 @@ def test_copy_on_write_copies_a_shared_block_and_leaves_a_private_one_alone():
     assert copy == BlockCopy(src=1, dst=2)
     assert ids(child) == [0, 2] and ids(parent) == [0, 1]
     assert [b.ref_cnt for b in pool.blocks[:3]] == [2, 1, 1]
-    assert copy_on_write(pool, parent) is None  # block 1 is private again: write in place
+    # block 1 is private again: write in place
+    assert copy_on_write(pool, parent) is None
     assert copy_on_write(pool, child) is None
-    assert copy_on_write(pool, child, index=0) == BlockCopy(src=0, dst=3)  # any index, not only the last
+    # any index, not only the last
+    assert copy_on_write(pool, child, index=0) == BlockCopy(src=0, dst=3)
 
 
 def test_copy_on_write_without_a_free_block_raises_and_changes_nothing():
@@ -261,7 +296,8 @@ def test_four_samples_of_one_prompt_store_each_distinct_block_once():
     assert pool.get_num_free_blocks() == pool.num_blocks
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
+# -------
 # Random operations against a model
 
 
@@ -269,7 +305,9 @@ NUM_BLOCKS = 8
 
 
 class BlockPoolMachine(RuleBasedStateMachine):
-    """Random allocate / append / fork / write / free / double-free / revive against a plain-Python model."""
+    """Random allocate / append / fork / write / free / double-free / revive against
+    a plain-Python model.
+    """
 
     pool_class: type[BlockPool] = BlockPool
     fork = staticmethod(fork)
@@ -279,8 +317,10 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.pool = self.pool_class(NUM_BLOCKS)
-        self.tables: dict[int, list[KVCacheBlock]] = {}  # the block tables, as the pool returned them
-        self.model_tables: dict[int, list[int]] = {}  # the model: block ids each sequence should hold...
+        # the block tables, as the pool returned them
+        self.tables: dict[int, list[KVCacheBlock]] = {}
+        # the model: block ids each sequence should hold...
+        self.model_tables: dict[int, list[int]] = {}
         self.model_free = list(range(NUM_BLOCKS))  # ...and the free list, head first
         self.next_seq = 0
 
@@ -302,8 +342,12 @@ class BlockPoolMachine(RuleBasedStateMachine):
         except error:
             pass
         else:
-            raise AssertionError(f"{call.__name__}{args} should have raised {error.__name__}")
-        assert snapshot(self.pool) == before, f"a failed {call.__name__} changed the pool"
+            raise AssertionError(
+                f"{call.__name__}{args} should have raised {error.__name__}"
+            )
+        assert snapshot(self.pool) == before, (
+            f"a failed {call.__name__} changed the pool"
+        )
 
     @rule(n=st.integers(1, 4))
     def allocate(self, n):
@@ -326,7 +370,9 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 99))
     def fork_sequence(self, i):
         s = self.seq(i)
-        self.add_sequence(self.fork(self.pool, self.tables[s]), list(self.model_tables[s]))
+        self.add_sequence(
+            self.fork(self.pool, self.tables[s]), list(self.model_tables[s])
+        )
 
     @precondition(lambda self: self.tables)
     @rule(i=st.integers(0, 99))
@@ -335,13 +381,17 @@ class BlockPoolMachine(RuleBasedStateMachine):
         last = self.model_tables[s][-1]
         holders = sum(block_ids.count(last) for block_ids in self.model_tables.values())
         if holders > 1 and not self.model_free:
-            return self.expect_failure(NoFreeBlocksError, self.copy_on_write, self.pool, self.tables[s])
+            return self.expect_failure(
+                NoFreeBlocksError, self.copy_on_write, self.pool, self.tables[s]
+            )
         copy = self.copy_on_write(self.pool, self.tables[s])
         if holders == 1:
             assert copy is None, "copy-on-write copied a private block"
         else:
             (dst,) = self.model_take(1)
-            assert copy == BlockCopy(src=last, dst=dst), f"expected a copy {last} -> {dst}, got {copy}"
+            assert copy == BlockCopy(src=last, dst=dst), (
+                f"expected a copy {last} -> {dst}, got {copy}"
+            )
             self.model_tables[s][-1] = dst
 
     @precondition(lambda self: self.tables)
@@ -350,7 +400,9 @@ class BlockPoolMachine(RuleBasedStateMachine):
         s = self.seq(i)
         self.pool.free_blocks(reversed(self.tables.pop(s)))
         for block_id in reversed(self.model_tables.pop(s)):
-            if not any(block_id in block_ids for block_ids in self.model_tables.values()):
+            if not any(
+                block_id in block_ids for block_ids in self.model_tables.values()
+            ):
                 self.model_free.append(block_id)
 
     @precondition(lambda self: self.model_free)
@@ -363,7 +415,8 @@ class BlockPoolMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.model_free)
     @rule(j=st.integers(0, 99))
-    def revive_free_block(self, j):  # a prefix-cache hit (chapter 8): touch a block waiting in the queue
+    # a prefix-cache hit (chapter 8): touch a block waiting in the queue
+    def revive_free_block(self, j):
         block_id = self.model_free.pop(j % len(self.model_free))
         self.pool.touch([self.pool.blocks[block_id]])
         self.add_sequence([self.pool.blocks[block_id]], [block_id])
@@ -383,59 +436,101 @@ class BlockPoolMachine(RuleBasedStateMachine):
         BlockPoolMachine.teardowns += 1
 
 
-def check_pool(pool: BlockPool, tables: dict, model_tables: dict, model_free: list[int]) -> None:
+def check_pool(
+    pool: BlockPool, tables: dict, model_tables: dict, model_free: list[int]
+) -> None:
     """Every invariant of the pool, and agreement with the model."""
-    assert {s: ids(t) for s, t in tables.items()} == model_tables, "block tables differ from the model"
-    holders = Counter(block_id for block_ids in model_tables.values() for block_id in block_ids)
+    assert {s: ids(t) for s, t in tables.items()} == model_tables, (
+        "block tables differ from the model"
+    )
+    holders = Counter(
+        block_id for block_ids in model_tables.values() for block_id in block_ids
+    )
     ref_cnts = [b.ref_cnt for b in pool.blocks]
     expected = [holders[i] for i in range(pool.num_blocks)]
     assert ref_cnts == expected, f"ref_cnt {ref_cnts} != number of holders {expected}"
     in_use = sum(c > 0 for c in ref_cnts)
-    assert pool.get_num_free_blocks() + in_use == pool.num_blocks, "free + in use != total"
-    assert len(pool.free_block_queue) == ref_cnts.count(0) == len(model_free), "free count is off"
-    queue, forward, block = pool.free_block_queue, [], pool.free_block_queue.fake_free_list_head
+    assert pool.get_num_free_blocks() + in_use == pool.num_blocks, (
+        "free + in use != total"
+    )
+    assert len(pool.free_block_queue) == ref_cnts.count(0) == len(model_free), (
+        "free count is off"
+    )
+    queue, forward, block = (
+        pool.free_block_queue,
+        [],
+        pool.free_block_queue.fake_free_list_head,
+    )
     while block.next_free_block is not queue.fake_free_list_tail:
         nxt = block.next_free_block
-        assert nxt is not None and nxt.prev_free_block is block, "free queue links disagree"
+        assert nxt is not None and nxt.prev_free_block is block, (
+            "free queue links disagree"
+        )
         forward.append(nxt.block_id)
         assert len(forward) <= pool.num_blocks, "free queue has a cycle"
         block = nxt
-    assert queue.fake_free_list_tail.prev_free_block is block, "tail sentinel is not linked to the last block"
+    assert queue.fake_free_list_tail.prev_free_block is block, (
+        "tail sentinel is not linked to the last block"
+    )
     backward, block = [], queue.fake_free_list_tail.prev_free_block
     while block is not queue.fake_free_list_head:
         backward.append(block.block_id)
         block = block.prev_free_block
     assert backward == forward[::-1], "free queue differs walked backwards"
-    assert forward == model_free, f"free queue {forward} is not the LRU order {model_free}"
-    assert all(b.prev_free_block is None and b.next_free_block is None for b in pool.blocks if b.ref_cnt), \
-        "a block in use is still linked into the free queue"
+    assert forward == model_free, (
+        f"free queue {forward} is not the LRU order {model_free}"
+    )
+    assert all(
+        b.prev_free_block is None and b.next_free_block is None
+        for b in pool.blocks
+        if b.ref_cnt
+    ), "a block in use is still linked into the free queue"
 
 
-def machine_for(pool_class=BlockPool, fork_fn=fork, cow_fn=copy_on_write) -> type[BlockPoolMachine]:
-    attrs = {"pool_class": pool_class, "fork": staticmethod(fork_fn), "copy_on_write": staticmethod(cow_fn)}
+def machine_for(
+    pool_class=BlockPool, fork_fn=fork, cow_fn=copy_on_write
+) -> type[BlockPoolMachine]:
+    attrs = {
+        "pool_class": pool_class,
+        "fork": staticmethod(fork_fn),
+        "copy_on_write": staticmethod(cow_fn),
+    }
     return type(f"{pool_class.__name__}Machine", (BlockPoolMachine,), attrs)
 
 
 def property_settings(max_examples: int, steps: int, derandomize: bool) -> settings:
-    return settings(max_examples=max_examples, stateful_step_count=steps, deadline=None, database=None,
-                    derandomize=derandomize, report_multiple_bugs=False,
-                    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-                    suppress_health_check=[HealthCheck.too_slow])
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=derandomize,
+        report_multiple_bugs=False,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
 
 def test_random_operations_keep_every_invariant():
     BlockPoolMachine.steps = BlockPoolMachine.teardowns = 0
-    run_state_machine_as_test(BlockPoolMachine, settings=property_settings(150, 40, derandomize=False))
+    run_state_machine_as_test(
+        BlockPoolMachine, settings=property_settings(150, 40, derandomize=False)
+    )
     assert BlockPoolMachine.steps >= 2000, BlockPoolMachine.steps
-    assert BlockPoolMachine.teardowns >= 150, "the leak check at the end of each run did not run"
+    assert BlockPoolMachine.teardowns >= 150, (
+        "the leak check at the end of each run did not run"
+    )
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
+# -------
 # Broken allocators the state machine must catch
 
 
 class EagerFreePool(BlockPool):
-    """A free returns the block to the queue at once, even if another sequence still holds it."""
+    """A free returns the block to the queue at once, even if another sequence still
+    holds it.
+    """
 
     def free_blocks(self, ordered_blocks):
         blocks = list(ordered_blocks)
@@ -464,7 +559,9 @@ class NoDecrementPool(BlockPool):
 
 
 class UncheckedFreePool(BlockPool):
-    """No double-free check: a second free drives ref_cnt negative and queues the block twice."""
+    """No double-free check: a second free drives ref_cnt negative and queues the
+    block twice.
+    """
 
     def free_blocks(self, ordered_blocks):
         for block in ordered_blocks:
@@ -474,7 +571,9 @@ class UncheckedFreePool(BlockPool):
 
 
 class HalfwayAllocationPool(BlockPool):
-    """Allocates block by block and fails when the queue runs dry: a failed call keeps what it took."""
+    """Allocates block by block and fails when the queue runs dry: a failed call
+    keeps what it took.
+    """
 
     def get_new_blocks(self, num_blocks):
         blocks = []
@@ -488,7 +587,9 @@ class HalfwayAllocationPool(BlockPool):
 
 
 class MostRecentlyFreedFirstPool(BlockPool):
-    """Freed blocks go to the head of the queue: reused first (MRU), breaking the LRU order."""
+    """Freed blocks go to the head of the queue: reused first (MRU), breaking the LRU
+    order.
+    """
 
     def free_blocks(self, ordered_blocks):
         blocks = list(ordered_blocks)
@@ -498,13 +599,20 @@ class MostRecentlyFreedFirstPool(BlockPool):
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 first = queue.fake_free_list_head.next_free_block
-                block.prev_free_block, block.next_free_block = queue.fake_free_list_head, first
-                queue.fake_free_list_head.next_free_block = first.prev_free_block = block
+                block.prev_free_block, block.next_free_block = (
+                    queue.fake_free_list_head,
+                    first,
+                )
+                queue.fake_free_list_head.next_free_block = first.prev_free_block = (
+                    block
+                )
                 queue.num_free_blocks += 1
 
 
 class TouchLeavesBlockQueuedPool(BlockPool):
-    """touch revives a free block without taking it out of the queue: it can be handed out twice."""
+    """touch revives a free block without taking it out of the queue: it can be
+    handed out twice.
+    """
 
     def touch(self, blocks):
         for block in blocks:
@@ -534,7 +642,14 @@ BROKEN = {
 
 @pytest.mark.parametrize("bug", BROKEN)
 def test_the_state_machine_catches_a_broken_allocator(bug):
-    with pytest.raises(AssertionError) as info:  # one of the machine's checks, not a crash
-        run_state_machine_as_test(BROKEN[bug], settings=property_settings(300, 30, derandomize=True))
-    failing_steps = [line for line in getattr(info.value, "__notes__", []) if line.startswith("state.")]
+    # one of the machine's checks, not a crash
+    with pytest.raises(AssertionError) as info:
+        run_state_machine_as_test(
+            BROKEN[bug], settings=property_settings(300, 30, derandomize=True)
+        )
+    failing_steps = [
+        line
+        for line in getattr(info.value, "__notes__", [])
+        if line.startswith("state.")
+    ]
     assert failing_steps, "hypothesis should report the failing sequence of rules"

@@ -1,9 +1,18 @@
-"""Chapter 11: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of chapter 7's runner."""
+"""Chapter 11: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of
+chapter 7's runner.
+"""
 
 import pytest
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from minillm.cuda_graph import default_capture_sizes
 from minillm.engine import EngineConfig
@@ -12,11 +21,24 @@ from minillm.sampling_params import SamplingParams
 
 transformers.logging.set_verbosity_error()
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SHAPE = dict(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             head_dim=32, max_position_embeddings=512)
+SHAPE = dict(
+    vocab_size=384,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    head_dim=32,
+    max_position_embeddings=512,
+)
 MODELS = [
-    (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False)),
-    (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True)),
+    (
+        LlamaForCausalLM,
+        LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
+    ),
+    (
+        Qwen3ForCausalLM,
+        Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
+    ),
 ]
 
 
@@ -25,7 +47,9 @@ def prompts_with_shared_prefixes(n, vocab, seed=0):
     prefix = torch.randint(1, vocab, (20,), generator=g).tolist()
     out = []
     for i in range(n):
-        tail = torch.randint(1, vocab, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
+        tail = torch.randint(
+            1, vocab, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g
+        ).tolist()
         out.append(prefix + tail if i % 2 else tail)
     return out
 
@@ -34,47 +58,101 @@ def all_blocks_free(llm):
     """No request holds a block; a radix tree's cached blocks are all evictable."""
     manager = llm.engine.kv_cache_manager
     held_by_tree = manager.tree.evictable_size if hasattr(manager, "tree") else 0
-    return manager.block_pool.get_num_free_blocks() + held_by_tree == manager.num_blocks and not manager.req_to_blocks
+    return (
+        manager.block_pool.get_num_free_blocks() + held_by_tree == manager.num_blocks
+        and not manager.req_to_blocks
+    )
 
 
 @pytest.mark.parametrize("cls, config", MODELS)
-@pytest.mark.parametrize("options", [{}, {"prefix_cache_impl": "hash"}, {"prefix_cache_impl": "radix"},
-                                     {"preemption_mode": "swap", "num_cpu_blocks": 64}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"prefix_cache_impl": "hash"},
+        {"prefix_cache_impl": "radix"},
+        {"preemption_mode": "swap", "num_cpu_blocks": 64},
+    ],
+)
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_persistent_batch_matches_chapter7_runner(hf_checkpoint, device, cls, config, options, async_scheduling):
-    """Greedy tokens under chunked prefill and preemption (and prefix caching or swapping), float32.
+def test_persistent_batch_matches_chapter7_runner(
+    hf_checkpoint, device, cls, config, options, async_scheduling
+):
+    """Greedy tokens under chunked prefill and preemption (and prefix caching or
+    swapping), float32.
 
-    On a GPU the fast engine also uses the defaults there: Triton attention and CUDA graphs; the
-    reference is chapter 7's runner with chapter 4's PyTorch attention.
+    On a GPU the fast engine also uses the defaults there: Triton attention and CUDA
+    graphs; the reference is chapter 7's runner with chapter 4's PyTorch attention.
     """
     _, path = hf_checkpoint(cls, config)
     prompts = prompts_with_shared_prefixes(16, 384)
-    common = dict(device=device, dtype=torch.float32, num_kv_blocks=40, block_size=4, max_num_seqs=8,
-                  max_num_batched_tokens=24, **options)
-    reference = LLM(path, skip_tokenizer_init=True, attention_backend="torch", persistent_batch=False,
-                    cuda_graphs=False, **common)
-    fast = LLM(path, skip_tokenizer_init=True, persistent_batch=True, async_scheduling=async_scheduling, **common)
-    expected = [o.outputs[0].token_ids for o in reference.generate(prompts, GREEDY, use_tqdm=False)]
-    got = [o.outputs[0].token_ids for o in fast.generate(prompts, GREEDY, use_tqdm=False)]
+    common = dict(
+        device=device,
+        dtype=torch.float32,
+        num_kv_blocks=40,
+        block_size=4,
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+        **options,
+    )
+    reference = LLM(
+        path,
+        skip_tokenizer_init=True,
+        attention_backend="torch",
+        persistent_batch=False,
+        cuda_graphs=False,
+        **common,
+    )
+    fast = LLM(
+        path,
+        skip_tokenizer_init=True,
+        persistent_batch=True,
+        async_scheduling=async_scheduling,
+        **common,
+    )
+    expected = [
+        o.outputs[0].token_ids
+        for o in reference.generate(prompts, GREEDY, use_tqdm=False)
+    ]
+    got = [
+        o.outputs[0].token_ids for o in fast.generate(prompts, GREEDY, use_tqdm=False)
+    ]
     assert got == expected
     assert fast.engine.num_preemptions > 0 and all_blocks_free(fast)
     assert type(fast.engine.model_runner).__name__ == "GPUModelRunner"
     assert (fast.engine.stepper is not None) == async_scheduling
     if async_scheduling:  # greedy throughout: every step runs ahead
-        assert fast.engine.stepper.num_ahead > 0 and fast.engine.stepper.num_in_step == 0
+        assert (
+            fast.engine.stepper.num_ahead > 0 and fast.engine.stepper.num_in_step == 0
+        )
     if device == "cuda":
         assert fast.engine.cuda_graphs and fast.engine.attention_backend == "triton"
         assert fast.engine.model_runner.num_graph_steps > 0
 
 
 def test_persistent_batch_samples_like_chapter7_runner(tiny, device):
-    """Seeded random sampling and logprobs go through chapter 6's sampler unchanged (same attention)."""
-    common = dict(device=device, dtype=torch.float32, num_kv_blocks=64, block_size=4, max_num_seqs=4,
-                  max_num_batched_tokens=16, attention_backend="torch", cuda_graphs=False)
-    params = [SamplingParams(temperature=0.8, top_k=40, seed=i, max_tokens=12, logprobs=2) for i in range(6)]
+    """Seeded random sampling and logprobs go through chapter 6's sampler unchanged
+    (same attention).
+    """
+    common = dict(
+        device=device,
+        dtype=torch.float32,
+        num_kv_blocks=64,
+        block_size=4,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        attention_backend="torch",
+        cuda_graphs=False,
+    )
+    params = [
+        SamplingParams(temperature=0.8, top_k=40, seed=i, max_tokens=12, logprobs=2)
+        for i in range(6)
+    ]
     params[2] = SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3)
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3]]
-    ref = LLM(persistent_batch=False, **common).generate(prompts, params, use_tqdm=False)
+    ref = LLM(persistent_batch=False, **common).generate(
+        prompts, params, use_tqdm=False
+    )
     got = LLM(persistent_batch=True, **common).generate(prompts, params, use_tqdm=False)
     for a, b in zip(ref, got):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
@@ -82,12 +160,19 @@ def test_persistent_batch_samples_like_chapter7_runner(tiny, device):
         assert (la is None) == (lb is None)
         if la is not None:
             assert [lp.logprob for lp in la] == pytest.approx([lp.logprob for lp in lb])
-            assert [lp.top_logprobs for lp in la][0][0][0] == [lp.top_logprobs for lp in lb][0][0][0]
+            assert [lp.top_logprobs for lp in la][0][0][0] == [
+                lp.top_logprobs for lp in lb
+            ][0][0][0]
 
 
-@pytest.mark.parametrize("cls, config", MODELS + [(Qwen2ForCausalLM, Qwen2Config(**SHAPE, num_key_value_heads=2))])
+@pytest.mark.parametrize(
+    "cls, config",
+    MODELS + [(Qwen2ForCausalLM, Qwen2Config(**SHAPE, num_key_value_heads=2))],
+)
 def test_merged_projections_change_nothing(hf_checkpoint, cls, config):
-    """merge_projections (qkv_proj, gate_up_proj; Qwen2's q/k/v biases too): same logits, same engine tokens."""
+    """merge_projections (qkv_proj, gate_up_proj; Qwen2's q/k/v biases too): same
+    logits, same engine tokens.
+    """
     import copy
 
     from minillm.engine import LLMEngine
@@ -98,8 +183,10 @@ def test_merged_projections_change_nothing(hf_checkpoint, cls, config):
     model = load_model(path)
     merged = copy.deepcopy(model)
     merge_projections(merged)
-    assert all(type(layer.self_attn) is MergedAttention and type(layer.mlp) is MergedMLP
-               for layer in merged.model.layers)
+    assert all(
+        type(layer.self_attn) is MergedAttention and type(layer.mlp) is MergedMLP
+        for layer in merged.model.layers
+    )
     modules = {part for n, _ in merged.named_parameters() for part in n.split(".")}
     assert not modules & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
     assert {"qkv_proj", "gate_up_proj"} <= modules
@@ -110,13 +197,28 @@ def test_merged_projections_change_nothing(hf_checkpoint, cls, config):
     prompts = prompts_with_shared_prefixes(6, 384)
     tokens = []
     for m in (model, merged):
-        engine = LLMEngine(m, None, EngineConfig(num_kv_blocks=40, block_size=4, max_num_seqs=4,
-                                                 max_num_batched_tokens=16, persistent_batch=m is merged))
+        engine = LLMEngine(
+            m,
+            None,
+            EngineConfig(
+                num_kv_blocks=40,
+                block_size=4,
+                max_num_seqs=4,
+                max_num_batched_tokens=16,
+                persistent_batch=m is merged,
+            ),
+        )
         for i, p in enumerate(prompts):
             engine.add_request(str(i), p, GREEDY)
         done = {}
         while engine.has_unfinished_requests():
-            done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+            done.update(
+                {
+                    o.request_id: o.outputs[0].token_ids
+                    for o in engine.step()
+                    if o.finished
+                }
+            )
         tokens.append([done[str(i)] for i in range(len(prompts))])
     assert tokens[0] == tokens[1]
     merge_projections(merged)  # a second call finds nothing left to merge
@@ -130,53 +232,97 @@ def test_merged_projections_change_nothing(hf_checkpoint, cls, config):
 
 
 def compare_with_chapter7(prompts, params, **options):
-    """Run both engines on the tiny model; assert equal tokens, finish reasons and text; return the fast LLM."""
-    common = dict(device="cpu", num_kv_blocks=40, block_size=4, max_num_seqs=8, max_num_batched_tokens=24,
-                  **options)
-    expected = LLM(persistent_batch=False, **common).generate(prompts, params, use_tqdm=False)
+    """Run both engines on the tiny model; assert equal tokens, finish reasons and
+    text; return the fast LLM.
+    """
+    common = dict(
+        device="cpu",
+        num_kv_blocks=40,
+        block_size=4,
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+        **options,
+    )
+    expected = LLM(persistent_batch=False, **common).generate(
+        prompts, params, use_tqdm=False
+    )
     fast = LLM(persistent_batch=True, async_scheduling=True, **common)
     got = fast.generate(prompts, params, use_tqdm=False)
     for a, b in zip(expected, got):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
-        assert (b.outputs[0].finish_reason, b.outputs[0].text) == (a.outputs[0].finish_reason, a.outputs[0].text)
+        assert (b.outputs[0].finish_reason, b.outputs[0].text) == (
+            a.outputs[0].finish_reason,
+            a.outputs[0].text,
+        )
     assert all_blocks_free(fast)
     return expected, fast
 
 
 def test_async_scheduling_stops_like_chapter7(tiny):
-    """Stop tokens, EOS, max_tokens of 1, the model's context, preemption: the overlapped loop stops
-    every request at the same token as chapter 7's loop, and the tokens computed past a stop are dropped."""
+    """Stop tokens, EOS, max_tokens of 1, the model's context, preemption: the
+    overlapped loop stops every request at the same token as chapter 7's loop, and
+    the tokens computed past a stop are dropped.
+    """
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 200, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(16)]
+    prompts = [
+        torch.randint(
+            1, 200, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g
+        ).tolist()
+        for _ in range(16)
+    ]
     free_run = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     runs, _ = compare_with_chapter7(prompts, free_run)
     params = []
-    for i, run in enumerate(runs):  # stop on a token the request really produces, at different depths
+    # stop on a token the request really produces, at different depths
+    for i, run in enumerate(runs):
         tokens = run.outputs[0].token_ids
         stop = [tokens[2 + i % 9]] if i % 3 == 0 else None
-        params.append(SamplingParams(temperature=0, max_tokens=[1, None, 7, None][i % 4], stop_token_ids=stop,
-                                     ignore_eos=i % 2 == 0))
+        params.append(
+            SamplingParams(
+                temperature=0,
+                max_tokens=[1, None, 7, None][i % 4],
+                stop_token_ids=stop,
+                # EOS ends some requests; others run into the context cap
+                ignore_eos=i % 4 != 3,
+            )
+        )
     expected, fast = compare_with_chapter7(prompts, params, max_model_len=48)
     reasons = [o.outputs[0].finish_reason for o in expected]
     assert "stop" in reasons and "length" in reasons
-    assert any(len(p) + len(o.outputs[0].token_ids) == 48 for p, o in zip(prompts, expected))  # context cap
+    # context cap
+    assert any(
+        len(p) + len(o.outputs[0].token_ids) == 48 for p, o in zip(prompts, expected)
+    )
     assert fast.engine.num_preemptions > 0
 
 
 def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
-    """When every stop is known in advance (max_tokens, the context), the overlapped loop computes
-    exactly the tokens chapter 7's loop computes: no step is spent on a request whose last token is pending."""
+    """When every stop is known in advance (max_tokens, the context), the overlapped
+    loop computes exactly the tokens chapter 7's loop computes: no step is spent on a
+    request whose last token is pending.
+    """
     from minillm.engine import EngineConfig, LLMEngine
 
     model, tokenizer = tiny
     prompts = [[5, 6, 7], [8] * 20, [9, 10, 11, 12, 13], [14, 15] * 9]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 9, 4)]
-    params.append(SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))  # until the context is full
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 9, 4)
+    ]
+    # until the context is full
+    params.append(SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
     scheduled = []
     for overlap in (False, True):
-        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=40, block_size=4, max_model_len=30,
-                                                          persistent_batch=overlap, async_scheduling=overlap))
+        engine = LLMEngine(
+            model,
+            tokenizer,
+            EngineConfig(
+                num_kv_blocks=40,
+                block_size=4,
+                max_model_len=30,
+                persistent_batch=overlap,
+                async_scheduling=overlap,
+            ),
+        )
         schedule, total = engine.scheduler.schedule, [0]
 
         def counting_schedule(schedule=schedule, total=total):
@@ -194,19 +340,33 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
 
 
 def test_async_scheduling_streams_only_real_tokens(tiny):
-    """Every step's outputs (cumulative, n=2, a request added mid-run, stop tokens) are a prefix of
-    chapter 7's final tokens, the final ones are chapter 7's, and every placeholder count returns to 0."""
+    """Every step's outputs (cumulative, n=2, a request added mid-run, stop tokens) are
+    a prefix of chapter 7's final tokens, the final ones are chapter 7's, and every
+    placeholder count returns to 0.
+    """
     from minillm.engine import EngineConfig, LLMEngine
 
     model, tokenizer = tiny
     late = [3, 4, 5, 6]
     prompts = {"a": [5, 6, 7], "b": [8, 9, 10, 11], "c": [12] * 9}
-    params = {"a": SamplingParams(temperature=0, max_tokens=8, n=2), "b": SamplingParams(temperature=0, max_tokens=12),
-              "c": SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[7, 9, 11])}
+    params = {
+        "a": SamplingParams(temperature=0, max_tokens=8, n=2),
+        "b": SamplingParams(temperature=0, max_tokens=12),
+        "c": SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[7, 9, 11]),
+    }
     finals, streams = [], []
     for overlap in (False, True):
-        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=40, block_size=4, max_num_seqs=4,
-                                                          persistent_batch=overlap, async_scheduling=overlap))
+        engine = LLMEngine(
+            model,
+            tokenizer,
+            EngineConfig(
+                num_kv_blocks=40,
+                block_size=4,
+                max_num_seqs=4,
+                persistent_batch=overlap,
+                async_scheduling=overlap,
+            ),
+        )
         for rid, p in prompts.items():
             engine.add_request(rid, p, params[rid])
         requests = dict(engine.scheduler.requests)
@@ -218,44 +378,61 @@ def test_async_scheduling_streams_only_real_tokens(tiny):
                     final[out.request_id] = [c.token_ids for c in out.outputs]
             calls += 1
             if calls == 3:
-                engine.add_request("late", late, SamplingParams(temperature=0, max_tokens=6))
+                engine.add_request(
+                    "late", late, SamplingParams(temperature=0, max_tokens=6)
+                )
                 requests.update(engine.scheduler.requests)
-        assert all(r.num_output_placeholders == 0 and r.is_finished for r in requests.values())
+        assert all(
+            r.num_output_placeholders == 0 and r.is_finished for r in requests.values()
+        )
         finals.append(final)
         streams.append(stream)
     assert finals[0] == finals[1] and len(finals[0]["a"]) == 2
     for stream in streams:
         for request_id, index, tokens in stream:
-            assert tokens == finals[0][request_id][index][:len(tokens)]
+            assert tokens == finals[0][request_id][index][: len(tokens)]
 
 
 def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkeypatch):
-    """A request preempted while its token is still on the device (a placeholder count of 1) gets that
-    token when the same engine step reads it, before anything can recompute the request, which then
-    starts again from real tokens only; the tokens are chapter 7's (recompute with a hash prefix cache,
-    and swap)."""
+    """A request preempted while its token is still on the device (a placeholder count
+    of 1) gets that token when the same engine step reads it, before anything can
+    recompute the request, which then starts again from real tokens only; the tokens
+    are chapter 7's (recompute with a hash prefix cache, and swap).
+    """
     from minillm.input_batch import AsyncStepper
     from minillm.scheduler import Scheduler
     from minillm.swap import SwapScheduler
 
-    pending, num_in_flight = [], [0]  # requests preempted with a token in flight, and their num_tokens then
+    # requests preempted with a token in flight, and their num_tokens then
+    pending, num_in_flight = [], [0]
     take_tokens = AsyncStepper._take_tokens
 
     def checking_take_tokens(self, step):
         outputs = take_tokens(self, step)
         for request, num_tokens in pending:
-            assert (request.num_output_placeholders, request.num_tokens) == (0, num_tokens + 1)
-            assert request in self.engine.scheduler.waiting or request in getattr(self.engine.scheduler, "swapped", ())
+            assert (request.num_output_placeholders, request.num_tokens) == (
+                0,
+                num_tokens + 1,
+            )
+            assert request in self.engine.scheduler.waiting or request in getattr(
+                self.engine.scheduler, "swapped", ()
+            )
         pending.clear()
         return outputs
 
     monkeypatch.setattr(AsyncStepper, "_take_tokens", checking_take_tokens)
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(1, 200, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(12)]
+    prompts = [
+        torch.randint(
+            1, 200, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g
+        ).tolist()
+        for _ in range(12)
+    ]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    for base, options in [(Scheduler, {"prefix_cache_impl": "hash"}),
-                          (SwapScheduler, {"preemption_mode": "swap", "num_cpu_blocks": 64})]:
+    for base, options in [
+        (Scheduler, {"prefix_cache_impl": "hash"}),
+        (SwapScheduler, {"preemption_mode": "swap", "num_cpu_blocks": 64}),
+    ]:
         preempt = base._preempt
 
         def recording_preempt(self, request, preempt=preempt):
@@ -273,16 +450,19 @@ def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkey
 
 @pytest.mark.parametrize("seed", range(4))
 def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
-    """Random arrivals, aborts, stop tokens, max_tokens, n=2 and a few requests that need the full sampler:
-    the overlapped loop reports what chapter 7's loop reports for every request that is not aborted, an
-    aborted request only ever reports a prefix of its tokens, and every placeholder count ends at 0."""
+    """Random arrivals, aborts, stop tokens, max_tokens, n=2 and a few requests that
+    need the full sampler: the overlapped loop reports what chapter 7's loop reports
+    for every request that is not aborted, an aborted request only ever reports a
+    prefix of its tokens, and every placeholder count ends at 0.
+    """
     import random
 
     from minillm.engine import EngineConfig, LLMEngine
 
     model, tokenizer = tiny
     rng = random.Random(seed)
-    arrivals, aborts = {}, {}  # engine step call -> request ids added / aborted before it
+    # engine step call -> request ids added / aborted before it
+    arrivals, aborts = {}, {}
     prompts, free = {}, SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
     for i in range(14):
         rid = f"r{i}"
@@ -293,9 +473,19 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
             aborts.setdefault(arrival + rng.randrange(1, 10), []).append(rid)
 
     def run(params, overlap, with_aborts):
-        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=20, block_size=4, max_num_seqs=6,
-                                                          max_num_batched_tokens=16, max_model_len=48,
-                                                          persistent_batch=overlap, async_scheduling=overlap))
+        engine = LLMEngine(
+            model,
+            tokenizer,
+            EngineConfig(
+                num_kv_blocks=20,
+                block_size=4,
+                max_num_seqs=6,
+                max_num_batched_tokens=16,
+                max_model_len=48,
+                persistent_batch=overlap,
+                async_scheduling=overlap,
+            ),
+        )
         requests, reported, final, call = {}, {}, {}, 0
         while call <= max(*arrivals, *aborts) or engine.has_unfinished_requests():
             for rid in arrivals.get(call, []):
@@ -304,24 +494,37 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
             for rid in aborts.get(call, []) if with_aborts else []:
                 engine.abort_request(rid)
             for out in engine.step():
-                reported.setdefault(out.request_id, []).append([c.token_ids for c in out.outputs])
+                reported.setdefault(out.request_id, []).append(
+                    [c.token_ids for c in out.outputs]
+                )
                 if out.finished:
-                    final[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.outputs]
+                    final[out.request_id] = [
+                        (c.token_ids, c.finish_reason) for c in out.outputs
+                    ]
             call += 1
         for _ in range(2):
-            engine.step()  # nothing left to run: drains a step still in flight for an aborted request
-        assert all(r.num_output_placeholders == 0 and r.is_finished for r in requests.values())
+            # nothing left to run: drains a step still in flight for an aborted request
+            engine.step()
+        assert all(
+            r.num_output_placeholders == 0 and r.is_finished for r in requests.values()
+        )
         assert not engine.kv_cache_manager.req_to_blocks
         return reported, final, engine
 
     free_run = run({rid: free for rid in prompts}, False, False)[1]
     params = {}
-    for i, rid in enumerate(prompts):  # stop on tokens the request really produces; some need chapter 6's sampler
+    # stop on tokens the request really produces; some need chapter 6's sampler
+    for i, rid in enumerate(prompts):
         tokens = free_run[rid][0][0]
         stop = [rng.choice(tokens)] if rng.random() < 0.4 else None
-        params[rid] = SamplingParams(temperature=0, max_tokens=rng.choice([1, 3, 9, None]), stop_token_ids=stop,
-                                     ignore_eos=rng.random() < 0.7, n=2 if i % 5 == 0 else 1,
-                                     repetition_penalty=1.3 if i % 7 == 3 else 1.0)
+        params[rid] = SamplingParams(
+            temperature=0,
+            max_tokens=rng.choice([1, 3, 9, None]),
+            stop_token_ids=stop,
+            ignore_eos=rng.random() < 0.7,
+            n=2 if i % 5 == 0 else 1,
+            repetition_penalty=1.3 if i % 7 == 3 else 1.0,
+        )
     reference = run(params, False, False)[1]
     aborted = {rid for rids in aborts.values() for rid in rids}
     results = [run(params, overlap, True) for overlap in (False, True)]
@@ -331,14 +534,25 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
                 assert final[rid] == reference[rid]
             for outputs in reported.get(rid, []):
                 for index, tokens in enumerate(outputs):
-                    assert tokens == reference[rid][index][0][:len(tokens)]
+                    assert tokens == reference[rid][index][0][: len(tokens)]
     stepper = results[1][2].stepper
     assert stepper.num_ahead > 0 and stepper.num_in_step > 0
 
 
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):
-    """A batch with seeded random sampling and penalties runs chapter 7's sampler in step; greedy steps overlap."""
-    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3], [4, 4, 4], [20, 21]]
+    """A batch with seeded random sampling and penalties runs chapter 7's sampler in
+    step; greedy steps overlap.
+    """
+    prompts = [
+        [5, 6, 7],
+        [8],
+        [9, 10, 11, 12, 13],
+        [14, 15],
+        [1] * 30,
+        [2, 3],
+        [4, 4, 4],
+        [20, 21],
+    ]
     params = [SamplingParams(temperature=0, max_tokens=12) for _ in prompts]
     params[1] = SamplingParams(temperature=0.8, top_k=40, seed=1, max_tokens=5)
     params[4] = SamplingParams(temperature=0, max_tokens=9, repetition_penalty=1.3)
@@ -348,15 +562,25 @@ def test_async_scheduling_falls_back_for_sampled_requests(tiny):
 
 
 def test_async_scheduling_abort_in_flight(tiny):
-    """Aborting a request whose token is being computed: it never reports, the others are unaffected."""
+    """Aborting a request whose token is being computed: it never reports, the others
+    are unaffected.
+    """
     from minillm.engine import EngineConfig, LLMEngine
 
     model, tokenizer = tiny
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
-    expected = [o.outputs[0].token_ids for o in LLM(device="cpu", num_kv_blocks=40).generate(
-        prompts, params, use_tqdm=False)]
-    engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=40, persistent_batch=True, async_scheduling=True))
+    expected = [
+        o.outputs[0].token_ids
+        for o in LLM(device="cpu", num_kv_blocks=40).generate(
+            prompts, params, use_tqdm=False
+        )
+    ]
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        EngineConfig(num_kv_blocks=40, persistent_batch=True, async_scheduling=True),
+    )
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
     outputs = {}
@@ -370,27 +594,55 @@ def test_async_scheduling_abort_in_flight(tiny):
         for o in engine.step():
             outputs[o.request_id] = o
             reported_after_abort.add(o.request_id)
-    assert "1" in outputs and "1" not in reported_after_abort  # its token in flight was dropped
-    assert [outputs[k].outputs[0].token_ids for k in ("0", "2")] == [expected[0], expected[2]]
+    # its token in flight was dropped
+    assert "1" in outputs and "1" not in reported_after_abort
+    assert [outputs[k].outputs[0].token_ids for k in ("0", "2")] == [
+        expected[0],
+        expected[2],
+    ]
     assert not engine.kv_cache_manager.req_to_blocks
 
 
 def test_one_token_prompt_chunks_do_not_sample(tiny):
-    """A step where every sequence has one token, but one of them is a piece of a longer prompt."""
+    """A step where every sequence has one token, but one of them is a piece of a
+    longer prompt.
+    """
     prompts = [[5], [6, 7, 8, 9, 10], [11, 12, 13]]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    common = dict(device="cpu", num_kv_blocks=32, block_size=4, max_num_seqs=2, max_num_batched_tokens=2)
-    expected = [o.outputs[0].token_ids for o in LLM(persistent_batch=False, **common).generate(prompts, params,
-                                                                                               use_tqdm=False)]
+    common = dict(
+        device="cpu",
+        num_kv_blocks=32,
+        block_size=4,
+        max_num_seqs=2,
+        max_num_batched_tokens=2,
+    )
+    expected = [
+        o.outputs[0].token_ids
+        for o in LLM(persistent_batch=False, **common).generate(
+            prompts, params, use_tqdm=False
+        )
+    ]
     llm = LLM(persistent_batch=True, **common)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    got = [
+        o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)
+    ]
     assert got == expected and all(len(t) == 6 for t in got)
 
 
 def test_rows_are_reused_and_freed(tiny):
-    llm = LLM(device="cpu", num_kv_blocks=64, block_size=4, max_num_seqs=3, persistent_batch=True)
+    llm = LLM(
+        device="cpu",
+        num_kv_blocks=64,
+        block_size=4,
+        max_num_seqs=3,
+        persistent_batch=True,
+    )
     for _ in range(3):  # more requests over time than the batch has rows
-        llm.generate([[1, 2, 3]] * 5, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+        llm.generate(
+            [[1, 2, 3]] * 5,
+            SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+            use_tqdm=False,
+        )
     batch = llm.engine.model_runner.input_batch
     assert not batch.req_to_row and sorted(batch.free_rows) == [0, 1, 2]
 
@@ -404,20 +656,55 @@ def test_configuration_errors():
         EngineConfig(attention_backend="flash")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
-            LLM(device="cpu", num_kv_blocks=16, cuda_graphs=True, attention_backend="triton")
+            LLM(
+                device="cpu",
+                num_kv_blocks=16,
+                cuda_graphs=True,
+                attention_backend="triton",
+            )
 
 
 def test_what_the_defaults_mean_on_each_device():
     from minillm.engine import resolve_fast_path
 
-    assert resolve_fast_path(EngineConfig(), on_gpu=True) == ("triton", True, True, True, True)
-    assert resolve_fast_path(EngineConfig(), on_gpu=False) == ("torch", False, False, False, False)
-    assert resolve_fast_path(EngineConfig(cuda_graphs=False), on_gpu=True) == ("triton", True, False, False, False)
+    assert resolve_fast_path(EngineConfig(), on_gpu=True) == (
+        "triton",
+        True,
+        True,
+        True,
+        True,
+    )
+    assert resolve_fast_path(EngineConfig(), on_gpu=False) == (
+        "torch",
+        False,
+        False,
+        False,
+        False,
+    )
+    assert resolve_fast_path(EngineConfig(cuda_graphs=False), on_gpu=True) == (
+        "triton",
+        True,
+        False,
+        False,
+        False,
+    )
     assert resolve_fast_path(EngineConfig(attention_backend="torch"), on_gpu=True) == (
-        "torch", True, False, False, False)
-    assert resolve_fast_path(EngineConfig(persistent_batch=True), on_gpu=False) == ("torch", True, False, False, False)
-    assert resolve_fast_path(EngineConfig(persistent_batch=True, async_scheduling=True), on_gpu=False) == (
-        "torch", True, False, False, True)
+        "torch",
+        True,
+        False,
+        False,
+        False,
+    )
+    assert resolve_fast_path(EngineConfig(persistent_batch=True), on_gpu=False) == (
+        "torch",
+        True,
+        False,
+        False,
+        False,
+    )
+    assert resolve_fast_path(
+        EngineConfig(persistent_batch=True, async_scheduling=True), on_gpu=False
+    ) == ("torch", True, False, False, True)
     with pytest.raises(ValueError, match="persistent batch"):
         resolve_fast_path(EngineConfig(async_scheduling=True), on_gpu=False)
     with pytest.raises(ValueError, match="CUDA device"):
@@ -435,21 +722,37 @@ def test_capture_sizes():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_bf16_engine_with_graphs_agrees_with_transformers(tmp_path):
-    """bf16 greedy tokens of the engine (Triton, CUDA graphs, compiled layers) against transformers in bf16.
+    """bf16 greedy tokens of the engine (Triton, CUDA graphs, compiled layers) against
+    transformers in bf16.
 
-    Rounding differs between the two, so a near-tie can flip a token, after which free-running
-    sequences diverge for good. So we compare step by step: transformers reads the prompt plus the
-    engine's output in one forward pass, and at every position its argmax must be the engine's
-    next token, on at least 99% of positions (the rate is printed).
+    Rounding differs between the two, so a near-tie can flip a token, after which
+    free-running sequences diverge for good. So we compare step by step: transformers
+    reads the prompt plus the engine's output in one forward pass, and at every position
+    its argmax must be the engine's next token, on at least 99% of positions (the rate
+    is printed).
     """
     from minillm.hf import save_pretrained
     from minillm.tiny import tiny_model
 
     model, tokenizer = tiny_model(progress=False)
     save_pretrained(model, tokenizer, tmp_path)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).cuda().eval()
-    texts = ['The "for" statement', "A class definition", "Exceptions are raised when", "x = 1", "The import",
-             "Assignment statements", "When a", "The while loop"]
+    reference = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, dtype=torch.bfloat16
+        )
+        .cuda()
+        .eval()
+    )
+    texts = [
+        'The "for" statement',
+        "A class definition",
+        "Exceptions are raised when",
+        "x = 1",
+        "The import",
+        "Assignment statements",
+        "When a",
+        "The while loop",
+    ]
     prompts = [tokenizer.encode(t) for t in texts]
     llm = LLM(tmp_path, dtype=torch.bfloat16, max_num_seqs=8, num_kv_blocks=256)
     assert llm.engine.cuda_graphs and llm.engine.torch_compile
@@ -459,17 +762,26 @@ def test_bf16_engine_with_graphs_agrees_with_transformers(tmp_path):
         tokens = out.outputs[0].token_ids
         ids = torch.tensor([prompt + tokens], device="cuda")
         with torch.no_grad():
-            predicted = reference(ids).logits[0, len(prompt) - 1:-1].argmax(-1).tolist()
+            predicted = (
+                reference(ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+            )
         same += sum(a == b for a, b in zip(tokens, predicted))
         total += len(tokens)
-    print(f"bf16 next-token agreement with transformers: {same / total:.4f} of {total} positions")
+    print(
+        f"bf16 next-token agreement with transformers: {same / total:.4f} of {total} "
+        "positions"
+    )
     assert same / total >= 0.99
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the heap is frozen on the GPU path only")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the heap is frozen on the GPU path only"
+)
 def test_a_second_gpu_engine_gets_back_the_memory_of_the_first(tmp_path):
-    """The runner freezes the heap after capture (gc.freeze); an engine dropped by its caller is then
-    garbage the collector cannot see, until the next engine's memory profiling unfreezes and collects."""
+    """The runner freezes the heap after capture (gc.freeze); an engine dropped by its
+    caller is then garbage the collector cannot see, until the next engine's memory
+    profiling unfreezes and collects.
+    """
     import gc
 
     from minillm.hf import save_pretrained
@@ -478,12 +790,20 @@ def test_a_second_gpu_engine_gets_back_the_memory_of_the_first(tmp_path):
     model, tokenizer = tiny_model(progress=False)
     save_pretrained(model, tokenizer, tmp_path)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    llm = LLM(tmp_path, dtype=torch.bfloat16, max_num_seqs=8, gpu_memory_utilization=0.3)
+    llm = LLM(
+        tmp_path, dtype=torch.bfloat16, max_num_seqs=8, gpu_memory_utilization=0.3
+    )
     assert llm.engine.cuda_graphs and gc.get_freeze_count() > 0
     first = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
     held = torch.cuda.memory_allocated()
     del llm
-    # with 30% of the GPU each, a second engine only fits if the first one's KV cache was returned
-    llm = LLM(tmp_path, dtype=torch.bfloat16, max_num_seqs=8, gpu_memory_utilization=0.3)
+    # with 30% of the GPU each, a second engine only fits if the first one's KV cache
+    # was returned
+    llm = LLM(
+        tmp_path, dtype=torch.bfloat16, max_num_seqs=8, gpu_memory_utilization=0.3
+    )
     assert torch.cuda.memory_allocated() <= held * 1.1
-    assert llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids == first
+    assert (
+        llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
+        == first
+    )

@@ -1,4 +1,8 @@
-"""The engine and LLM API of chapter 7, against transformers and chapter 1's dense generation."""
+"""The engine and LLM API of chapter 7, against transformers and chapter 1's dense
+generation.
+"""
+
+import dataclasses
 
 import hypothesis.strategies as st
 import pytest
@@ -14,13 +18,23 @@ from minillm.sampling_params import SamplingParams, SamplingParamsError
 
 transformers.logging.set_verbosity_error()
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SHAPE = dict(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             head_dim=32, max_position_embeddings=512)
+SHAPE = dict(
+    vocab_size=384,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    head_dim=32,
+    max_position_embeddings=512,
+)
 
 
 def all_blocks_free(llm):
     pool = llm.engine.kv_cache_manager.block_pool
-    return pool.get_num_free_blocks() == pool.num_blocks and not llm.engine.kv_cache_manager.req_to_blocks
+    return (
+        pool.get_num_free_blocks() == pool.num_blocks
+        and not llm.engine.kv_cache_manager.req_to_blocks
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,78 +44,174 @@ def tiny_llm():
 
 def mixed_prompts(n, vocab, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, vocab, (int(torch.randint(3, 60, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(
+            1, vocab, (int(torch.randint(3, 60, (1,), generator=g)),), generator=g
+        ).tolist()
+        for _ in range(n)
+    ]
 
 
-@pytest.mark.parametrize("cls, config", [
-    (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False)),
-    (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True)),
-])
-def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(hf_checkpoint, cls, config):
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        (
+            LlamaForCausalLM,
+            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
+        ),
+        (
+            Qwen3ForCausalLM,
+            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
+        ),
+    ],
+)
+def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(
+    hf_checkpoint, cls, config
+):
     reference, tmp_path = hf_checkpoint(cls, config)
     prompts = mixed_prompts(16, 384)
-    llm = LLM(tmp_path, device="cpu", num_kv_blocks=40, block_size=4, max_num_seqs=8, max_num_batched_tokens=24)
+    llm = LLM(
+        tmp_path,
+        device="cpu",
+        num_kv_blocks=40,
+        block_size=4,
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+    )
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert llm.engine.num_preemptions > 0  # the pool of 160 slots cannot hold 16 sequences of up to 84
+    # the pool of 160 slots cannot hold 16 sequences of up to 84
+    assert llm.engine.num_preemptions > 0
     assert max(len(p) for p in prompts) > 24  # some prompts needed several chunks
     for prompt, out in zip(prompts, outputs):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
-                                          do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+            expected = reference.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=24,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         assert out.outputs[0].token_ids == expected
     assert all_blocks_free(llm)
 
 
 def test_tiny_model_matches_dense_generation(tiny):
     model, tokenizer = tiny
-    prompts = [tokenizer.encode(t) for t in ['The "for" statement', "A", "Exceptions are raised when", "x = 1"]]
+    prompts = [
+        tokenizer.encode(t)
+        for t in ['The "for" statement', "A", "Exceptions are raised when", "x = 1"]
+    ]
     prompts += mixed_prompts(12, tokenizer.vocab_size, seed=1)
     expected = generate(model, prompts, max_new_tokens=24)
-    llm = LLM(device="cpu", num_kv_blocks=48, block_size=4, max_num_seqs=6, max_num_batched_tokens=20)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    llm = LLM(
+        device="cpu",
+        num_kv_blocks=48,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=20,
+    )
+    got = [
+        o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)
+    ]
     assert got == expected and llm.engine.num_preemptions > 0 and all_blocks_free(llm)
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(tiny_llm):
-    params = SamplingParams(temperature=1.0, top_k=50, seed=123, max_tokens=16)
-    alone = tiny_llm.generate([[0, 5, 6]], params, use_tqdm=False)[0].outputs[0].token_ids
+    # ignore_eos: two seeds must give two 16-token samples, never two empty ones
+    params = SamplingParams(
+        temperature=1.0, top_k=50, seed=123, max_tokens=16, ignore_eos=True
+    )
+    alone = (
+        tiny_llm.generate([[0, 5, 6]], params, use_tqdm=False)[0].outputs[0].token_ids
+    )
     others = [SamplingParams(temperature=0.7, max_tokens=20)] * 5
-    crowd = tiny_llm.generate([[7, 8, 9, 10]] * 2 + [[0, 5, 6]] + [[11]] * 3, others[:2] + [params] + others[2:],
-                              use_tqdm=False)[2].outputs[0].token_ids
+    crowd = (
+        tiny_llm.generate(
+            [[7, 8, 9, 10]] * 2 + [[0, 5, 6]] + [[11]] * 3,
+            others[:2] + [params] + others[2:],
+            use_tqdm=False,
+        )[2]
+        .outputs[0]
+        .token_ids
+    )
     assert alone == crowd
-    assert tiny_llm.generate([[0, 5, 6]], SamplingParams(temperature=1.0, top_k=50, seed=124, max_tokens=16),
-                             use_tqdm=False)[0].outputs[0].token_ids != alone
+    assert (
+        tiny_llm.generate(
+            [[0, 5, 6]],
+            dataclasses.replace(params, seed=124),
+            use_tqdm=False,
+        )[0]
+        .outputs[0]
+        .token_ids
+        != alone
+    )
     assert all_blocks_free(tiny_llm)
 
 
 def test_max_tokens_and_finish_reason_length(tiny_llm):
-    out = tiny_llm.generate("The", SamplingParams(temperature=0, max_tokens=7, ignore_eos=True), use_tqdm=False)[0]
-    assert len(out.outputs[0].token_ids) == 7 and out.outputs[0].finish_reason == "length" and out.finished
+    out = tiny_llm.generate(
+        "The",
+        SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
+    assert (
+        len(out.outputs[0].token_ids) == 7
+        and out.outputs[0].finish_reason == "length"
+        and out.finished
+    )
 
 
 def test_stop_token_id_ends_with_stop_reason(tiny_llm):
-    free = tiny_llm.generate("The", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    free = tiny_llm.generate(
+        "The",
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        use_tqdm=False,
+    )
     tokens = free[0].outputs[0].token_ids
     stop_at = tokens[3]
-    out = tiny_llm.generate("The", SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_at],
-                                                  ignore_eos=True), use_tqdm=False)[0].outputs[0]
-    assert out.token_ids == tokens[:tokens.index(stop_at) + 1]
+    out = tiny_llm.generate(
+        "The",
+        SamplingParams(
+            temperature=0, max_tokens=12, stop_token_ids=[stop_at], ignore_eos=True
+        ),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert out.token_ids == tokens[: tokens.index(stop_at) + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
 
 
 def test_stop_string_is_cut_and_optionally_kept(tiny_llm):
     base = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    full = tiny_llm.generate('The "for" statement', base, use_tqdm=False)[0].outputs[0].text
-    stop = full[10:14]  # four characters from the middle: usually spans a token boundary
-    cut = tiny_llm.generate('The "for" statement', SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
-                                                                  stop=[stop]), use_tqdm=False)[0].outputs[0]
-    assert cut.text == full[:full.index(stop)] and cut.finish_reason == "stop" and cut.stop_reason == stop
-    kept = tiny_llm.generate('The "for" statement', SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
-                                                                   stop=[stop], include_stop_str_in_output=True),
-                             use_tqdm=False)[0].outputs[0]
-    assert kept.text == full[:full.index(stop) + len(stop)]
+    full = (
+        tiny_llm.generate('The "for" statement', base, use_tqdm=False)[0]
+        .outputs[0]
+        .text
+    )
+    # four characters from the middle: usually spans a token boundary
+    stop = full[10:14]
+    cut = tiny_llm.generate(
+        'The "for" statement',
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert (
+        cut.text == full[: full.index(stop)]
+        and cut.finish_reason == "stop"
+        and cut.stop_reason == stop
+    )
+    kept = tiny_llm.generate(
+        'The "for" statement',
+        SamplingParams(
+            temperature=0,
+            max_tokens=40,
+            ignore_eos=True,
+            stop=[stop],
+            include_stop_str_in_output=True,
+        ),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert kept.text == full[: full.index(stop) + len(stop)]
 
 
 def test_eos_ends_generation_unless_ignored(tiny):
@@ -109,15 +219,26 @@ def test_eos_ends_generation_unless_ignored(tiny):
     engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64))
     eos = tokenizer.eos_token_id
     # Force EOS with allowed_token_ids: only EOS may be sampled.
-    engine.add_request("a", "The", SamplingParams(temperature=0, max_tokens=5, allowed_token_ids=[eos]))
-    engine.add_request("b", "The", SamplingParams(temperature=0, max_tokens=5, allowed_token_ids=[eos],
-                                                  ignore_eos=True))
+    engine.add_request(
+        "a", "The", SamplingParams(temperature=0, max_tokens=5, allowed_token_ids=[eos])
+    )
+    engine.add_request(
+        "b",
+        "The",
+        SamplingParams(
+            temperature=0, max_tokens=5, allowed_token_ids=[eos], ignore_eos=True
+        ),
+    )
     done = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
             if o.finished:
                 done[o.request_id] = o.outputs[0]
-    assert done["a"].token_ids == [eos] and done["a"].finish_reason == "stop" and done["a"].text == ""
+    assert (
+        done["a"].token_ids == [eos]
+        and done["a"].finish_reason == "stop"
+        and done["a"].text == ""
+    )
     assert done["b"].token_ids == [eos] * 5 and done["b"].finish_reason == "length"
 
 
@@ -125,8 +246,13 @@ def test_min_tokens_holds_eos_back(tiny):
     model, tokenizer = tiny
     llm_engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64))
     eos = tokenizer.eos_token_id
-    llm_engine.add_request("a", "The", SamplingParams(temperature=0, max_tokens=10, min_tokens=4,
-                                                      allowed_token_ids=[eos, 5]))
+    llm_engine.add_request(
+        "a",
+        "The",
+        SamplingParams(
+            temperature=0, max_tokens=10, min_tokens=4, allowed_token_ids=[eos, 5]
+        ),
+    )
     while llm_engine.has_unfinished_requests():
         outs = llm_engine.step()
     tokens = outs[0].outputs[0].token_ids
@@ -134,20 +260,30 @@ def test_min_tokens_holds_eos_back(tiny):
 
 
 def test_n_completions_are_indexed_and_seeded_distinctly(tiny_llm):
-    out = tiny_llm.generate("A", SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=10, logprobs=2),
-                            use_tqdm=False)[0]
+    out = tiny_llm.generate(
+        "A",
+        SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=10, logprobs=2),
+        use_tqdm=False,
+    )[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     for c in out.outputs:
         assert len(c.logprobs) == len(c.token_ids)
-        assert all(len(lp.top_logprobs) == 2 and lp.token_id == t for lp, t in zip(c.logprobs, c.token_ids))
-        assert c.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in c.logprobs))
+        assert all(
+            len(lp.top_logprobs) == 2 and lp.token_id == t
+            for lp, t in zip(c.logprobs, c.token_ids)
+        )
+        assert c.cumulative_logprob == pytest.approx(
+            sum(lp.logprob for lp in c.logprobs)
+        )
 
 
 def test_abort_frees_blocks_at_once(tiny):
     model, tokenizer = tiny
     engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64))
-    engine.add_request("long", "The", SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    engine.add_request(
+        "long", "The", SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    )
     engine.step()
     engine.step()
     pool = engine.kv_cache_manager.block_pool
@@ -157,19 +293,26 @@ def test_abort_frees_blocks_at_once(tiny):
     assert engine.step() == []
 
 
-@pytest.mark.parametrize("prompt, params, message", [
-    ([], SamplingParams(), "empty"),
-    ([5, 10**6], SamplingParams(), "prompt token ids"),
-    ("The", SamplingParams(max_tokens=10**6), "max_tokens"),
-    ([1] * 5000, SamplingParams(), "context"),
-    ("The", SamplingParams(stop_token_ids=[10**6]), "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ([], SamplingParams(), "empty"),
+        ([5, 10**6], SamplingParams(), "prompt token ids"),
+        ("The", SamplingParams(max_tokens=10**6), "max_tokens"),
+        ([1] * 5000, SamplingParams(), "context"),
+        ("The", SamplingParams(stop_token_ids=[10**6]), "stop_token_ids"),
+    ],
+)
 def test_bad_requests_raise_and_change_nothing(tiny, prompt, params, message):
     model, tokenizer = tiny
     engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=256))
     with pytest.raises(ValueError, match=message):
         engine.add_request("x", prompt, params)
-    assert not engine.has_unfinished_requests() and not engine.parents and not engine.sequences
+    assert (
+        not engine.has_unfinished_requests()
+        and not engine.parents
+        and not engine.sequences
+    )
     engine.add_request("x", "The", SamplingParams(max_tokens=2))  # the id is still free
     assert engine.has_unfinished_requests()
 
@@ -186,10 +329,22 @@ def test_a_bad_prompt_in_a_batch_submits_nothing(tiny_llm):
 
 
 def test_metrics_are_recorded(tiny_llm):
-    out = tiny_llm.generate("The", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)[0]
+    out = tiny_llm.generate(
+        "The",
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     m = out.metrics
-    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time <= m.finished_time
-    assert out.outputs[0].time_per_output_token is not None and m.time_to_first_token >= 0
+    assert (
+        m.arrival_time
+        <= m.first_scheduled_time
+        <= m.first_token_time
+        <= m.last_token_time
+        <= m.finished_time
+    )
+    assert (
+        out.outputs[0].time_per_output_token is not None and m.time_to_first_token >= 0
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -197,13 +352,17 @@ def test_metrics_are_recorded(tiny_llm):
 def test_incremental_detokenization_never_emits_broken_characters(tiny, text):
     _, tokenizer = tiny
     ids = tokenizer.encode(text, add_special_tokens=False)
-    # special tokens kept: a text may spell one ("<|end_of_text|>"), which encodes to the token itself
-    detok = IncrementalDetokenizer(tokenizer, [tokenizer.bos_token_id], SamplingParams(skip_special_tokens=False))
+    # special tokens kept: a text may spell one ("<|end_of_text|>"), which encodes to
+    # the token itself
+    detok = IncrementalDetokenizer(
+        tokenizer, [tokenizer.bos_token_id], SamplingParams(skip_special_tokens=False)
+    )
     shown = ""
     for i in ids:
         detok.update([i])
         new = detok.text(finished=False)
         assert new.startswith(shown)  # shown text is never taken back
-        assert "\ufffd" not in new or "\ufffd" in text  # and never holds half a character
+        # and never holds half a character
+        assert "\ufffd" not in new or "\ufffd" in text
         shown = new
     assert detok.text(finished=True) == text

@@ -1,4 +1,6 @@
-"""Our model against Hugging Face transformers: three architectures, both directions (chapter 1)."""
+"""Our model against Hugging Face transformers: three architectures, both directions
+(chapter 1).
+"""
 
 import json
 import shutil
@@ -6,29 +8,82 @@ import shutil
 import pytest
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
-from minillm.hf import UnsupportedModelError, config_from_hf, load_model, load_pretrained, save_pretrained
+from minillm.hf import (
+    UnsupportedModelError,
+    config_from_hf,
+    load_model,
+    load_pretrained,
+    save_pretrained,
+)
 from minillm.model import generate
 
 transformers.logging.set_verbosity_error()
 
-SHAPE = dict(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+SHAPE = dict(
+    vocab_size=320,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 CASES = {
-    "llama-gqa-untied": (LlamaForCausalLM, lambda: LlamaConfig(**SHAPE, tie_word_embeddings=False)),
-    "llama-gqa-tied-llama3-rope": (LlamaForCausalLM, lambda: LlamaConfig(**SHAPE, tie_word_embeddings=True,
-                                                                         rope_parameters=LLAMA3_ROPE)),
-    "llama-mha": (LlamaForCausalLM, lambda: LlamaConfig(**{**SHAPE, "num_key_value_heads": 4})),
-    "qwen2-bias-tied": (Qwen2ForCausalLM, lambda: Qwen2Config(**SHAPE, tie_word_embeddings=True)),
-    "qwen2-bias-untied": (Qwen2ForCausalLM, lambda: Qwen2Config(**SHAPE, tie_word_embeddings=False)),
-    "qwen3-qknorm-tied": (Qwen3ForCausalLM, lambda: Qwen3Config(**SHAPE, tie_word_embeddings=True)),
-    "qwen3-qknorm-untied-gqa4": (Qwen3ForCausalLM, lambda: Qwen3Config(**{**SHAPE, "num_key_value_heads": 1},
-                                                                       tie_word_embeddings=False)),
+    "llama-gqa-untied": (
+        LlamaForCausalLM,
+        lambda: LlamaConfig(**SHAPE, tie_word_embeddings=False),
+    ),
+    "llama-gqa-tied-llama3-rope": (
+        LlamaForCausalLM,
+        lambda: LlamaConfig(
+            **SHAPE, tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE
+        ),
+    ),
+    "llama-mha": (
+        LlamaForCausalLM,
+        lambda: LlamaConfig(**{**SHAPE, "num_key_value_heads": 4}),
+    ),
+    "qwen2-bias-tied": (
+        Qwen2ForCausalLM,
+        lambda: Qwen2Config(**SHAPE, tie_word_embeddings=True),
+    ),
+    "qwen2-bias-untied": (
+        Qwen2ForCausalLM,
+        lambda: Qwen2Config(**SHAPE, tie_word_embeddings=False),
+    ),
+    "qwen3-qknorm-tied": (
+        Qwen3ForCausalLM,
+        lambda: Qwen3Config(**SHAPE, tie_word_embeddings=True),
+    ),
+    "qwen3-qknorm-untied-gqa4": (
+        Qwen3ForCausalLM,
+        lambda: Qwen3Config(
+            **{**SHAPE, "num_key_value_heads": 1}, tie_word_embeddings=False
+        ),
+    ),
 }
 
 
@@ -36,7 +91,8 @@ def hf_checkpoint(tmp_path, case):
     cls, make_config = CASES[case]
     torch.manual_seed(0)
     reference = cls(make_config()).eval()
-    with torch.no_grad():  # random init leaves biases and norm gains trivial: perturb them so they matter
+    # random init leaves biases and norm gains trivial: perturb them so they matter
+    with torch.no_grad():
         for name, p in reference.named_parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
@@ -48,10 +104,14 @@ def hf_checkpoint(tmp_path, case):
 def test_logits_match_transformers(tmp_path, case, device):
     reference = hf_checkpoint(tmp_path, case).to(device)
     ours = load_model(tmp_path, device=device)
-    ids = torch.randint(0, 320, (3, 40), generator=torch.Generator().manual_seed(1)).to(device)
+    ids = torch.randint(0, 320, (3, 40), generator=torch.Generator().manual_seed(1)).to(
+        device
+    )
     with torch.no_grad():
         theirs = reference(ids).logits
-        mine = ours.compute_logits(ours(ids, torch.arange(40, device=device).expand(3, 40)))
+        mine = ours.compute_logits(
+            ours(ids, torch.arange(40, device=device).expand(3, 40))
+        )
     assert (mine - theirs).abs().max() < 1e-4
 
 
@@ -60,14 +120,24 @@ def test_greedy_32_tokens_match_transformers_generate(tmp_path, case, device):
     reference = hf_checkpoint(tmp_path, case).to(device)
     reference.generation_config.eos_token_id = None
     ours = load_model(tmp_path, device=device)
-    prompts = [torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 17, 33)]
+    prompts = [
+        torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        for n in (5, 17, 33)
+    ]
     prompts[0][2] = 0  # token id 0 inside a prompt must be an ordinary token
-    mine = generate(ours, prompts, max_new_tokens=32)  # one batch, mixed lengths, dense KV cache
+    # one batch, mixed lengths, dense KV cache
+    mine = generate(ours, prompts, max_new_tokens=32)
     for prompt, out in zip(prompts, mine):
         with torch.no_grad():
-            ids = torch.tensor([prompt], device=device)  # an explicit mask: else HF takes every id 0 for padding
-            theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
-                                        pad_token_id=0)[0, len(prompt):].tolist()
+            # an explicit mask: else HF takes every id 0 for padding
+            ids = torch.tensor([prompt], device=device)
+            theirs = reference.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=32,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         assert out == theirs
 
 
@@ -80,7 +150,9 @@ def test_sharded_checkpoint_loads(tmp_path):
     ours = load_model(tmp_path)
     ids = torch.arange(10)[None]
     with torch.no_grad():
-        assert (ours.compute_logits(ours(ids, ids)) - reference(ids).logits).abs().max() < 1e-4
+        assert (
+            ours.compute_logits(ours(ids, ids)) - reference(ids).logits
+        ).abs().max() < 1e-4
 
 
 def test_bf16_load_keeps_dtype_and_ties(tmp_path):
@@ -94,30 +166,47 @@ def test_bf16_load_keeps_dtype_and_ties(tmp_path):
 def test_tiny_model_exports_as_llama_that_transformers_loads(tiny, tmp_path):
     model, tokenizer = tiny
     save_pretrained(model, tokenizer, tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "LlamaForCausalLM"
+    ]
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(tmp_path)
     text = 'The "try" statement specifies exception handlers'
     ids = tokenizer.encode(text)
-    assert hf_tok(text)["input_ids"] == ids and hf_tok.decode(ids, skip_special_tokens=True) == text
+    assert (
+        hf_tok(text)["input_ids"] == ids
+        and hf_tok.decode(ids, skip_special_tokens=True) == text
+    )
     t = torch.tensor([ids])
     with torch.no_grad():
-        assert (model.compute_logits(model(t, torch.arange(len(ids))[None])) - hf(t).logits).abs().max() < 1e-4
+        assert (
+            model.compute_logits(model(t, torch.arange(len(ids))[None])) - hf(t).logits
+        ).abs().max() < 1e-4
     again, _ = load_pretrained(tmp_path)
-    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(again.state_dict().values(), model.state_dict().values())
+    )
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+    GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)
+    ).save_pretrained(tmp_path)
+    with pytest.raises(
+        UnsupportedModelError, match="GPT2LMHeadModel.*LlamaForCausalLM"
+    ):
         load_model(tmp_path)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("use_sliding_window", True, "use_sliding_window"),
-    ("mlp_bias", True, "mlp_bias"),
-    ("hidden_act", "gelu", "hidden_act"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("use_sliding_window", True, "use_sliding_window"),
+        ("mlp_bias", True, "mlp_bias"),
+        ("hidden_act", "gelu", "hidden_act"),
+    ],
+)
 def test_features_we_would_ignore_are_refused(field, value, message):
     config = {**SHAPE, "architectures": ["Qwen2ForCausalLM"], field: value}
     with pytest.raises(UnsupportedModelError, match=message):
@@ -136,26 +225,59 @@ def test_missing_files_are_clear_errors(tmp_path):
 def test_checkpoint_with_wrong_tensors_is_refused(tmp_path):
     hf_checkpoint(tmp_path, "llama-mha")
     config = json.loads((tmp_path / "config.json").read_text())
-    config["architectures"] = ["Qwen3ForCausalLM"]  # Qwen3 expects q_norm / k_norm tensors
+    # Qwen3 expects q_norm / k_norm tensors
+    config["architectures"] = ["Qwen3ForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModelError, match="missing.*q_norm"):
         load_model(tmp_path)
 
 
-# Real shapes in bf16 on a GPU. Random weights give nearly flat logits, so bf16 rounding alone flips
-# some argmaxes. The fair bar: measured against the float32 model, our bf16 model picks the same
-# next token about as often as transformers' own bf16 model does (within one percentage point).
+# Real shapes in bf16 on a GPU. Random weights give nearly flat logits, so bf16 rounding
+# alone flips
+# some argmaxes. The fair bar: measured against the float32 model, our bf16 model picks
+# the same
+# next token about as often as transformers' own bf16 model does (within one percentage
+# point).
 REAL_SHAPES = {
-    "qwen3-0.6b": (Qwen3ForCausalLM, lambda: Qwen3Config(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-    "llama-3.2-1b": (LlamaForCausalLM, lambda: LlamaConfig(
-        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        tie_word_embeddings=True, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                   "original_max_position_embeddings": 8192})),
+    "qwen3-0.6b": (
+        Qwen3ForCausalLM,
+        lambda: Qwen3Config(
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    ),
+    "llama-3.2-1b": (
+        LlamaForCausalLM,
+        lambda: LlamaConfig(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
+    ),
 }
 
 
@@ -167,18 +289,27 @@ def test_bf16_real_shapes_agree_with_transformers_on_gpu(tmp_path, name):
     with torch.device("cuda"):
         reference = cls(make_config()).eval()
     reference.save_pretrained(tmp_path)
-    ids = torch.randint(0, 32000, (8, 128), generator=torch.Generator().manual_seed(0)).cuda()
+    ids = torch.randint(
+        0, 32000, (8, 128), generator=torch.Generator().manual_seed(0)
+    ).cuda()
     positions = torch.arange(128, device="cuda").expand(8, 128)
     with torch.no_grad():
         truth = reference(ids).logits.argmax(-1)  # float32
         del reference
-        hf_bf16 = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).cuda().eval()
+        hf_bf16 = (
+            AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+            .cuda()
+            .eval()
+        )
         theirs = hf_bf16(ids).logits.argmax(-1)
         del hf_bf16
         ours = load_model(tmp_path, dtype=torch.bfloat16, device="cuda")
         mine = ours.compute_logits(ours(ids, positions)).argmax(-1)
     ours_rate = (mine == truth).float().mean().item()
     hf_rate = (theirs == truth).float().mean().item()
-    print(f"{name} bf16, next-token argmax agreement with float32: minillm {ours_rate:.4f}, "
-          f"transformers {hf_rate:.4f}; minillm vs transformers {(mine == theirs).float().mean().item():.4f}")
+    print(
+        f"{name} bf16, next-token argmax agreement with float32: minillm "
+        f"{ours_rate:.4f}, transformers {hf_rate:.4f}; minillm vs transformers "
+        f"{(mine == theirs).float().mean().item():.4f}"
+    )
     assert ours_rate >= hf_rate - 0.01

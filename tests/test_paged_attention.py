@@ -1,5 +1,6 @@
-"""PagedAttention of chapter 4: equal to dense attention, and paged generation equal to the dense cache
-of chapter 1 and to transformers."""
+"""PagedAttention of chapter 4: equal to dense attention, and paged generation equal to
+the dense cache of chapter 1 and to transformers.
+"""
 
 import pytest
 import torch
@@ -8,8 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from minillm.attention import (gather_blocks, generate_paged, paged_attention_per_seq, paged_attention_ref,
-                               query_layout, visibility_mask)
+from minillm.attention import (
+    gather_blocks,
+    generate_paged,
+    paged_attention_per_seq,
+    paged_attention_ref,
+    query_layout,
+    visibility_mask,
+)
 from minillm.hf import load_model
 from minillm.kv_cache import PagedKVCache, compute_slot_mapping
 from minillm.model import DenseKVCache, ModelConfig, build_attention_metadata, generate
@@ -17,36 +24,60 @@ from minillm.model import DenseKVCache, ModelConfig, build_attention_metadata, g
 transformers.logging.set_verbosity_error()
 
 
-def paged_and_dense(backend, block_size, n_heads, n_kv_heads, context_lens, query_lens, seed=0, head_dim=16,
-                    dtype=torch.float32):
-    """Run one step of random q/k/v through a PagedKVCache (shuffled blocks, every slot NaN first) and
-    through chapter 1's DenseKVCache holding the same context. Returns (paged output, dense output)."""
+def paged_and_dense(
+    backend,
+    block_size,
+    n_heads,
+    n_kv_heads,
+    context_lens,
+    query_lens,
+    seed=0,
+    head_dim=16,
+    dtype=torch.float32,
+):
+    """Run one step of random q/k/v through a PagedKVCache (shuffled blocks, every slot
+    NaN first) and through chapter 1's DenseKVCache holding the same context. Returns
+    (paged output, dense output).
+    """
     gen = torch.Generator().manual_seed(seed)
-    config = ModelConfig(num_hidden_layers=1, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-                         head_dim=head_dim)
+    config = ModelConfig(
+        num_hidden_layers=1,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        head_dim=head_dim,
+    )
     seq_lens = [c + n for c, n in zip(context_lens, query_lens)]
     num_blocks = sum(-(-s // block_size) for s in seq_lens) + 3
     free = torch.randperm(num_blocks, generator=gen).tolist()
     tables = [[free.pop() for _ in range(-(-s // block_size))] for s in seq_lens]
-    paged = PagedKVCache(config, num_blocks, block_size, attn_backend=backend, dtype=dtype)
+    paged = PagedKVCache(
+        config, num_blocks, block_size, attn_backend=backend, dtype=dtype
+    )
     paged.key_cache.fill_(float("nan"))
     paged.value_cache.fill_(float("nan"))
     dense = DenseKVCache(config, len(seq_lens), max(seq_lens), dtype=dtype)
     for i, (c, table) in enumerate(zip(context_lens, tables)):
         k, v = torch.randn(2, c, n_kv_heads, head_dim, generator=gen).to(dtype)
-        slots = compute_slot_mapping(torch.tensor([table]), torch.zeros(c, dtype=torch.long), torch.arange(c),
-                                     block_size)
+        slots = compute_slot_mapping(
+            torch.tensor([table]),
+            torch.zeros(c, dtype=torch.long),
+            torch.arange(c),
+            block_size,
+        )
         paged.write(0, k, v, slots)
         dense.k[0, i, :c], dense.v[0, i, :c] = k, v
     n = sum(query_lens)
     q = torch.randn(n, n_heads, head_dim, generator=gen).to(dtype)
     k, v = torch.randn(2, n, n_kv_heads, head_dim, generator=gen).to(dtype)
     _, md = build_attention_metadata(query_lens, seq_lens, tables, block_size)
-    _, md_dense = build_attention_metadata(query_lens, seq_lens, [[i] for i in range(len(seq_lens))], max(seq_lens))
+    _, md_dense = build_attention_metadata(
+        query_lens, seq_lens, [[i] for i in range(len(seq_lens))], max(seq_lens)
+    )
     return paged.attend(0, q, k, v, md), dense.attend(0, q, k, v, md_dense)
 
 
-# --- attention ---------------------------------------------------------------------------------
+# --- attention
+# ---------------------------------------------------------------------------------
 
 KINDS = {
     "decode": ([5, 17, 1, 33, 12], [1, 1, 1, 1, 1]),
@@ -61,25 +92,38 @@ KINDS = {
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_paged_attention_equals_dense_attention(block_size, n_heads, n_kv_heads, kind):
     context_lens, query_lens = KINDS[kind]
-    out, expected = paged_and_dense(paged_attention_ref, block_size, n_heads, n_kv_heads, context_lens, query_lens)
+    out, expected = paged_and_dense(
+        paged_attention_ref, block_size, n_heads, n_kv_heads, context_lens, query_lens
+    )
     assert out.shape == expected.shape == (sum(query_lens), n_heads, 16)
     assert (out - expected).abs().max() <= 1e-5
 
 
 @settings(max_examples=60, deadline=None)
-@given(block_size=st.sampled_from([1, 5, 12, 16]), heads=st.sampled_from([(4, 4), (4, 2), (8, 2), (2, 1)]),
-       seqs=st.lists(st.tuples(st.integers(0, 50), st.integers(1, 16)), min_size=1, max_size=7),
-       seed=st.integers(0, 10_000))
-def test_paged_attention_equals_dense_attention_on_random_batches(block_size, heads, seqs, seed):
+@given(
+    block_size=st.sampled_from([1, 5, 12, 16]),
+    heads=st.sampled_from([(4, 4), (4, 2), (8, 2), (2, 1)]),
+    seqs=st.lists(
+        st.tuples(st.integers(0, 50), st.integers(1, 16)), min_size=1, max_size=7
+    ),
+    seed=st.integers(0, 10_000),
+)
+def test_paged_attention_equals_dense_attention_on_random_batches(
+    block_size, heads, seqs, seed
+):
     context_lens, query_lens = [c for c, _ in seqs], [q for _, q in seqs]
     for backend in (paged_attention_ref, paged_attention_per_seq):
-        out, expected = paged_and_dense(backend, block_size, *heads, context_lens, query_lens, seed=seed)
+        out, expected = paged_and_dense(
+            backend, block_size, *heads, context_lens, query_lens, seed=seed
+        )
         assert torch.isfinite(out).all()  # no NaN from slots no table owns
         assert (out - expected).abs().max() <= 1e-5
 
 
 def test_reference_keeps_the_query_dtype():
-    out, expected = paged_and_dense(paged_attention_ref, 4, 4, 2, [3, 0], [1, 5], dtype=torch.bfloat16)
+    out, expected = paged_and_dense(
+        paged_attention_ref, 4, 4, 2, [3, 0], [1, 5], dtype=torch.bfloat16
+    )
     assert out.dtype == torch.bfloat16
     assert (out.float() - expected.float()).abs().max() < 3e-2
 
@@ -91,27 +135,38 @@ def test_query_layout_maps_tokens_to_sequences_and_rows():
 
 
 def test_visibility_mask_is_causal_after_the_context_and_stops_at_seq_len():
-    _, md = build_attention_metadata([2, 1], [5, 3], [[0, 1], [2]], 4)  # 3 cached + 2 new; 2 cached + 1 new
+    # 3 cached + 2 new; 2 cached + 1 new
+    _, md = build_attention_metadata([2, 1], [5, 3], [[0, 1], [2]], 4)
     mask = visibility_mask(md)
     assert mask.shape == (2, 2, 5)
     assert mask[0].tolist() == [[True, True, True, True, False], [True] * 5]
     assert mask[1, 0].tolist() == [True, True, True, False, False]
-    assert mask[1, 1].tolist() == [True, True, True, False, False]  # a padded row still sees its sequence
+    # a padded row still sees its sequence
+    assert mask[1, 1].tolist() == [True, True, True, False, False]
 
 
 def test_gather_blocks_follows_the_block_table():
-    cache = torch.arange(6 * 2, dtype=torch.float32).view(6, 2, 1, 1)  # slot s holds the value s
+    # slot s holds the value s
+    cache = torch.arange(6 * 2, dtype=torch.float32).view(6, 2, 1, 1)
     got = gather_blocks(cache, torch.tensor([[4, 1, 0], [2, 0, 0]]), max_seq_len=5)
     assert got.shape == (2, 5, 1, 1)
     assert got[0].flatten().tolist() == [8, 9, 2, 3, 0]
     assert got[1, :2].flatten().tolist() == [4, 5]
 
 
-# --- paged generation --------------------------------------------------------------------------
+# --- paged generation
+# --------------------------------------------------------------------------
 
-TEXTS = ['The "for" statement', "A class definition defines a class object.", "Exceptions are",
-         'The "import" statement is used to', "Names refer to objects.", "In",
-         'The "while" statement is used for repeated execution as long as', "When a description"]
+TEXTS = [
+    'The "for" statement',
+    "A class definition defines a class object.",
+    "Exceptions are",
+    'The "import" statement is used to',
+    "Names refer to objects.",
+    "In",
+    'The "while" statement is used for repeated execution as long as',
+    "When a description",
+]
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +178,26 @@ def tiny_prompts(tiny):
 
 
 @pytest.mark.parametrize("block_size", [1, 5, 16])
-def test_paged_generation_equals_dense_generation_on_the_tiny_model(tiny, tiny_prompts, block_size):
+def test_paged_generation_equals_dense_generation_on_the_tiny_model(
+    tiny, tiny_prompts, block_size
+):
     model, _ = tiny
     expected = generate(model, tiny_prompts, max_new_tokens=24)
-    assert generate_paged(model, tiny_prompts, max_new_tokens=24, block_size=block_size) == expected
-    assert generate_paged(model, tiny_prompts, max_new_tokens=24, block_size=block_size,
-                          attn_backend=paged_attention_per_seq, shuffle_seed=None) == expected
+    assert (
+        generate_paged(model, tiny_prompts, max_new_tokens=24, block_size=block_size)
+        == expected
+    )
+    assert (
+        generate_paged(
+            model,
+            tiny_prompts,
+            max_new_tokens=24,
+            block_size=block_size,
+            attn_backend=paged_attention_per_seq,
+            shuffle_seed=None,
+        )
+        == expected
+    )
 
 
 def hf_greedy(reference, prompts, max_new_tokens):
@@ -136,10 +205,16 @@ def hf_greedy(reference, prompts, max_new_tokens):
     outputs = []
     for p in prompts:
         ids = torch.tensor([p])
-        with torch.no_grad():  # explicit mask: a BOS id of 0 must not be taken for padding
-            out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                     do_sample=False, pad_token_id=0)
-        outputs.append(out[0, len(p):].tolist())
+        # explicit mask: a BOS id of 0 must not be taken for padding
+        with torch.no_grad():
+            out = reference.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        outputs.append(out[0, len(p) :].tolist())
     return outputs
 
 
@@ -149,62 +224,113 @@ def test_paged_generation_equals_transformers_on_the_tiny_model(tiny, tiny_promp
     from minillm.tiny import tiny_model_path
 
     model, _ = tiny
-    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.float32).eval()
-    assert generate_paged(model, tiny_prompts, max_new_tokens=20, block_size=5) == hf_greedy(reference, tiny_prompts, 20)
+    reference = AutoModelForCausalLM.from_pretrained(
+        tiny_model_path(), dtype=torch.float32
+    ).eval()
+    assert generate_paged(
+        model, tiny_prompts, max_new_tokens=20, block_size=5
+    ) == hf_greedy(reference, tiny_prompts, 20)
 
 
-SHAPE = dict(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             head_dim=32, max_position_embeddings=512)
+SHAPE = dict(
+    vocab_size=320,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    head_dim=32,
+    max_position_embeddings=512,
+)
 
 
-@pytest.mark.parametrize("cls, config", [
-    (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False)),
-    (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True)),
-], ids=["llama-gqa2", "qwen3-gqa4"])
-def test_paged_generation_equals_dense_and_transformers_on_random_hf_models(tmp_path, cls, config):
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        (
+            LlamaForCausalLM,
+            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
+        ),
+        (
+            Qwen3ForCausalLM,
+            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
+        ),
+    ],
+    ids=["llama-gqa2", "qwen3-gqa4"],
+)
+def test_paged_generation_equals_dense_and_transformers_on_random_hf_models(
+    tmp_path, cls, config
+):
     torch.manual_seed(0)
     reference = cls(config).eval()
-    with torch.no_grad():  # random init leaves norm gains at one: perturb them so they matter
+    # random init leaves norm gains at one: perturb them so they matter
+    with torch.no_grad():
         for p in reference.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     reference.save_pretrained(tmp_path)
     ours = load_model(tmp_path)
-    prompts = [torch.randint(1, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-               for n in (2, 5, 9, 14, 17, 23, 28, 40)]
+    prompts = [
+        torch.randint(1, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        for n in (2, 5, 9, 14, 17, 23, 28, 40)
+    ]
     paged = generate_paged(ours, prompts, max_new_tokens=20, block_size=12)
     assert paged == generate(ours, prompts, max_new_tokens=20)
     assert paged == hf_greedy(reference, prompts, 20)
 
 
-def test_seeded_sampling_through_the_paged_cache_equals_the_dense_cache(tiny, tiny_prompts):
+def test_seeded_sampling_through_the_paged_cache_equals_the_dense_cache(
+    tiny, tiny_prompts
+):
     model, _ = tiny
     kwargs = dict(max_new_tokens=16, temperature=0.9, top_k=40, seed=11)
-    assert generate_paged(model, tiny_prompts, block_size=4, **kwargs) == generate(model, tiny_prompts, **kwargs)
+    assert generate_paged(model, tiny_prompts, block_size=4, **kwargs) == generate(
+        model, tiny_prompts, **kwargs
+    )
 
 
-def test_a_poisoned_cache_with_few_blocks_still_generates_the_dense_tokens(tiny, tiny_prompts):
-    """Every slot starts as NaN and blocks are scarce, so freed blocks (holding a finished sequence's keys)
-    are handed to sequences still running: nothing a sequence does not own may reach its attention."""
+def test_a_poisoned_cache_with_few_blocks_still_generates_the_dense_tokens(
+    tiny, tiny_prompts
+):
+    """Every slot starts as NaN and blocks are scarce, so freed blocks (holding a
+    finished sequence's keys) are handed to sequences still running: nothing a
+    sequence does not own may reach its attention.
+    """
     model, _ = tiny
     dense = generate(model, tiny_prompts, max_new_tokens=24)
     stop = [dense[0][3], dense[2][3]]
     expected = generate(model, tiny_prompts, max_new_tokens=24, stop_token_ids=stop)
     block_size = 4
-    peak = max(sum(-(-(len(p) + t) // block_size) for p, o in zip(tiny_prompts, expected) if len(o) > t)
-               for t in range(24))
-    lifetime = sum(-(-(len(p) + len(o) - 1) // block_size) for p, o in zip(tiny_prompts, expected))
+    peak = max(
+        sum(
+            -(-(len(p) + t) // block_size)
+            for p, o in zip(tiny_prompts, expected)
+            if len(o) > t
+        )
+        for t in range(24)
+    )
+    lifetime = sum(
+        -(-(len(p) + len(o) - 1) // block_size) for p, o in zip(tiny_prompts, expected)
+    )
     assert lifetime > peak  # the run must reuse blocks for the test to mean anything
-    cache = PagedKVCache(model.config, peak, block_size, attn_backend=paged_attention_ref)
+    cache = PagedKVCache(
+        model.config, peak, block_size, attn_backend=paged_attention_ref
+    )
     cache.key_cache.fill_(float("nan"))
     cache.value_cache.fill_(float("nan"))
-    assert generate_paged(model, tiny_prompts, max_new_tokens=24, stop_token_ids=stop, kv_cache=cache) == expected
+    assert (
+        generate_paged(
+            model, tiny_prompts, max_new_tokens=24, stop_token_ids=stop, kv_cache=cache
+        )
+        == expected
+    )
 
 
 def test_running_out_of_blocks_is_a_clear_error(tiny, tiny_prompts):
     model, _ = tiny
     with pytest.raises(RuntimeError, match="out of KV cache blocks"):
-        generate_paged(model, tiny_prompts, max_new_tokens=24, block_size=4, num_blocks=10)
+        generate_paged(
+            model, tiny_prompts, max_new_tokens=24, block_size=4, num_blocks=10
+        )
 
 
 def test_empty_prompts_are_refused(tiny):

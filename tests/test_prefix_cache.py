@@ -1,4 +1,6 @@
-"""Prefix caching (chapter 8): hash-chained blocks, the radix tree, and the engine with either."""
+"""Prefix caching (chapter 8): hash-chained blocks, the radix tree, and the engine
+with either.
+"""
 
 import itertools
 import random
@@ -8,23 +10,46 @@ import pytest
 import torch
 import transformers
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from minillm.engine import EngineConfig
 from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from minillm.llm import LLM
-from minillm.prefix_cache import PrefixCachingKVCacheManager, hash_block_tokens, make_kv_cache_manager
+from minillm.prefix_cache import (
+    PrefixCachingKVCacheManager,
+    hash_block_tokens,
+    make_kv_cache_manager,
+)
 from minillm.radix_cache import RadixCache, RadixKVCacheManager
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
 
 transformers.logging.set_verbosity_error()
 IMPLS = [None, "hash", "radix"]
-SHAPE = dict(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             head_dim=32, max_position_embeddings=512)
-STATEFUL = settings(max_examples=60, stateful_step_count=30, deadline=None, database=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SHAPE = dict(
+    vocab_size=384,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    head_dim=32,
+    max_position_embeddings=512,
+)
+STATEFUL = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def assert_no_leaks(kv):
@@ -37,36 +62,62 @@ def assert_no_leaks(kv):
         assert kv.tree.protected_size == 0 and not kv.req_to_node
         assert pool.get_num_free_blocks() + len(in_tree) == pool.num_blocks
     else:
-        assert pool.get_num_free_blocks() == pool.num_blocks and all(b.ref_cnt == 0 for b in pool.blocks)
+        assert pool.get_num_free_blocks() == pool.num_blocks and all(
+            b.ref_cnt == 0 for b in pool.blocks
+        )
 
 
 def shared_prefix_prompts(vocab, n=14, prefix=40, seed=0):
     rng = random.Random(seed)
     system = [rng.randrange(1, vocab) for _ in range(prefix)]
-    prompts = [system + [rng.randrange(1, vocab) for _ in range(rng.randint(1, 12))] for _ in range(n - 4)]
-    prompts += [system[:prefix // 2] + [rng.randrange(1, vocab) for _ in range(5)] for _ in range(2)]
-    prompts += [[rng.randrange(1, vocab) for _ in range(rng.randint(3, 30))] for _ in range(2)]
+    prompts = [
+        system + [rng.randrange(1, vocab) for _ in range(rng.randint(1, 12))]
+        for _ in range(n - 4)
+    ]
+    prompts += [
+        system[: prefix // 2] + [rng.randrange(1, vocab) for _ in range(5)]
+        for _ in range(2)
+    ]
+    prompts += [
+        [rng.randrange(1, vocab) for _ in range(rng.randint(3, 30))] for _ in range(2)
+    ]
     return prompts
 
 
 def run_prompt(kv, request):
-    """Admit like the scheduler, compute the whole prompt in one step, register the full blocks."""
+    """Admit like the scheduler, compute the whole prompt in one step, register the
+    full blocks.
+    """
     blocks, num_cached = kv.get_computed_blocks(request)
-    kv.allocate_slots(request, request.num_tokens - num_cached, new_computed_blocks=blocks)
+    kv.allocate_slots(
+        request, request.num_tokens - num_cached, new_computed_blocks=blocks
+    )
     request.num_computed_tokens = request.num_tokens
     kv.cache_blocks(request, request.num_computed_tokens)
     return blocks, num_cached
 
 
-# --- the engine: identical outputs, no leaks ---------------------------------------------------------------
+# --- the engine: identical outputs, no leaks
+# ---------------------------------------------------------------
+
 
 def test_greedy_outputs_identical_off_hash_radix_tiny_model_under_preemption(tiny):
     prompts = shared_prefix_prompts(tiny[1].vocab_size, n=16, prefix=60)
     outputs, preemptions = {}, {}
     for impl in IMPLS:
-        llm = LLM(device="cpu", num_kv_blocks=36, block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
-                  prefix_cache_impl=impl)
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+        llm = LLM(
+            device="cpu",
+            num_kv_blocks=36,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=32,
+            prefix_cache_impl=impl,
+        )
+        outs = llm.generate(
+            prompts,
+            SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+            use_tqdm=False,
+        )
         outputs[impl] = [o.outputs[0].token_ids for o in outs]
         preemptions[impl] = llm.engine.num_preemptions
         assert_no_leaks(llm.engine.kv_cache_manager)
@@ -76,10 +127,19 @@ def test_greedy_outputs_identical_off_hash_radix_tiny_model_under_preemption(tin
     assert all(preemptions.values()), preemptions
 
 
-@pytest.mark.parametrize("cls, config", [
-    (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False)),
-    (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True)),
-])
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        (
+            LlamaForCausalLM,
+            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
+        ),
+        (
+            Qwen3ForCausalLM,
+            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
+        ),
+    ],
+)
 def test_greedy_outputs_identical_for_hf_models(tmp_path, tiny, cls, config):
     torch.manual_seed(0)
     cls(config).eval().save_pretrained(tmp_path)
@@ -87,9 +147,20 @@ def test_greedy_outputs_identical_for_hf_models(tmp_path, tiny, cls, config):
     prompts = shared_prefix_prompts(384, n=12, prefix=40, seed=1)
     outputs = {}
     for impl in IMPLS:
-        llm = LLM(tmp_path, device="cpu", num_kv_blocks=40, block_size=4, max_num_seqs=6,
-                  max_num_batched_tokens=24, prefix_cache_impl=impl)
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+        llm = LLM(
+            tmp_path,
+            device="cpu",
+            num_kv_blocks=40,
+            block_size=4,
+            max_num_seqs=6,
+            max_num_batched_tokens=24,
+            prefix_cache_impl=impl,
+        )
+        outs = llm.generate(
+            prompts,
+            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+            use_tqdm=False,
+        )
         outputs[impl] = [o.outputs[0].token_ids for o in outs]
         assert llm.engine.num_preemptions > 0
         assert_no_leaks(llm.engine.kv_cache_manager)
@@ -99,8 +170,12 @@ def test_greedy_outputs_identical_for_hf_models(tmp_path, tiny, cls, config):
 @pytest.mark.parametrize("impl", ["hash", "radix"])
 def test_shared_prefix_prefills_only_the_uncached_suffix(tiny, impl):
     rng = random.Random(3)
-    system = [rng.randrange(1, 500) for _ in range(70)]  # 4 full blocks of 16 (64 tokens) + 6
-    prompts = [system + [rng.randrange(1, 500) for _ in range(rng.randint(3, 9))] for _ in range(8)]
+    # 4 full blocks of 16 (64 tokens) + 6
+    system = [rng.randrange(1, 500) for _ in range(70)]
+    prompts = [
+        system + [rng.randrange(1, 500) for _ in range(rng.randint(3, 9))]
+        for _ in range(8)
+    ]
     llm = LLM(device="cpu", num_kv_blocks=128, max_num_seqs=8, prefix_cache_impl=impl)
     llm.generate([system], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     kv = llm.engine.kv_cache_manager
@@ -110,25 +185,45 @@ def test_shared_prefix_prefills_only_the_uncached_suffix(tiny, impl):
     def counting():
         out = schedule()
         for r in out.scheduled_requests:
-            prefilled[0] += max(0, min(out.num_scheduled_tokens[r.request_id], r.num_prompt_tokens - r.num_computed_tokens))
+            prefilled[0] += max(
+                0,
+                min(
+                    out.num_scheduled_tokens[r.request_id],
+                    r.num_prompt_tokens - r.num_computed_tokens,
+                ),
+            )
         return out
 
     llm.engine.scheduler.schedule = counting
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        prompts,
+        SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert prefilled[0] == sum(map(len, prompts)) - 8 * 64
-    assert (kv.prefix_cache_hits, kv.prefix_cache_queries) == (8 * 64, sum(map(len, prompts)))
+    assert (kv.prefix_cache_hits, kv.prefix_cache_queries) == (
+        8 * 64,
+        sum(map(len, prompts)),
+    )
 
 
 def test_a_colliding_hash_never_returns_wrong_tokens_through_the_engine(tiny):
     prompts = shared_prefix_prompts(tiny[1].vocab_size, n=12, prefix=30, seed=2)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    expected = [o.outputs[0].token_ids for o in LLM(device="cpu", num_kv_blocks=64, block_size=4)
-                .generate(prompts, params, use_tqdm=False)]
+    expected = [
+        o.outputs[0].token_ids
+        for o in LLM(device="cpu", num_kv_blocks=64, block_size=4).generate(
+            prompts, params, use_tqdm=False
+        )
+    ]
     llm = LLM(device="cpu", num_kv_blocks=64, block_size=4, prefix_cache_impl="hash")
     kv = llm.engine.kv_cache_manager
     kv.hash_function = lambda key: 7  # every block of every request collides
     for _ in range(2):  # the second round finds everything cached, under one hash value
-        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+        assert [
+            o.outputs[0].token_ids
+            for o in llm.generate(prompts, params, use_tqdm=False)
+        ] == expected
     assert kv.block_pool.num_collisions > 0 and kv.prefix_cache_hits > 0
     assert_no_leaks(kv)
 
@@ -139,7 +234,9 @@ def test_engine_config_rejects_an_unknown_prefix_cache():
     assert type(make_kv_cache_manager(4, 4, None)) is KVCacheManager
 
 
-# --- the hash cache, unit by unit --------------------------------------------------------------------------
+# --- the hash cache, unit by unit
+# --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("impl", ["hash", "radix"])
 def test_at_least_the_last_prompt_token_is_computed(impl):
@@ -152,7 +249,9 @@ def test_at_least_the_last_prompt_token_is_computed(impl):
 
 def test_block_hash_chains_parent_tokens_and_extra_keys():
     h0 = hash_block_tokens(None, [1, 2])
-    assert hash_block_tokens(h0, [3, 4]) != hash_block_tokens(hash_block_tokens(None, [9, 9]), [3, 4])
+    assert hash_block_tokens(h0, [3, 4]) != hash_block_tokens(
+        hash_block_tokens(None, [9, 9]), [3, 4]
+    )
     assert hash_block_tokens(None, [1, 2], ("salt",)) != h0
     kv = PrefixCachingKVCacheManager(8, 2)
     run_prompt(kv, Request("a", [1, 2, 3, 4, 5], cache_salt="x"))
@@ -169,8 +268,11 @@ def test_a_cached_block_is_forgotten_when_handed_out_for_new_content():
     assert kv.get_computed_blocks(Request("a2", [1, 2, 3, 4, 5]))[1] == 4
     b = Request("b", [7, 7, 7, 7, 7, 7])  # needs all three blocks: evicts a's
     run_prompt(kv, b)
-    assert kv.block_pool.num_evictions == 2 and kv.block_pool.cached_block_hash_to_block.keys() == {
-        blk.block_hash.hash_value for blk in kv.req_to_blocks["b"]}
+    assert (
+        kv.block_pool.num_evictions == 2
+        and kv.block_pool.cached_block_hash_to_block.keys()
+        == {blk.block_hash.hash_value for blk in kv.req_to_blocks["b"]}
+    )
     kv.free(b)
     assert kv.get_computed_blocks(Request("a3", [1, 2, 3, 4, 5]))[1] == 0
 
@@ -179,38 +281,53 @@ def test_radix_allocation_that_cannot_be_satisfied_changes_nothing():
     kv = RadixKVCacheManager(4, 2)
     a = Request("a", [1, 2, 3, 4, 5])
     run_prompt(kv, a)
-    b = Request("b", [1, 2, 3, 4, 9, 9, 9])  # hits 2 blocks, needs 2 more; only 1 free, a holds the rest
+    # hits 2 blocks, needs 2 more; only 1 free, a holds the rest
+    b = Request("b", [1, 2, 3, 4, 9, 9, 9])
     blocks, num_cached = kv.get_computed_blocks(b)
-    before = ([blk.ref_cnt for blk in kv.block_pool.blocks], kv.tree.evictable_size, kv.tree.protected_size)
+    before = (
+        [blk.ref_cnt for blk in kv.block_pool.blocks],
+        kv.tree.evictable_size,
+        kv.tree.protected_size,
+    )
     with pytest.raises(NoFreeBlocksError):
         kv.allocate_slots(b, b.num_tokens - num_cached, new_computed_blocks=blocks)
-    assert ([blk.ref_cnt for blk in kv.block_pool.blocks], kv.tree.evictable_size, kv.tree.protected_size) == before
+    assert (
+        [blk.ref_cnt for blk in kv.block_pool.blocks],
+        kv.tree.evictable_size,
+        kv.tree.protected_size,
+    ) == before
     kv.free(a)  # now a's blocks are evictable: the same allocation succeeds by evicting
     kv.allocate_slots(b, b.num_tokens - num_cached, new_computed_blocks=blocks)
     assert kv.get_block_ids("b")[:2] == [blk.block_id for blk in blocks]
 
 
-# --- the hash cache's LRU order, against a model -----------------------------------------------------------
+# --- the hash cache's LRU order, against a model
+# -----------------------------------------------------------
 
 BS = 2
 token_seqs = st.lists(st.integers(0, 1), min_size=1, max_size=9)
 
 
 class HashCacheMachine(RuleBasedStateMachine):
-    """Sequences over {0, 1} through PrefixCachingKVCacheManager, checked against a model of the pool.
+    """Sequences over {0, 1} through PrefixCachingKVCacheManager, checked against a
+    model of the pool.
 
-    The model knows the free queue (LRU: allocations from the head, a finished request's blocks to
-    the tail in reverse, hits out of the middle) and what every block holds; every hit must be a
-    block holding exactly the request's prefix, and a block handed out must lose its old content.
+    The model knows the free queue (LRU: allocations from the head, a finished request's
+    blocks to the tail in reverse, hits out of the middle) and what every block holds;
+    every hit must be a block holding exactly the request's prefix, and a block handed
+    out must lose its old content.
     """
 
     hash_function = hash
 
     def __init__(self):
         super().__init__()
-        self.kv = PrefixCachingKVCacheManager(10, BS, hash_function=type(self).hash_function)
+        self.kv = PrefixCachingKVCacheManager(
+            10, BS, hash_function=type(self).hash_function
+        )
         self.model_free = list(range(10))
-        self.content: dict[int, tuple] = {}  # block id -> the token prefix its K/V hold (full blocks only)
+        # block id -> the token prefix its K/V hold (full blocks only)
+        self.content: dict[int, tuple] = {}
         self.running: dict[str, Request] = {}
         self.ids = itertools.count()
         self.last_finished: tuple | None = None
@@ -222,27 +339,38 @@ class HashCacheMachine(RuleBasedStateMachine):
         request = Request(f"r{next(self.ids)}", tokens)
         blocks, num_cached = self.kv.get_computed_blocks(request)
         for i, blk in enumerate(blocks):  # every hit holds exactly this prefix
-            assert self.content.get(blk.block_id) == tuple(tokens[:(i + 1) * BS])
+            assert self.content.get(blk.block_id) == tuple(tokens[: (i + 1) * BS])
         if repeat_last and self.last_finished is not None and not self.running:
-            # the request that just finished left all its full blocks cached: all are found again
+            # the request that just finished left all its full blocks cached: all are
+            # found again
             assert num_cached == (len(tokens) - 1) // BS * BS
         needed = -(-len(tokens) // BS) - len(blocks)
-        free_after_touch = [b for b in self.model_free if b not in {blk.block_id for blk in blocks}]
+        free_after_touch = [
+            b for b in self.model_free if b not in {blk.block_id for blk in blocks}
+        ]
         if needed > len(free_after_touch):
             with pytest.raises(NoFreeBlocksError):
-                self.kv.allocate_slots(request, len(tokens) - num_cached, new_computed_blocks=blocks)
+                self.kv.allocate_slots(
+                    request, len(tokens) - num_cached, new_computed_blocks=blocks
+                )
             self.kv.free(request)
             return
-        new = self.kv.allocate_slots(request, len(tokens) - num_cached, new_computed_blocks=blocks)
-        assert [b.block_id for b in new] == free_after_touch[:needed], "allocation is not LRU"
+        new = self.kv.allocate_slots(
+            request, len(tokens) - num_cached, new_computed_blocks=blocks
+        )
+        assert [b.block_id for b in new] == free_after_touch[:needed], (
+            "allocation is not LRU"
+        )
         self.model_free = free_after_touch[needed:]
         for b in new:  # handed out: its old content is gone from the cache
             self.content.pop(b.block_id, None)
             assert b.block_hash is None
         request.num_computed_tokens = request.num_tokens
         self.kv.cache_blocks(request, request.num_tokens)
-        for i, blk in enumerate(self.kv.req_to_blocks[request.request_id][:len(tokens) // BS]):
-            self.content[blk.block_id] = tuple(tokens[:(i + 1) * BS])
+        for i, blk in enumerate(
+            self.kv.req_to_blocks[request.request_id][: len(tokens) // BS]
+        ):
+            self.content[blk.block_id] = tuple(tokens[: (i + 1) * BS])
         self.running[request.request_id] = request
 
     @precondition(lambda self: self.running)
@@ -276,14 +404,22 @@ def test_hash_cache_lru_order_and_contents_against_a_model():
 
 
 def test_hash_cache_with_a_three_valued_hash_still_returns_only_right_blocks():
-    machine = type("CollidingHashCacheMachine", (HashCacheMachine,), {"hash_function": lambda key: hash(key) % 3})
+    machine = type(
+        "CollidingHashCacheMachine",
+        (HashCacheMachine,),
+        {"hash_function": lambda key: hash(key) % 3},
+    )
     run_state_machine_as_test(machine, settings=STATEFUL)
 
 
-# --- the radix tree, against a reference -------------------------------------------------------------------
+# --- the radix tree, against a reference
+# -------------------------------------------------------------------
+
 
 class RadixMachine(RuleBasedStateMachine):
-    """RadixCache against a dict of every cached prefix, with per-prefix access times and locks."""
+    """RadixCache against a dict of every cached prefix, with per-prefix access times
+    and locks.
+    """
 
     def __init__(self):
         super().__init__()
@@ -295,7 +431,9 @@ class RadixMachine(RuleBasedStateMachine):
         self.values = itertools.count()
 
     def prefixes(self, tokens):
-        return [tuple(tokens[:k]) for k in range(BS, len(tokens) - len(tokens) % BS + 1, BS)]
+        return [
+            tuple(tokens[:k]) for k in range(BS, len(tokens) - len(tokens) % BS + 1, BS)
+        ]
 
     def protected(self):
         return {p[:k] for p, _ in self.locks for k in range(BS, len(p) + 1, BS)}
@@ -306,7 +444,9 @@ class RadixMachine(RuleBasedStateMachine):
         values = [next(self.values) for _ in prefixes]
         num_existing, node = self.tree.insert(tokens, values)
         self.clock += 1
-        assert num_existing == sum(1 for _ in itertools.takewhile(lambda p: p in self.ref, prefixes))
+        assert num_existing == sum(
+            1 for _ in itertools.takewhile(lambda p: p in self.ref, prefixes)
+        )
         for p, v in zip(prefixes, values):
             self.ref.setdefault(p, v)
             self.time[p] = self.clock
@@ -333,8 +473,14 @@ class RadixMachine(RuleBasedStateMachine):
         got, expected = self.tree.evict(n), []
         while len(expected) < n:
             protected = self.protected()
-            leaves = [p for p in self.ref if p not in protected
-                      and not any(len(q) == len(p) + BS and q[:len(p)] == p for q in self.ref)]
+            leaves = [
+                p
+                for p in self.ref
+                if p not in protected
+                and not any(
+                    len(q) == len(p) + BS and q[: len(p)] == p for q in self.ref
+                )
+            ]
             if not leaves:
                 break
             victim = min(leaves, key=self.time.__getitem__)
@@ -349,7 +495,9 @@ class RadixMachine(RuleBasedStateMachine):
         for node in self.tree.nodes():
             assert node.key and len(node.key) == len(node.value)
             assert node.parent.children[node.key[0]] is node
-            assert node.lock_ref == sum(1 for _, locked in self.locks if self._below(locked, node))
+            assert node.lock_ref == sum(
+                1 for _, locked in self.locks if self._below(locked, node)
+            )
 
     def _below(self, locked, node):
         while locked is not None:

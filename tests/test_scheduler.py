@@ -1,9 +1,17 @@
-"""The scheduler of chapter 5: continuous batching, token budget, chunked prefill, preemption."""
+"""The scheduler of chapter 5: continuous batching, token budget, chunked prefill,
+preemption.
+"""
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.request import Request, RequestStatus
@@ -11,17 +19,25 @@ from minillm.scheduler import Scheduler, SchedulerConfig
 
 
 def token_for(request_id: str, position: int) -> int:
-    """A stand-in model: the token at a position depends only on the request and the position."""
+    """A stand-in model: the token at a position depends only on the request and the
+    position.
+    """
     return (hash(request_id) * 31 + position * 7) % 997
 
 
 def step(scheduler, output_lens, finished):
     out = scheduler.schedule()
-    sampled = {r.request_id: [token_for(r.request_id, r.num_tokens)] for r in out.scheduled_requests if out.samples(r)}
+    sampled = {
+        r.request_id: [token_for(r.request_id, r.num_tokens)]
+        for r in out.scheduled_requests
+        if out.samples(r)
+    }
     for r in scheduler.update_from_output(out, sampled):
         if r.num_output_tokens == output_lens[r.request_id]:
             finished[r.request_id] = list(r.output_token_ids)
-            scheduler.finish_requests(r.request_id, RequestStatus.FINISHED_LENGTH_CAPPED)
+            scheduler.finish_requests(
+                r.request_id, RequestStatus.FINISHED_LENGTH_CAPPED
+            )
     return out
 
 
@@ -30,7 +46,12 @@ def expected_output(request_id, prompt_len, n):
 
 
 def make(num_blocks=64, block_size=4, **config):
-    config = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 128, **config}
+    config = {
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 16,
+        "max_model_len": 128,
+        **config,
+    }
     kv = KVCacheManager(num_blocks, block_size)
     return Scheduler(SchedulerConfig(**config), kv), kv
 
@@ -45,7 +66,8 @@ def test_decodes_are_never_starved_by_a_long_prompt():
     for _ in range(5):
         out = step(scheduler, lens, done)
         assert out.num_scheduled_tokens["a"] == 1 and out.num_scheduled_tokens["b"] == 1
-        assert out.num_scheduled_tokens["long"] == 6  # the rest of the budget, one chunk per step
+        # the rest of the budget, one chunk per step
+        assert out.num_scheduled_tokens["long"] == 6
 
 
 def test_chunked_prefill_splits_a_prompt_by_the_budget_and_samples_once():
@@ -78,7 +100,13 @@ def test_max_num_seqs_and_fcfs_admission():
 
 
 def test_preemption_takes_the_newest_and_it_resumes_with_identical_output():
-    scheduler, kv = make(num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32)
+    scheduler, kv = make(
+        num_blocks=8,
+        block_size=4,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=32,
+    )
     lens, done = {"old": 12, "new": 12}, {}
     scheduler.add_request(Request("old", [1] * 8))
     scheduler.add_request(Request("new", [2] * 8))
@@ -86,7 +114,9 @@ def test_preemption_takes_the_newest_and_it_resumes_with_identical_output():
     while scheduler.has_unfinished_requests():
         preempted += step(scheduler, lens, done).preempted_req_ids
     assert preempted and set(preempted) == {"new"}
-    assert done["old"] == expected_output("old", 8, 12) and done["new"] == expected_output("new", 8, 12)
+    assert done["old"] == expected_output("old", 8, 12) and done[
+        "new"
+    ] == expected_output("new", 8, 12)
     assert kv.block_pool.get_num_free_blocks() == 8
 
 
@@ -97,7 +127,8 @@ def test_finish_frees_blocks_at_once_and_is_idempotent():
     assert kv.block_pool.get_num_free_blocks() < kv.num_blocks
     scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)
     assert kv.block_pool.get_num_free_blocks() == kv.num_blocks
-    scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)  # no error, nothing happens
+    # no error, nothing happens
+    scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)
     assert not scheduler.has_unfinished_requests()
     assert scheduler.schedule().finished_req_ids == {"r"}
 
@@ -108,14 +139,26 @@ def test_abort_while_waiting():
     scheduler.add_request(Request("b", [1]))
     scheduler.schedule()
     scheduler.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
-    assert [r.request_id for r in scheduler.waiting] == [] and len(scheduler.running) == 1
+    assert [r.request_id for r in scheduler.waiting] == [] and len(
+        scheduler.running
+    ) == 1
 
 
-@pytest.mark.parametrize("config, message", [
-    (dict(max_num_seqs=8, max_num_batched_tokens=4), "every running request"),
-    (dict(max_num_batched_tokens=64, max_model_len=128, enable_chunked_prefill=False), "without chunked prefill"),
-    (dict(max_num_seqs=0), ">= 1"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (dict(max_num_seqs=8, max_num_batched_tokens=4), "every running request"),
+        (
+            dict(
+                max_num_batched_tokens=64,
+                max_model_len=128,
+                enable_chunked_prefill=False,
+            ),
+            "without chunked prefill",
+        ),
+        (dict(max_num_seqs=0), ">= 1"),
+    ],
+)
 def test_bad_configs_are_refused(config, message):
     with pytest.raises(ValueError, match=message):
         SchedulerConfig(**config)
@@ -123,7 +166,10 @@ def test_bad_configs_are_refused(config, message):
 
 def test_cache_too_small_for_one_request_is_refused():
     with pytest.raises(ValueError, match="cannot hold one request"):
-        Scheduler(SchedulerConfig(max_model_len=128), KVCacheManager(num_blocks=4, block_size=16))
+        Scheduler(
+            SchedulerConfig(max_model_len=128),
+            KVCacheManager(num_blocks=4, block_size=16),
+        )
 
 
 def test_bad_requests_are_refused_and_change_nothing():
@@ -141,14 +187,30 @@ def test_bad_requests_are_refused_and_change_nothing():
 class SchedulerMachine(RuleBasedStateMachine):
     """Random arrivals, steps and aborts; invariants checked after every rule."""
 
-    @initialize(num_blocks=st.integers(8, 40), block_size=st.sampled_from([1, 2, 4, 16]),
-                max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 40), chunked=st.booleans())
+    @initialize(
+        num_blocks=st.integers(8, 40),
+        block_size=st.sampled_from([1, 2, 4, 16]),
+        max_num_seqs=st.integers(1, 6),
+        extra_budget=st.integers(0, 40),
+        chunked=st.booleans(),
+    )
     def setup(self, num_blocks, block_size, max_num_seqs, extra_budget, chunked):
         max_model_len = min(num_blocks * block_size, 64)
-        budget = max_num_seqs + extra_budget if chunked else max(max_model_len, max_num_seqs + extra_budget)
+        budget = (
+            max_num_seqs + extra_budget
+            if chunked
+            else max(max_model_len, max_num_seqs + extra_budget)
+        )
         self.kv = KVCacheManager(num_blocks, block_size)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, budget, max_model_len, chunked), self.kv)
-        self.output_lens, self.prompt_lens, self.finished, self.aborted = {}, {}, {}, set()
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs, budget, max_model_len, chunked), self.kv
+        )
+        self.output_lens, self.prompt_lens, self.finished, self.aborted = (
+            {},
+            {},
+            {},
+            set(),
+        )
         self.last_output = None
 
     @rule(prompt_len=st.integers(1, 40), output_len=st.integers(1, 20))
@@ -181,11 +243,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def every_request_in_one_place_with_its_blocks(self):
         s, kv = self.scheduler, self.kv
-        running, waiting = {r.request_id for r in s.running}, {r.request_id for r in s.waiting}
+        running, waiting = (
+            {r.request_id for r in s.running},
+            {r.request_id for r in s.waiting},
+        )
         assert not running & waiting and running | waiting == set(s.requests)
         for r in s.running:
             assert r.status is RequestStatus.RUNNING
-            assert len(kv.req_to_blocks.get(r.request_id, [])) >= kv.blocks_needed(r.num_computed_tokens)
+            assert len(kv.req_to_blocks.get(r.request_id, [])) >= kv.blocks_needed(
+                r.num_computed_tokens
+            )
         for r in s.waiting:
             assert r.num_computed_tokens == 0 and r.request_id not in kv.req_to_blocks
         held = sum(len(b) for b in kv.req_to_blocks.values())
@@ -194,7 +261,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def outputs_are_exact(self):
         for rid, out in self.finished.items():
-            assert out == expected_output(rid, self.prompt_lens[rid], self.output_lens[rid])
+            assert out == expected_output(
+                rid, self.prompt_lens[rid], self.output_lens[rid]
+            )
 
     def teardown(self):
         if not hasattr(self, "scheduler"):
@@ -203,11 +272,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not self.scheduler.has_unfinished_requests():
                 break
             step(self.scheduler, self.output_lens, self.finished)
-        assert not self.scheduler.has_unfinished_requests(), "the scheduler stopped making progress"
+        assert not self.scheduler.has_unfinished_requests(), (
+            "the scheduler stopped making progress"
+        )
         assert set(self.finished) | self.aborted == set(self.prompt_lens)
         self.outputs_are_exact()
-        assert self.kv.block_pool.get_num_free_blocks() == self.kv.num_blocks and not self.kv.req_to_blocks
+        assert (
+            self.kv.block_pool.get_num_free_blocks() == self.kv.num_blocks
+            and not self.kv.req_to_blocks
+        )
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase
-TestSchedulerMachine.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+TestSchedulerMachine.settings = settings(
+    max_examples=80, stateful_step_count=40, deadline=None
+)

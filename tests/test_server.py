@@ -1,4 +1,6 @@
-"""The OpenAI-compatible server (chapter 16), end to end: a live server on 127.0.0.1, the official client."""
+"""The OpenAI-compatible server (chapter 16), end to end: a live server on 127.0.0.1,
+the official client.
+"""
 
 import json
 import time
@@ -8,11 +10,13 @@ import pytest
 from openai import OpenAI
 
 from minillm.engine import EngineConfig, LLMEngine
+from minillm.model import generate
 from minillm.server import ServerThread, create_app
 
 try:
     import httpx
-except ImportError:  # recent openai releases ship their HTTP library as httpx2, with the same API
+# recent openai releases ship their HTTP library as httpx2, with the same API
+except ImportError:
     import httpx2 as httpx
 
 MODEL = "minillm-tiny"
@@ -23,7 +27,11 @@ MESSAGES = [{"role": "user", "content": "What does the while statement do?"}]
 @pytest.fixture(scope="module")
 def live(tiny):
     model, tokenizer = tiny
-    engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=256, max_model_len=512, max_num_seqs=16))
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        EngineConfig(num_kv_blocks=256, max_model_len=512, max_num_seqs=16),
+    )
     app = create_app(engine, MODEL)
     with ServerThread(app) as server:
         server.engine = engine
@@ -32,7 +40,9 @@ def live(tiny):
 
 @pytest.fixture(scope="module")
 def client(live):
-    return OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    return OpenAI(
+        base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=30
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,121 +72,279 @@ def wait_for(predicate, timeout=5.0):
     return False
 
 
-# --- completions and chat ---------------------------------------------------------------------
+# --- completions and chat
+# ---------------------------------------------------------------------
+
 
 def test_greedy_stream_joins_to_the_non_streamed_text(client):
-    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0)
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0, stream=True))
+    full = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0
+    )
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
-    assert reasons == [full.choices[0].finish_reason] and chunks[-1].choices[0].finish_reason is not None
+    assert (
+        reasons == [full.choices[0].finish_reason]
+        and chunks[-1].choices[0].finish_reason is not None
+    )
 
 
 def test_chat_stream_joins_to_the_non_streamed_message(client):
-    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=25, temperature=0)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=25, temperature=0,
-                                                 stream=True))
+    kwargs = dict(max_tokens=25, temperature=0, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, **kwargs)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True, **kwargs
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
-    assert full.object == "chat.completion" and full.choices[0].message.role == "assistant"
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks)
+        == full.choices[0].message.content
+    )
+    assert [
+        c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason
+    ] == ["length"]
+    assert (
+        full.object == "chat.completion" and full.choices[0].message.role == "assistant"
+    )
 
 
 def test_usage_counts_are_exact(client, http):
     prompt_ids = http.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
-    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=7, temperature=0, extra_body={
-        "ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=7,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert out.usage.prompt_tokens == len(prompt_ids)
-    assert out.usage.completion_tokens == 7 and out.usage.total_tokens == len(prompt_ids) + 7
+    assert (
+        out.usage.completion_tokens == 7
+        and out.usage.total_tokens == len(prompt_ids) + 7
+    )
     chat_ids = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
-    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0,
-                                          extra_body={"ignore_eos": True})
-    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (len(chat_ids), 5)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (
+        len(chat_ids),
+        5,
+    )
 
 
 def test_include_usage_adds_a_final_chunk_with_empty_choices(client):
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     assert all(c.usage is None for c in chunks[:-1])
-    chat = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True,
-                                               stream_options={"include_usage": True}))
-    assert chat[-1].choices == [] and chat[-1].usage.total_tokens == chat[-1].usage.prompt_tokens + \
-        chat[-1].usage.completion_tokens
+    chat = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert (
+        chat[-1].choices == []
+        and chat[-1].usage.total_tokens
+        == chat[-1].usage.prompt_tokens + chat[-1].usage.completion_tokens
+    )
 
 
 def test_n_gives_indexed_choices_and_prompts_lists_are_numbered(client):
-    out = client.completions.create(model=MODEL, prompt=PROMPT, n=3, max_tokens=5, temperature=1.0, seed=1,
-                                    extra_body={"ignore_eos": True})
-    assert sorted(c.index for c in out.choices) == [0, 1, 2] and out.usage.completion_tokens == 15
-    two = client.completions.create(model=MODEL, prompt=["a", "b"], n=2, max_tokens=3, temperature=0)
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        n=3,
+        max_tokens=5,
+        temperature=1.0,
+        seed=1,
+        extra_body={"ignore_eos": True},
+    )
+    assert (
+        sorted(c.index for c in out.choices) == [0, 1, 2]
+        and out.usage.completion_tokens == 15
+    )
+    two = client.completions.create(
+        model=MODEL, prompt=["a", "b"], n=2, max_tokens=3, temperature=0
+    )
     assert [c.index for c in two.choices] == [0, 1, 2, 3]
-    ids = client.completions.create(model=MODEL, prompt=[[264, 77], [326]], max_tokens=2, temperature=0)
+    ids = client.completions.create(
+        model=MODEL, prompt=[[264, 77], [326]], max_tokens=2, temperature=0
+    )
     assert [c.index for c in ids.choices] == [0, 1] and ids.usage.prompt_tokens == 3
-    streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, n=3, max_tokens=5, stream=True))
+    streamed = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, n=3, max_tokens=5, stream=True
+        )
+    )
     finishes = [c.choices[0].index for c in streamed if c.choices[0].finish_reason]
     assert sorted(finishes) == [0, 1, 2]  # each choice finishes exactly once
-    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=3, max_tokens=4)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, n=3, max_tokens=4
+    )
     assert [c.index for c in chat.choices] == [0, 1, 2]
 
 
 def test_stop_string_and_max_tokens_set_the_finish_reason(client):
-    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0)
-    words = full.choices[0].text.split()
-    stop = words[len(words) // 2]
-    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop])
-    assert out.choices[0].finish_reason == "stop" and stop not in out.choices[0].text
-    assert full.choices[0].text.startswith(out.choices[0].text)
+    greedy = dict(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    full = client.completions.create(**greedy).choices[0].text
+    # a stop string the model is sure to produce: a word from its own continuation
+    words = full[len(full) // 2 :].split()
+    stop = words[0] if words else full[-2:]
+    out = client.completions.create(stop=[stop], **greedy)
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == full[: full.index(stop)]
     assert out.choices[0].model_extra.get("stop_reason") == stop
-    streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stop=stop,
-                                              stream=True))
+    streamed = list(client.completions.create(stop=stop, stream=True, **greedy))
     assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
-    capped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
-                                       extra_body={"ignore_eos": True})
-    assert capped.choices[0].finish_reason == "length" and capped.usage.completion_tokens == 3
-    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=2)
-    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 2
+    capped = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=3,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert (
+        capped.choices[0].finish_reason == "length"
+        and capped.usage.completion_tokens == 3
+    )
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_completion_tokens=2,
+        extra_body={"ignore_eos": True},
+    )
+    assert (
+        chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 2
+    )
 
 
-def test_stop_token_ids_and_min_tokens(client, http):
-    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=0,
-                                     extra_body={"ignore_eos": True})
-    token_ids = http.post("/tokenize", json={"prompt": full.choices[0].logprobs.tokens[2],
-                                             "add_special_tokens": False}).json()["tokens"]
-    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0,
-                                    extra_body={"stop_token_ids": token_ids[:1], "ignore_eos": True})
-    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens <= 3
-    long = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
-                                     extra_body={"min_tokens": 12})
+def test_stop_token_ids_and_min_tokens(client, http, tiny):
+    # the server's greedy tokens, computed without it (chapter 1's generate)
+    prompt_ids = http.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+    greedy_ids = generate(tiny[0], [prompt_ids], max_new_tokens=10)[0]
+    stop_token = greedy_ids[2]
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"stop_token_ids": [stop_token], "ignore_eos": True},
+    )
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].model_extra.get("stop_reason") == stop_token
+    assert out.usage.completion_tokens == greedy_ids.index(stop_token) + 1
+    long = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"min_tokens": 12},
+    )
     assert long.usage.completion_tokens == 12
 
 
 def test_completion_logprobs_shape(client):
-    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3,
-                                    extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     lp = out.choices[0].logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert (
+        len(lp.tokens)
+        == len(lp.token_logprobs)
+        == len(lp.top_logprobs)
+        == len(lp.text_offset)
+        == 6
+    )
     assert "".join(lp.tokens) == out.choices[0].text
     assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
     for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
-        assert logprob <= 0 and 3 <= len(top) <= 4 and top[token] == pytest.approx(logprob)
-        assert max(top.values()) == pytest.approx(logprob)  # greedy: the chosen token is the most likely
-    streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3,
-                                              stream=True, extra_body={"ignore_eos": True}))
+        assert (
+            logprob <= 0 and 3 <= len(top) <= 4 and top[token] == pytest.approx(logprob)
+        )
+        # greedy: the chosen token is the most likely
+        assert max(top.values()) == pytest.approx(logprob)
+    streamed = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=6,
+            temperature=0,
+            logprobs=3,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert [t for c in streamed for t in c.choices[0].logprobs.tokens] == lp.tokens
-    assert [o for c in streamed for o in c.choices[0].logprobs.text_offset] == lp.text_offset
-    stopped = [c for c in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
-                                                    logprobs=1, stream=True, stop=["zzz-never"],
-                                                    extra_body={"ignore_eos": True})]
+    assert [
+        o for c in streamed for o in c.choices[0].logprobs.text_offset
+    ] == lp.text_offset
+    stopped = [
+        c
+        for c in client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            logprobs=1,
+            stream=True,
+            stop=["zzz-never"],
+            extra_body={"ignore_eos": True},
+        )
+    ]
     offsets = [o for c in stopped for o in c.choices[0].logprobs.text_offset]
-    assert len(offsets) == 12 and offsets[:6] == lp.text_offset  # hold-back for the stop string changes nothing
+    # hold-back for the stop string changes nothing
+    assert len(offsets) == 12 and offsets[:6] == lp.text_offset
 
 
 def test_chat_logprobs_shape(client):
-    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0,
-                                         logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     content = out.choices[0].logprobs.content
-    assert len(content) == 5 and "".join(c.token for c in content) == out.choices[0].message.content
+    assert (
+        len(content) == 5
+        and "".join(c.token for c in content) == out.choices[0].message.content
+    )
     for c in content:
         assert len(c.top_logprobs) == 2 and c.bytes == list(c.token.encode())
         assert c.top_logprobs[0].logprob == pytest.approx(c.logprob)
@@ -186,65 +354,207 @@ def test_chat_logprobs_shape(client):
 
 def test_seed_reproduces_a_sampled_output(client):
     def sample(seed):
-        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=1.0, top_p=0.95,
-                                         seed=seed, extra_body={"top_k": 50, "ignore_eos": True}).choices[0].text
+        return (
+            client.completions.create(
+                model=MODEL,
+                prompt=PROMPT,
+                max_tokens=20,
+                temperature=1.0,
+                top_p=0.95,
+                seed=seed,
+                extra_body={"top_k": 50, "ignore_eos": True},
+            )
+            .choices[0]
+            .text
+        )
 
     assert sample(7) == sample(7)
     assert len({sample(7), sample(8), sample(9)}) > 1
 
 
 def test_vllm_extra_sampling_fields_are_accepted(client):
-    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0.7, presence_penalty=0.5,
-                                    frequency_penalty=0.5, extra_body={
-                                        "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 2,
-                                        "include_stop_str_in_output": True, "skip_special_tokens": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0.7,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        extra_body={
+            "top_k": 20,
+            "min_p": 0.05,
+            "repetition_penalty": 1.2,
+            "min_tokens": 2,
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": True,
+        },
+    )
     assert out.usage.completion_tokens >= 2
-    # ...and they reach the engine's SamplingParams rather than being dropped as unknown fields
+    # ...and they reach the engine's SamplingParams rather than being dropped as unknown
+    # fields
     from minillm.protocol import CompletionRequest
 
-    params = CompletionRequest(model=MODEL, prompt=PROMPT, top_k=20, min_p=0.05, repetition_penalty=1.2,
-                               min_tokens=2, include_stop_str_in_output=True, ignore_eos=True,
-                               stop_token_ids=[5]).to_sampling_params()
-    assert (params.top_k, params.min_p, params.repetition_penalty, params.min_tokens) == (20, 0.05, 1.2, 2)
-    assert params.include_stop_str_in_output and params.ignore_eos and params.stop_token_ids == [5]
+    params = CompletionRequest(
+        model=MODEL,
+        prompt=PROMPT,
+        top_k=20,
+        min_p=0.05,
+        repetition_penalty=1.2,
+        min_tokens=2,
+        include_stop_str_in_output=True,
+        ignore_eos=True,
+        stop_token_ids=[5],
+    ).to_sampling_params()
+    assert (
+        params.top_k,
+        params.min_p,
+        params.repetition_penalty,
+        params.min_tokens,
+    ) == (20, 0.05, 1.2, 2)
+    assert (
+        params.include_stop_str_in_output
+        and params.ignore_eos
+        and params.stop_token_ids == [5]
+    )
     # and change what comes out: top_k=1 at temperature 1 is greedy
-    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
-    top1 = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3,
-                                     extra_body={"top_k": 1}).choices[0].text
+    greedy = (
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0
+        )
+        .choices[0]
+        .text
+    )
+    top1 = (
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=8,
+            temperature=1.0,
+            seed=3,
+            extra_body={"top_k": 1},
+        )
+        .choices[0]
+        .text
+    )
     assert top1 == greedy
 
 
-# --- errors ----------------------------------------------------------------------------------
+# --- errors
+# ----------------------------------------------------------------------------------
 
 BAD_REQUESTS = [
-    ("negative temperature", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
-    ("top_p out of range", "/v1/completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
-    ("unknown model", "/v1/completions", {"model": "gpt-5", "prompt": "x"}, 404, "model"),
+    (
+        "negative temperature",
+        "/v1/completions",
+        {"prompt": "x", "temperature": -1},
+        400,
+        "temperature",
+    ),
+    (
+        "top_p out of range",
+        "/v1/completions",
+        {"prompt": "x", "top_p": 1.5},
+        400,
+        "top_p",
+    ),
+    (
+        "unknown model",
+        "/v1/completions",
+        {"model": "gpt-5", "prompt": "x"},
+        404,
+        "model",
+    ),
     ("prompt too long", "/v1/completions", {"prompt": "word " * 1000}, 400, None),
-    ("max_tokens too large", "/v1/completions", {"prompt": "x", "max_tokens": 10_000}, 400, None),
-    ("wrong type", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    (
+        "max_tokens too large",
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 10_000},
+        400,
+        None,
+    ),
+    (
+        "wrong type",
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": "many"},
+        400,
+        "max_tokens",
+    ),
     ("missing prompt", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
     ("empty prompt list", "/v1/completions", {"prompt": []}, 400, "prompt"),
-    ("token id outside the vocabulary", "/v1/completions", {"prompt": [10 ** 9]}, 400, None),
-    ("response_format", "/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"}}, 400,
-     "response_format"),
-    ("logprobs too many", "/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
-    ("stream_options without stream", "/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}},
-     400, "stream_options"),
+    (
+        "token id outside the vocabulary",
+        "/v1/completions",
+        {"prompt": [10**9]},
+        400,
+        None,
+    ),
+    (
+        "response_format",
+        "/v1/completions",
+        {"prompt": "x", "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+    ),
+    (
+        "logprobs too many",
+        "/v1/completions",
+        {"prompt": "x", "logprobs": 50},
+        400,
+        "logprobs",
+    ),
+    (
+        "stream_options without stream",
+        "/v1/completions",
+        {"prompt": "x", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
     ("missing messages", "/v1/chat/completions", {"max_tokens": 3}, 400, "messages"),
     ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
-    ("chat unknown model", "/v1/chat/completions", {"model": "gpt-5", "messages": MESSAGES}, 404, "model"),
-    ("chat response_format", "/v1/chat/completions",
-     {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {}}}, 400, "response_format"),
-    ("top_logprobs without logprobs", "/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, 400,
-     "top_logprobs"),
-    ("image content", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
-     "messages"),
+    (
+        "chat unknown model",
+        "/v1/chat/completions",
+        {"model": "gpt-5", "messages": MESSAGES},
+        404,
+        "model",
+    ),
+    (
+        "chat response_format",
+        "/v1/chat/completions",
+        {
+            "messages": MESSAGES,
+            "response_format": {"type": "json_schema", "json_schema": {}},
+        },
+        400,
+        "response_format",
+    ),
+    (
+        "top_logprobs without logprobs",
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "top_logprobs": 2},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "image content",
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "x"}}],
+                }
+            ]
+        },
+        400,
+        "messages",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name,path,body,status,param", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    "name,path,body,status,param", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS]
+)
 def test_bad_requests_get_openai_errors(http, name, path, body, status, param):
     r = http.post(path, json=body)
     assert r.status_code == status, r.text
@@ -257,9 +567,16 @@ def test_bad_requests_get_openai_errors(http, name, path, body, status, param):
 
 
 def test_malformed_json_is_a_400(http):
-    r = http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = http.post(
+        "/v1/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
-    assert r.json()["error"]["param"] is None and "not valid JSON" in r.json()["error"]["message"]
+    assert (
+        r.json()["error"]["param"] is None
+        and "not valid JSON" in r.json()["error"]["message"]
+    )
 
 
 def test_the_client_raises_its_usual_errors_and_the_server_keeps_serving(client, live):
@@ -267,8 +584,12 @@ def test_the_client_raises_its_usual_errors_and_the_server_keeps_serving(client,
         client.completions.create(model=MODEL, prompt="x", temperature=-1)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=MESSAGES)
-    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2,
-                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 2
+    assert (
+        client.completions.create(
+            model=MODEL, prompt="x", max_tokens=2, extra_body={"ignore_eos": True}
+        ).usage.completion_tokens
+        == 2
+    )
     assert wait_for(lambda: not live.engine.has_unfinished_requests())
 
 
@@ -282,61 +603,97 @@ def test_an_engine_failure_is_a_500_and_the_server_recovers(http, live):
     runner.execute_model = broken
     try:
         r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5})
-        stream = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5, "stream": True})
+        stream = http.post(
+            "/v1/completions", json={"prompt": PROMPT, "max_tokens": 5, "stream": True}
+        )
     finally:
         runner.execute_model = original
     assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
     assert r.json()["error"]["code"] == 500
     events = [line for line in stream.text.splitlines() if line]
     assert '"InternalServerError"' in events[-2] and events[-1] == "data: [DONE]"
-    ok = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True})
+    ok = http.post(
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True}
+    )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
     assert wait_for(lambda: live.engine.kv_cache_manager.usage == 0)
 
 
-# --- disconnects -----------------------------------------------------------------------------
+# --- disconnects
+# -----------------------------------------------------------------------------
+
 
 def test_a_client_disconnect_mid_stream_aborts_and_frees_blocks(http, live):
     engine = live.engine
-    aborted_before = metric(http, "minillm:request_success_total", finished_reason="abort")
-    with http.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True,
-                                                      "stream": True}) as r:
+    aborted_before = metric(
+        http, "minillm:request_success_total", finished_reason="abort"
+    )
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True},
+    ) as r:
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
         assert metric(http, "minillm:num_requests_running") == 1
         assert metric(http, "minillm:kv_cache_usage_perc") > 0
-    assert wait_for(lambda: metric(http, "minillm:kv_cache_usage_perc") == 0
-                    and metric(http, "minillm:num_requests_running") == 0)
-    assert metric(http, "minillm:request_success_total", finished_reason="abort") == aborted_before + 1
+    assert wait_for(
+        lambda: (
+            metric(http, "minillm:kv_cache_usage_perc") == 0
+            and metric(http, "minillm:num_requests_running") == 0
+        )
+    )
+    assert (
+        metric(http, "minillm:request_success_total", finished_reason="abort")
+        == aborted_before + 1
+    )
     assert wait_for(lambda: not engine.parents and engine.kv_cache_manager.usage == 0)
 
 
 def test_a_client_disconnect_without_streaming_aborts_too(live, http):
     engine = live.engine
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(live.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 450, "ignore_eos": True},
-                   timeout=0.3)
-    assert wait_for(lambda: metric(http, "minillm:num_requests_running") == 0 and not engine.parents)
+        httpx.post(
+            live.url + "/v1/completions",
+            json={"prompt": PROMPT, "max_tokens": 450, "ignore_eos": True},
+            timeout=0.3,
+        )
+    assert wait_for(
+        lambda: metric(http, "minillm:num_requests_running") == 0 and not engine.parents
+    )
     assert engine.kv_cache_manager.usage == 0
 
 
-# --- the other endpoints ---------------------------------------------------------------------
+# --- the other endpoints
+# ---------------------------------------------------------------------
+
 
 def test_models_health_and_openapi(client, http):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert http.get("/health").status_code == 200
     spec = http.get("/openapi.json").json()
-    for path in ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize"]:
+    for path in [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+    ]:
         assert path in spec["paths"]
     assert "CompletionRequest" in spec["components"]["schemas"]
 
 
 def test_tokenize_and_detokenize_round_trip(http):
     text = "naïve café — 東京 🚀"
-    tokens = http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    tokens = http.post(
+        "/tokenize", json={"prompt": text, "add_special_tokens": False}
+    ).json()
     assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 512
-    assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == text
+    assert (
+        http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
+        == text
+    )
     chat = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
     rendered = http.post("/detokenize", json={"tokens": chat}).json()["prompt"]
     assert rendered.endswith("user: What does the while statement do?\nassistant:")
@@ -345,14 +702,28 @@ def test_tokenize_and_detokenize_round_trip(http):
 
 
 def test_metrics_expose_the_named_metrics_with_the_model_label(client, http):
-    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True})
+    client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True}
+    )
     text = http.get("/metrics").text
-    names = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-             "request_queue_time_seconds", "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-             "prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total",
-             "generation_tokens_total", "request_success_total"]
+    names = [
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "request_success_total",
+    ]
     for name in names:
-        lines = [line for line in text.splitlines() if line.startswith(f"minillm:{name}")]
+        lines = [
+            line for line in text.splitlines() if line.startswith(f"minillm:{name}")
+        ]
         assert lines, name
         assert all(f'model_name="{MODEL}"' in line for line in lines), name
     assert metric(http, "minillm:time_to_first_token_seconds_count") >= 1
@@ -363,22 +734,43 @@ def test_metrics_expose_the_named_metrics_with_the_model_label(client, http):
 
 def test_two_servers_in_one_process_have_their_own_metrics(tiny):
     model, tokenizer = tiny
-    apps = [create_app(LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=32)), name) for name in ("a", "b")]
+    apps = [
+        create_app(LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=32)), name)
+        for name in ("a", "b")
+    ]
     with ServerThread(apps[0]) as a, ServerThread(apps[1]) as b:
-        httpx.post(a.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "ignore_eos": True})
+        httpx.post(
+            a.url + "/v1/completions",
+            json={"prompt": "x", "max_tokens": 2, "ignore_eos": True},
+        )
         assert 'model_name="a"' in httpx.get(a.url + "/metrics").text
         text_b = httpx.get(b.url + "/metrics").text
-        assert 'model_name="a"' not in text_b and 'minillm:generation_tokens_total{model_name="b"} 0.0' in text_b
+        assert (
+            'model_name="a"' not in text_b
+            and 'minillm:generation_tokens_total{model_name="b"} 0.0' in text_b
+        )
 
 
 def test_concurrent_requests_are_batched_and_match_sequential_ones(client, live):
     from concurrent.futures import ThreadPoolExecutor
 
-    prompts = [f'The "{kw}" statement' for kw in ["if", "try", "with", "del", "pass", "return", "class", "def"]]
+    prompts = [
+        f'The "{kw}" statement'
+        for kw in ["if", "try", "with", "del", "pass", "return", "class", "def"]
+    ]
 
     def run(p):
-        return client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0,
-                                         extra_body={"ignore_eos": True}).choices[0].text
+        return (
+            client.completions.create(
+                model=MODEL,
+                prompt=p,
+                max_tokens=12,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .text
+        )
 
     one_by_one = [run(p) for p in prompts]
     steps_before = live.engine.num_steps
@@ -394,9 +786,20 @@ def test_cli_help_lists_the_flags(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     out = capsys.readouterr().out
-    for flag in ["--host", "--port", "--model", "--max-model-len", "--num-kv-blocks", "--block-size",
-                 "--max-num-seqs", "--max-num-batched-tokens", "--served-model-name", "--prefix-cache-impl",
-                 "--attention-backend", "--enforce-eager"]:
+    for flag in [
+        "--host",
+        "--port",
+        "--model",
+        "--max-model-len",
+        "--num-kv-blocks",
+        "--block-size",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--served-model-name",
+        "--prefix-cache-impl",
+        "--attention-backend",
+        "--enforce-eager",
+    ]:
         assert flag in out
     assert json.dumps(vars(parse_args(["--port", "9000"])))  # plain values
 
@@ -404,11 +807,21 @@ def test_cli_help_lists_the_flags(capsys):
 def test_cli_flags_reach_the_engine_config(tiny):
     from minillm.server import build_engine, parse_args
 
-    engine, name = build_engine(parse_args(["--prefix-cache-impl", "hash", "--num-kv-blocks", "64", "--device", "cpu"]))
-    assert engine.config.prefix_cache_impl == "hash" and engine.kv_cache_manager.num_blocks == 64
+    engine, name = build_engine(
+        parse_args(
+            ["--prefix-cache-impl", "hash", "--num-kv-blocks", "64", "--device", "cpu"]
+        )
+    )
+    assert (
+        engine.config.prefix_cache_impl == "hash"
+        and engine.kv_cache_manager.num_blocks == 64
+    )
     assert name == "minillm-tiny"
-    assert engine.attention_backend == "torch" and not engine.cuda_graphs  # "auto" on a CPU
-    eager, _ = build_engine(parse_args(["--enforce-eager", "--num-kv-blocks", "64", "--device", "cpu"]))
+    # "auto" on a CPU
+    assert engine.attention_backend == "torch" and not engine.cuda_graphs
+    eager, _ = build_engine(
+        parse_args(["--enforce-eager", "--num-kv-blocks", "64", "--device", "cpu"])
+    )
     assert eager.config.cuda_graphs is False and eager.config.torch_compile is False
 
 
@@ -421,7 +834,11 @@ def test_prefix_cache_counters_follow_the_kv_cache_manager(tiny):
     if "prefix_cache_impl" not in {f.name for f in fields(EngineConfig)}:
         pytest.skip("this engine has no prefix cache (chapter 8)")
     model, tokenizer = tiny
-    engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64, block_size=4, prefix_cache_impl="hash"))
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        EngineConfig(num_kv_blocks=64, block_size=4, prefix_cache_impl="hash"),
+    )
     metrics = EngineMetrics("m")
     prompt = "The for statement is used to iterate over the elements of a sequence"
     for i in range(2):
@@ -435,8 +852,11 @@ def test_prefix_cache_counters_follow_the_kv_cache_manager(tiny):
     assert 0 < hits == engine.kv_cache_manager.prefix_cache_hits <= queries
 
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] "
+    "}}<|im_end|>\n{% endfor %}{% if add_generation_prompt "
+    "%}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def test_a_model_chat_template_is_rendered_with_jinja(tiny):
@@ -446,17 +866,36 @@ def test_a_model_chat_template_is_rendered_with_jinja(tiny):
     model, tokenizer = tiny
     engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=16))
     server = OpenAIServer(engine, "m", chat_template=CHATML)
-    messages = [ChatMessage(role="system", content="Be brief."),
-                ChatMessage(role="user", content=[{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}])]
+    messages = [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(
+            role="user",
+            content=[
+                {"type": "text", "text": "Hi "},
+                {"type": "text", "text": "there"},
+            ],
+        ),
+    ]
     text = tokenizer.decode(server.render_chat(messages), skip_special_tokens=False)
-    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n" \
-                   "<|im_start|>assistant\n"
-    strict = OpenAIServer(engine, "m", chat_template="{{ raise_exception('roles must alternate') }}")
+    assert (
+        text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi "
+        "there<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    strict = OpenAIServer(
+        engine, "m", chat_template="{{ raise_exception('roles must alternate') }}"
+    )
     with pytest.raises(InvalidRequestError, match="roles must alternate"):
         strict.render_chat(messages)
 
 
 def test_response_format_text_is_accepted(http):
-    r = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2,
-                                                "response_format": {"type": "text"}})
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": MESSAGES,
+            "max_tokens": 2,
+            "response_format": {"type": "text"},
+        },
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2

@@ -1,8 +1,9 @@
-"""Chapter 10's skinny matrix product against F.linear, and its one-kernel cache write against chapter 2's.
+"""Chapter 10's skinny matrix product against F.linear, and its one-kernel cache write
+against chapter 2's.
 
-On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at small sizes
-whose N and K are not multiples of the tiles, so every mask is exercised; on a GPU also in
-bfloat16 at the projection shapes of Qwen3-0.6B and Llama-3.2-1B.
+On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at
+small sizes whose N and K are not multiples of the tiles, so every mask is exercised; on
+a GPU also in bfloat16 at the projection shapes of Qwen3-0.6B and Llama-3.2-1B.
 """
 
 import pytest
@@ -41,16 +42,21 @@ def test_default_configuration(M):
         check(skinny_linear(x, w), x, w)
 
 
-# both multiply paths; split-K with a partial last step; more splits asked than K steps; block_n > N
+# both multiply paths; split-K with a partial last step; more splits asked than K steps;
+# block_n > N
 CONFIGS = [
     (1, 45, 130, dict(use_dot=False, block_n=16, block_k=32, split_k=1)),
-    (1, 45, 130, dict(use_dot=False, block_n=16, block_k=32, split_k=4)),  # 5 K steps: slices of 2, 2, 1
+    # 5 K steps: slices of 2, 2, 1
+    (1, 45, 130, dict(use_dot=False, block_n=16, block_k=32, split_k=4)),
     (4, 45, 130, dict(use_dot=False, block_n=32, block_k=64, split_k=2)),
-    (3, 33, 100, dict(use_dot=False, block_n=64, block_k=32, split_k=3)),  # M not a power of two
+    # M not a power of two
+    (3, 33, 100, dict(use_dot=False, block_n=64, block_k=32, split_k=3)),
     (1, 45, 130, dict(use_dot=True, block_n=16, block_k=32, split_k=1)),
     (7, 45, 130, dict(use_dot=True, block_n=32, block_k=32, split_k=4)),
-    (16, 20, 70, dict(use_dot=True, block_n=16, block_k=16, split_k=8)),  # 5 K steps, 8 asked: 5 slices
-    (2, 50, 48, dict(use_dot=True, block_n=64, block_k=64, split_k=4)),  # one K step: no split
+    # 5 K steps, 8 asked: 5 slices
+    (16, 20, 70, dict(use_dot=True, block_n=16, block_k=16, split_k=8)),
+    # one K step: no split
+    (2, 50, 48, dict(use_dot=True, block_n=64, block_k=64, split_k=4)),
 ]
 
 
@@ -66,7 +72,8 @@ def test_strided_inputs_and_counters_left_at_zero():
     rows = base[::3, 7:107]  # 4 rows with a row stride of 450
     for _ in range(2):  # the second call must find the split-K counters at zero again
         check(skinny_linear(rows, w, block_k=32, split_k=3), rows, w)
-    cols = torch.randn(100, 3).to(DEVICE).T  # stride 3 along K: copied to contiguous first
+    # stride 3 along K: copied to contiguous first
+    cols = torch.randn(100, 3).to(DEVICE).T
     check(skinny_linear(cols, w, block_k=32), cols, w)
     assert all(int(c.abs().sum()) == 0 for c in skinny_gemm._COUNTERS.values())
 
@@ -80,26 +87,59 @@ def test_bad_shapes_are_refused():
 
 
 def test_default_configuration_follows_the_sweep():
-    assert default_config(1, 1024, 2048) == dict(use_dot=False, block_n=16, block_k=256, num_stages=3, split_k=4,
-                                                 num_warps=4)  # Qwen3-0.6B o_proj: 64 bands, K split in 4
-    assert default_config(1, 16384, 2048)["split_k"] == 1  # Llama gate_up: 1024 bands already
+    assert default_config(1, 1024, 2048) == dict(
+        use_dot=False,
+        block_n=16,
+        block_k=256,
+        num_stages=3,
+        split_k=4,
+        # Qwen3-0.6B o_proj: 64 bands, K split in 4
+        num_warps=4,
+    )
+    # Llama gate_up: 1024 bands already
+    assert default_config(1, 16384, 2048)["split_k"] == 1
     assert default_config(1, 4096, 1024)["split_k"] == 1  # short K is never split
-    assert default_config(3, 1024, 1024)["use_dot"] and not default_config(2, 1024, 1024)["use_dot"]
+    assert (
+        default_config(3, 1024, 1024)["use_dot"]
+        and not default_config(2, 1024, 1024)["use_dot"]
+    )
 
 
 def test_linear_and_the_operator_under_torch_compile():
     x, w = make(3, 40, 64)
     bias = torch.randn(40).to(DEVICE)
     x3 = torch.randn(2, 3, 64).to(DEVICE)
-    torch.testing.assert_close(linear(x3, w, bias), F.linear(x3, w, bias), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(linear(torch.randn(40, 64).to(DEVICE), w).shape, torch.Size([40, 40]))
-    compiled = torch.compile(lambda a, b: torch.ops.minillm.linear(a, b) * 2, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(
+        linear(x3, w, bias), F.linear(x3, w, bias), rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(
+        linear(torch.randn(40, 64).to(DEVICE), w).shape, torch.Size([40, 40])
+    )
+    compiled = torch.compile(
+        lambda a, b: torch.ops.minillm.linear(a, b) * 2,
+        backend="aot_eager",
+        fullgraph=True,
+    )
     torch.testing.assert_close(compiled(x, w), 2 * F.linear(x, w), rtol=1e-5, atol=1e-5)
-    torch.library.opcheck(torch.ops.minillm.linear.default, (x, w), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.minillm.linear.default,
+        (x, w),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="bfloat16 at real sizes needs a GPU")
-@pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (16384, 2048), (2048, 8192)])
+@pytest.mark.parametrize(
+    "N,K",
+    [
+        (4096, 1024),
+        (1024, 2048),
+        (6144, 1024),
+        (1024, 3072),
+        (16384, 2048),
+        (2048, 8192),
+    ],
+)
 def test_bf16_projection_shapes_on_gpu(N, K):
     for M in (1, 2, 4, 8, 16):
         x, w = make(M, N, K, torch.bfloat16, seed=M)
@@ -110,14 +150,18 @@ def test_bf16_projection_shapes_on_gpu(N, K):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cache_write_matches_chapter_2(dtype):
     g = torch.Generator().manual_seed(0)
-    qkv = torch.randn(9, 3 * 4 * 20, generator=g).to(DEVICE)  # 9 tokens, 4 KV heads of 20; v is a strided slice
+    # 9 tokens, 4 KV heads of 20; v is a strided slice
+    qkv = torch.randn(9, 3 * 4 * 20, generator=g).to(DEVICE)
     key, value = qkv[:, 80:160].reshape(9, 4, 20).clone(), qkv[:, 160:].view(9, 4, 20)
     slots = torch.randperm(6 * 3, generator=g)[:9].to(DEVICE)
-    caches = [torch.full((6, 3, 4, 20), 7.0, dtype=dtype, device=DEVICE) for _ in range(4)]
+    caches = [
+        torch.full((6, 3, 4, 20), 7.0, dtype=dtype, device=DEVICE) for _ in range(4)
+    ]
     reshape_and_cache(key, value, caches[0], caches[1], slots)
     triton_reshape_and_cache(key, value, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
-    triton_reshape_and_cache(key[:0], value[:0], caches[2], caches[3], slots[:0])  # nothing to write
+    # nothing to write
+    triton_reshape_and_cache(key[:0], value[:0], caches[2], caches[3], slots[:0])
     assert torch.equal(caches[0], caches[2])
     with pytest.raises(ValueError, match="do not fit"):
         triton_reshape_and_cache(key[:, :3], value[:, :3], caches[2], caches[3], slots)

@@ -1,4 +1,6 @@
-"""Swap preemption (chapter 9): outputs equal to recompute's, no recomputation, no block leaks."""
+"""Swap preemption (chapter 9): outputs equal to recompute's, no recomputation, no
+block leaks.
+"""
 
 import logging
 import random
@@ -22,15 +24,32 @@ from minillm.swap import SwapScheduler, SwapSpace, Swapper
 
 transformers.logging.set_verbosity_error()
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SHAPE = dict(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             head_dim=32, max_position_embeddings=512)
-TIGHT = dict(device="cpu", num_kv_blocks=40, block_size=4, max_num_seqs=8, max_num_batched_tokens=24)
+SHAPE = dict(
+    vocab_size=384,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    head_dim=32,
+    max_position_embeddings=512,
+)
+TIGHT = dict(
+    device="cpu",
+    num_kv_blocks=40,
+    block_size=4,
+    max_num_seqs=8,
+    max_num_batched_tokens=24,
+)
 
 
 def mixed_prompts(n, vocab, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, vocab, (int(torch.randint(3, 60, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(
+            1, vocab, (int(torch.randint(3, 60, (1,), generator=g)),), generator=g
+        ).tolist()
+        for _ in range(n)
+    ]
 
 
 def assert_no_leaks(llm):
@@ -39,11 +58,17 @@ def assert_no_leaks(llm):
     assert all(b.ref_cnt == 0 for b in kv.block_pool.blocks)
     if isinstance(sched, SwapScheduler):
         space = sched.swap_space
-        assert not sched.swapped and not space.req_to_blocks and space.get_num_free_blocks() == space.num_blocks
+        assert (
+            not sched.swapped
+            and not space.req_to_blocks
+            and space.get_num_free_blocks() == space.num_blocks
+        )
 
 
 def run_counting(llm, prompts, params=GREEDY):
-    """Greedy outputs, and the total number of tokens the model computed (every step's scheduled tokens)."""
+    """Greedy outputs, and the total number of tokens the model computed (every
+    step's scheduled tokens).
+    """
     total = [0]
     schedule = llm.engine.scheduler.schedule
 
@@ -53,7 +78,9 @@ def run_counting(llm, prompts, params=GREEDY):
         return out
 
     llm.engine.scheduler.schedule = counting
-    outputs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    outputs = [
+        o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)
+    ]
     return outputs, total[0]
 
 
@@ -61,14 +88,20 @@ def compare_modes(model_path, prompts, **kwargs):
     needed = sum(len(p) + GREEDY.max_tokens - 1 for p in prompts)
     recompute = LLM(model_path, **TIGHT, **kwargs)
     swap = LLM(model_path, **TIGHT, **kwargs, preemption_mode="swap")
-    assert isinstance(recompute.engine.scheduler, Scheduler) and recompute.engine.swapper is None
+    assert (
+        isinstance(recompute.engine.scheduler, Scheduler)
+        and recompute.engine.swapper is None
+    )
     expected, recomputed_total = run_counting(recompute, prompts)
     got, swapped_total = run_counting(swap, prompts)
     sched = swap.engine.scheduler
     assert got == expected
     assert recompute.engine.num_preemptions > 0 and sched.num_swapped_out > 0
-    assert sched.num_swapped_in == sched.num_swapped_out and sched.num_swap_fallbacks == 0
-    assert swapped_total == needed < recomputed_total  # with swap, nothing is computed twice
+    assert (
+        sched.num_swapped_in == sched.num_swapped_out and sched.num_swap_fallbacks == 0
+    )
+    # with swap, nothing is computed twice
+    assert swapped_total == needed < recomputed_total
     assert_no_leaks(recompute), assert_no_leaks(swap)
 
 
@@ -84,10 +117,19 @@ def test_swap_matches_recompute_on_tiny_model_and_computes_fewer_tokens(tiny):
     compare_modes(None, mixed_prompts(16, tiny[1].vocab_size, seed=1))
 
 
-@pytest.mark.parametrize("cls, config", [
-    (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False)),
-    (Qwen3ForCausalLM, Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True)),
-])
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        (
+            LlamaForCausalLM,
+            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
+        ),
+        (
+            Qwen3ForCausalLM,
+            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
+        ),
+    ],
+)
 def test_swap_matches_recompute_on_hf_models(hf_checkpoint, cls, config):
     _, folder = hf_checkpoint(cls, config)
     compare_modes(folder, mixed_prompts(16, 384))
@@ -100,7 +142,9 @@ def test_full_swap_space_falls_back_to_recompute(tiny, caplog):
     with caplog.at_level(logging.WARNING, logger="minillm.swap"):
         got, _ = run_counting(llm, prompts)
     sched = llm.engine.scheduler
-    assert got == expected and sched.num_swap_fallbacks > 0 and sched.num_swapped_out > 0
+    assert (
+        got == expected and sched.num_swap_fallbacks > 0 and sched.num_swapped_out > 0
+    )
     assert "preempted by recompute" in caplog.text
     assert_no_leaks(llm)
 
@@ -116,7 +160,10 @@ def test_abort_of_a_swapped_request_frees_its_swap_blocks(tiny):
     held = len(sched.swap_space.req_to_blocks[victim])
     free_before = sched.swap_space.get_num_free_blocks()
     engine.abort_request(victim)
-    assert victim not in sched.swap_space.req_to_blocks and sched.swap_space.get_num_free_blocks() == free_before + held
+    assert (
+        victim not in sched.swap_space.req_to_blocks
+        and sched.swap_space.get_num_free_blocks() == free_before + held
+    )
     while engine.has_unfinished_requests():
         engine.step()
     assert_no_leaks(llm)
@@ -130,7 +177,9 @@ def test_swapper_round_trip_and_swap_space_all_or_nothing(tiny):
     swapper.swap_out([(4, 1), (1, 0)])
     cache.key_cache.zero_(), cache.value_cache.zero_()
     swapper.swap_in([(1, 0), (0, 5)])
-    assert torch.equal(cache.key_cache[:, [0, 5]], k) and torch.equal(cache.value_cache[:, [0, 5]], v)
+    assert torch.equal(cache.key_cache[:, [0, 5]], k) and torch.equal(
+        cache.value_cache[:, [0, 5]], v
+    )
     space = SwapSpace(3)
     space.allocate("a", 2)
     with pytest.raises(NoFreeBlocksError):
@@ -141,20 +190,32 @@ def test_swapper_round_trip_and_swap_space_all_or_nothing(tiny):
 
 
 @settings(max_examples=60, deadline=None, database=None, derandomize=True)
-@given(seed=st.integers(0, 2**32 - 1), num_device=st.integers(8, 24), num_cpu=st.integers(1, 16),
-       chunked=st.booleans())
-def test_swap_accounting_and_block_contents_under_random_workloads(seed, num_device, num_cpu, chunked):
-    """A fake model writes (request, block index) labels into the blocks it fills; swaps move the labels.
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_device=st.integers(8, 24),
+    num_cpu=st.integers(1, 16),
+    chunked=st.booleans(),
+)
+def test_swap_accounting_and_block_contents_under_random_workloads(
+    seed, num_device, num_cpu, chunked
+):
+    """A fake model writes (request, block index) labels into the blocks it fills; swaps
+    move the labels.
 
-    After every step: each block is free or owned once, on the device and in the swap space; every
-    unfinished request is in exactly one queue; a swapped request holds blocks_needed(num_computed_tokens)
-    swap blocks and no device blocks; every block of every request holds that request's own data.
+    After every step: each block is free or owned once, on the device and in the swap
+    space; every unfinished request is in exactly one queue; a swapped request holds
+    blocks_needed(num_computed_tokens) swap blocks and no device blocks; every block of
+    every request holds that request's own data.
     """
     rng = random.Random(seed)
     block_size, max_len = 4, 4 * num_device
     kv = KVCacheManager(num_device, block_size)
-    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=max_len if not chunked else 8,
-                             max_model_len=max_len, enable_chunked_prefill=chunked)
+    config = SchedulerConfig(
+        max_num_seqs=4,
+        max_num_batched_tokens=max_len if not chunked else 8,
+        max_model_len=max_len,
+        enable_chunked_prefill=chunked,
+    )
     sched = SwapScheduler(config, kv, SwapSpace(num_cpu))
     device, cpu = [None] * num_device, [None] * num_cpu  # what each block holds
     limits, next_id, steps = {}, 0, 0
@@ -166,37 +227,56 @@ def test_swap_accounting_and_block_contents_under_random_workloads(seed, num_dev
             sched.add_request(Request(rid, prompt))
             next_id += 1
         if rng.random() < 0.05 and sched.requests:
-            sched.finish_requests(rng.choice(sorted(sched.requests)), RequestStatus.FINISHED_ABORTED)
+            sched.finish_requests(
+                rng.choice(sorted(sched.requests)), RequestStatus.FINISHED_ABORTED
+            )
         out = sched.schedule()
         steps += 1
         for c, d in out.blocks_to_swap_in:
             device[d] = cpu[c]
         for d, c in out.blocks_to_swap_out:
             cpu[c] = device[d]
-        for r in out.scheduled_requests:  # the "forward": label every block the computed tokens reach
+        # the "forward": label every block the computed tokens reach
+        for r in out.scheduled_requests:
             table = kv.get_block_ids(r.request_id)
             end = r.num_computed_tokens + out.num_scheduled_tokens[r.request_id]
             for i in range(kv.blocks_needed(r.num_computed_tokens)):
-                assert device[table[i]] == (r.request_id, i), "a resumed request lost its K/V"
+                assert device[table[i]] == (r.request_id, i), (
+                    "a resumed request lost its K/V"
+                )
             for i in range(r.num_computed_tokens // block_size, kv.blocks_needed(end)):
                 device[table[i]] = (r.request_id, i)
         sampled = {r.request_id: [2] for r in out.scheduled_requests if out.samples(r)}
         for r in sched.update_from_output(out, sampled):
             if r.num_output_tokens >= limits[r.request_id]:
-                sched.finish_requests(r.request_id, RequestStatus.FINISHED_LENGTH_CAPPED)
+                sched.finish_requests(
+                    r.request_id, RequestStatus.FINISHED_LENGTH_CAPPED
+                )
 
-        queues = [r.request_id for r in [*sched.waiting, *sched.running, *sched.swapped]]
+        queues = [
+            r.request_id for r in [*sched.waiting, *sched.running, *sched.swapped]
+        ]
         assert sorted(queues) == sorted(sched.requests)
         held = [b for bs in kv.req_to_blocks.values() for b in bs]
-        assert len(held) + kv.block_pool.get_num_free_blocks() == num_device == len({id(b) for b in held}) + \
-            kv.block_pool.get_num_free_blocks()
+        assert (
+            len(held) + kv.block_pool.get_num_free_blocks()
+            == num_device
+            == len({id(b) for b in held}) + kv.block_pool.get_num_free_blocks()
+        )
         space = sched.swap_space
         cpu_held = [b for bs in space.req_to_blocks.values() for b in bs]
         assert len({id(b) for b in cpu_held}) + space.get_num_free_blocks() == num_cpu
         assert set(space.req_to_blocks) == {r.request_id for r in sched.swapped}
         for r in sched.swapped:
-            assert r.request_id not in kv.req_to_blocks and r.status is RequestStatus.PREEMPTED
-            assert len(space.req_to_blocks[r.request_id]) == kv.blocks_needed(r.num_computed_tokens) > 0
+            assert (
+                r.request_id not in kv.req_to_blocks
+                and r.status is RequestStatus.PREEMPTED
+            )
+            assert (
+                len(space.req_to_blocks[r.request_id])
+                == kv.blocks_needed(r.num_computed_tokens)
+                > 0
+            )
             for i, b in enumerate(space.req_to_blocks[r.request_id]):
                 assert cpu[b.block_id] == (r.request_id, i)
     while sched.has_unfinished_requests():  # abort the rest: everything must come back

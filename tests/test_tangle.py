@@ -27,18 +27,30 @@ def make_repo(tmp_path: Path, chapters: dict[str, str]) -> Path:
 
 
 def test_default_exp_and_export_write_the_module(tmp_path):
-    root = make_repo(tmp_path, {"01_a.md": "# Title\n\n" + cell("#| default_exp alpha") + cell("#| export\nX = 1")
-                                + cell("print('prose code, not exported')")})
+    root = make_repo(
+        tmp_path,
+        {
+            "01_a.md": "# Title\n\n"
+            + cell("#| default_exp alpha")
+            + cell("#| export\nX = 1")
+            + cell("print('prose code, not exported')")
+        },
+    )
     tangle.write(root)
     text = (root / "minillm" / "alpha.py").read_text()
-    assert text.startswith(tangle.HEADER_MARK) and "chapters/01_a.md" in text.splitlines()[0]
+    assert (
+        text.startswith(tangle.HEADER_MARK)
+        and "chapters/01_a.md" in text.splitlines()[0]
+    )
     assert "X = 1" in text and "prose code" not in text and "#|" not in text
     assert "# %% chapters/01_a.md:" in text
     assert (root / "minillm" / "__init__.py").exists()
 
 
 def test_marker_points_at_the_cell_fence(tmp_path):
-    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    root = make_repo(
+        tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")}
+    )
     tangle.write(root)
     text = (root / "minillm" / "alpha.py").read_text()
     line = int(text.split("# %% chapters/01_a.md:")[1].split()[0])
@@ -48,8 +60,14 @@ def test_marker_points_at_the_cell_fence(tmp_path):
 
 
 def test_export_to_another_module_and_subpackage(tmp_path):
-    root = make_repo(tmp_path, {"02_b.md": cell("#| default_exp beta") + cell("#| export\nB = 2")
-                                + cell("#| export kernels.fast\nF = 3")})
+    root = make_repo(
+        tmp_path,
+        {
+            "02_b.md": cell("#| default_exp beta")
+            + cell("#| export\nB = 2")
+            + cell("#| export kernels.fast\nF = 3")
+        },
+    )
     tangle.write(root)
     assert "B = 2" in (root / "minillm" / "beta.py").read_text()
     fast = (root / "minillm" / "kernels" / "fast.py").read_text()
@@ -58,8 +76,13 @@ def test_export_to_another_module_and_subpackage(tmp_path):
 
 
 def test_two_chapters_into_one_module_keep_chapter_order(tmp_path):
-    root = make_repo(tmp_path, {"02_b.md": cell("#| export shared\nSECOND = 2"),
-                                "01_a.md": cell("#| export shared\nFIRST = 1")})
+    root = make_repo(
+        tmp_path,
+        {
+            "02_b.md": cell("#| export shared\nSECOND = 2"),
+            "01_a.md": cell("#| export shared\nFIRST = 1"),
+        },
+    )
     tangle.write(root)
     text = (root / "minillm" / "shared.py").read_text()
     assert text.index("FIRST") < text.index("SECOND")
@@ -67,8 +90,11 @@ def test_two_chapters_into_one_module_keep_chapter_order(tmp_path):
 
 
 def test_cell_options_are_not_exported(tmp_path):
-    body = cell("#| default_exp opts") + cell("#| export\nA = 1", options=":tags: [hide-input]\n\n") \
+    body = (
+        cell("#| default_exp opts")
+        + cell("#| export\nA = 1", options=":tags: [hide-input]\n\n")
         + cell("#| export\nB = 2", options="---\ntags: [remove-output]\n---\n")
+    )
     root = make_repo(tmp_path, {"01_a.md": body})
     tangle.write(root)
     text = (root / "minillm" / "opts.py").read_text()
@@ -76,14 +102,21 @@ def test_cell_options_are_not_exported(tmp_path):
 
 
 def test_chapter_that_exports_nothing_produces_no_module(tmp_path):
-    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1"),
-                                "17_compare.md": "# Prose only\n\n" + cell("print(1)")})
+    root = make_repo(
+        tmp_path,
+        {
+            "01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1"),
+            "17_compare.md": "# Prose only\n\n" + cell("print(1)"),
+        },
+    )
     files = tangle.generate(root)
     assert set(files) == {Path("minillm/alpha.py"), Path("minillm/__init__.py")}
 
 
 def test_check_passes_then_fails_after_an_edit_without_retangle(tmp_path):
-    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    root = make_repo(
+        tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")}
+    )
     assert tangle.check(root)  # nothing written yet: missing files
     tangle.write(root)
     assert tangle.check(root) == []
@@ -94,14 +127,18 @@ def test_check_passes_then_fails_after_an_edit_without_retangle(tmp_path):
 
 
 def test_check_fails_on_hand_edit_of_generated_module(tmp_path):
-    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    root = make_repo(
+        tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")}
+    )
     tangle.write(root)
     (root / "minillm" / "alpha.py").write_text("X = 3\n")
     assert tangle.main(["--check", "--root", str(root)]) == 1
 
 
 def test_stale_generated_module_is_reported_and_removed(tmp_path):
-    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")})
+    root = make_repo(
+        tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1")}
+    )
     tangle.write(root)
     chapter = root / "chapters" / "01_a.md"
     chapter.write_text(chapter.read_text().replace("alpha", "gamma"))
@@ -112,19 +149,26 @@ def test_stale_generated_module_is_reported_and_removed(tmp_path):
 
 
 def test_output_is_deterministic(tmp_path):
-    chapters = {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1") + cell("#| export z.y\nY = 1"),
-                "03_c.md": cell("#| export alpha\nZ = 1")}
+    chapters = {
+        "01_a.md": cell("#| default_exp alpha")
+        + cell("#| export\nX = 1")
+        + cell("#| export z.y\nY = 1"),
+        "03_c.md": cell("#| export alpha\nZ = 1"),
+    }
     first = tangle.generate(make_repo(tmp_path / "one", chapters))
     second = tangle.generate(make_repo(tmp_path / "two", chapters))
     assert first == second
 
 
-@pytest.mark.parametrize("body, message", [
-    (cell("#| export\nX = 1"), "no module and no '#| default_exp'"),
-    (cell("#| default_exp not-a-module"), "needs a module name"),
-    (cell("#| exprot\nX = 1"), "unknown directive"),
-    ("```{code-cell} ipython3\nX = 1\n", "never closed"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (cell("#| export\nX = 1"), "no module and no '#| default_exp'"),
+        (cell("#| default_exp not-a-module"), "needs a module name"),
+        (cell("#| exprot\nX = 1"), "unknown directive"),
+        ("```{code-cell} ipython3\nX = 1\n", "never closed"),
+    ],
+)
 def test_bad_directives_are_clear_errors(tmp_path, body, message):
     root = make_repo(tmp_path, {"01_a.md": body})
     with pytest.raises(tangle.TangleError, match=message):
@@ -132,32 +176,114 @@ def test_bad_directives_are_clear_errors(tmp_path, body, message):
 
 
 def test_class_continuation_cells_merge_into_one_class(tmp_path):
-    body = cell("#| default_exp grow") + cell("#| export\nclass A:\n    def f(self):\n        return 1") \
-        + cell("#| export\nclass A(A):  # continued\n    def g(self):\n        return 2") + cell("#| export\nB = A().g()")
+    body = (
+        cell("#| default_exp grow")
+        + cell("#| export\nclass A:\n    def f(self):\n        return 1")
+        + cell(
+            "#| export\nclass A(A):  # continued\n    def g(self):\n        return 2"
+        )
+        + cell("#| export\nB = A().g()")
+    )
     root = make_repo(tmp_path, {"01_a.md": body})
     tangle.write(root)
     text = (root / "minillm" / "grow.py").read_text()
     assert "class A(A)" not in text
     namespace = {}
     exec(compile(text, "grow.py", "exec"), namespace)
-    assert namespace["A"].__bases__ == (object,) and namespace["B"] == 2 and namespace["A"]().f() == 1
+    assert (
+        namespace["A"].__bases__ == (object,)
+        and namespace["B"] == 2
+        and namespace["A"]().f() == 1
+    )
     script = {}
-    exec(compile(tangle.script(root / "chapters" / "01_a.md"), "s", "exec"), script)  # the notebook way runs too
+    # the notebook way runs too
+    exec(compile(tangle.script(root / "chapters" / "01_a.md"), "s", "exec"), script)
     assert script["B"] == 2
 
 
 def test_continuation_of_a_class_that_is_not_last_is_an_error(tmp_path):
-    body = cell("#| default_exp grow") + cell("#| export\nclass A:\n    pass") + cell("#| export\nclass B:\n    pass") \
+    body = (
+        cell("#| default_exp grow")
+        + cell("#| export\nclass A:\n    pass")
+        + cell("#| export\nclass B:\n    pass")
         + cell("#| export\nclass A(A):\n    def g(self):\n        return 2")
+    )
     with pytest.raises(tangle.TangleError, match="last class exported"):
         tangle.generate(make_repo(tmp_path, {"01_a.md": body}))
 
 
 def test_script_has_every_code_cell(tmp_path):
-    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + cell("#| export\nX = 1") + cell("print(X)")})
+    root = make_repo(
+        tmp_path,
+        {
+            "01_a.md": cell("#| default_exp alpha")
+            + cell("#| export\nX = 1")
+            + cell("print(X)")
+        },
+    )
     text = tangle.script(root / "chapters" / "01_a.md")
     assert "X = 1" in text and "print(X)" in text
 
 
 def test_repository_is_in_sync():
     assert tangle.check(ROOT) == [], "run `python tools/tangle.py` and commit minillm/"
+
+
+def test_api_names_become_lazy_top_level_imports(tmp_path):
+    root = make_repo(
+        tmp_path,
+        {
+            "01_a.md": cell("#| default_exp alpha")
+            + cell(
+                "#| export\n#| api Engine make\nclass Engine:\n    pass\n\n\n"
+                "def make():\n    return Engine()"
+            )
+        },
+    )
+    tangle.write(root)
+    init = (root / "minillm" / "__init__.py").read_text()
+    assert '"Engine": "minillm.alpha"' in init and '"make": "minillm.alpha"' in init
+    assert "import minillm.alpha" not in init  # imported on first use only
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (cell("#| export\n#| api Missing\nX = 1"), "defines no 'Missing'"),
+        (cell("#| api X\nX = 1"), "not exported"),
+        (
+            cell("#| export\n#| api X\nX = 1") + cell("#| export\n#| api X\nX = 2"),
+            "already exported",
+        ),
+    ],
+)
+def test_api_directive_misuse_is_an_error(tmp_path, body, message):
+    root = make_repo(tmp_path, {"01_a.md": cell("#| default_exp alpha") + body})
+    with pytest.raises(tangle.TangleError, match=message):
+        tangle.generate(root)
+
+
+def test_the_package_exports_vllms_names_without_importing_torch():
+    code = (
+        "import sys, minillm\n"
+        "assert 'torch' not in sys.modules, 'import minillm pulled torch in'\n"
+        "from minillm import LLM, SamplingParams\n"
+        "from minillm.llm import LLM as direct\n"
+        "assert LLM is direct\n"
+        "assert SamplingParams.__module__ == 'minillm.sampling_params'\n"
+    )
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_generated_modules_are_formatted_as_ruff_formats_them(tmp_path):
+    ruff = Path(sys.executable).parent / "ruff"
+    if not ruff.exists():
+        pytest.skip("ruff is not installed beside this Python")
+    import subprocess
+
+    done = subprocess.run(
+        [str(ruff), "format", "--check", "minillm"], cwd=ROOT, capture_output=True
+    )
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()

@@ -1,7 +1,7 @@
 """The Triton paged-attention kernels of chapter 10 against chapter 4's reference.
 
-On a CPU they run under TRITON_INTERPRET=1 (set in conftest.py before triton is imported),
-at small sizes; on a GPU also in bfloat16 and at realistic sizes.
+On a CPU they run under TRITON_INTERPRET=1 (set in conftest.py before triton is
+imported), at small sizes; on a GPU also in bfloat16 and at realistic sizes.
 """
 
 import pytest
@@ -10,18 +10,36 @@ import torch
 triton = pytest.importorskip("triton")
 
 from minillm.attention import generate_paged, paged_attention_ref  # noqa: E402
-from minillm.kernels.paged_attention import paged_decode, paged_prefill, triton_paged_attention  # noqa: E402
+from minillm.kernels.paged_attention import (  # noqa: E402
+    paged_decode,
+    paged_prefill,
+    triton_paged_attention,
+)
 from minillm.model import build_attention_metadata, generate  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def batch(query_lens, seq_lens, block_size, n_heads, n_kv, head_dim, dtype=torch.float32, seed=0):
+def batch(
+    query_lens,
+    seq_lens,
+    block_size,
+    n_heads,
+    n_kv,
+    head_dim,
+    dtype=torch.float32,
+    seed=0,
+):
     g = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + 2
-    k = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(DEVICE, dtype)
-    v = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(DEVICE, dtype)
-    k[-1], v[-1] = float("nan"), float("nan")  # a block no table owns: must never be read
+    k = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(
+        DEVICE, dtype
+    )
+    v = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(
+        DEVICE, dtype
+    )
+    # a block no table owns: must never be read
+    k[-1], v[-1] = float("nan"), float("nan")
     free = torch.randperm(num_blocks - 1, generator=g).tolist()
     tables = [[free.pop() for _ in range(-(-n // block_size))] for n in seq_lens]
     _, md = build_attention_metadata(query_lens, seq_lens, tables, block_size, DEVICE)
@@ -32,26 +50,61 @@ def batch(query_lens, seq_lens, block_size, n_heads, n_kv, head_dim, dtype=torch
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 4), (4, 2), (8, 2)])
 def test_decode_kernel_matches_reference(block_size, n_heads, n_kv):
-    q, k, v, md = batch([1] * 5, [1, 17, 40, 3, 64], block_size, n_heads, n_kv, 32, seed=block_size)
+    q, k, v, md = batch(
+        [1] * 5, [1, 17, 40, 3, 64], block_size, n_heads, n_kv, 32, seed=block_size
+    )
     expected = paged_attention_ref(q, k, v, md)
     for splits in (1, 8):
-        out = paged_decode(q, k, v, md.block_tables, md.seq_lens, md.max_seq_len, num_splits=splits)
+        out = paged_decode(
+            q, k, v, md.block_tables, md.seq_lens, md.max_seq_len, num_splits=splits
+        )
         assert (out - expected).abs().max() <= 1e-5
-    # pieces of a fixed size, past the longest context too (as under CUDA graphs, with max_model_len)
+    # pieces of a fixed size, past the longest context too (as under CUDA graphs, with
+    # max_model_len)
     for split_tokens in (32, 64):
-        out = paged_decode(q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=split_tokens)
+        out = paged_decode(
+            q,
+            k,
+            v,
+            md.block_tables,
+            md.seq_lens,
+            300,
+            block_n=32,
+            split_tokens=split_tokens,
+        )
         assert (out - expected).abs().max() <= 1e-5
     with pytest.raises(ValueError, match="multiple of block_n"):
-        paged_decode(q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=48)
+        paged_decode(
+            q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=48
+        )
     with pytest.raises(ValueError, match="not both"):
-        paged_decode(q, k, v, md.block_tables, md.seq_lens, 300, block_n=32, split_tokens=32, num_splits=2)
+        paged_decode(
+            q,
+            k,
+            v,
+            md.block_tables,
+            md.seq_lens,
+            300,
+            block_n=32,
+            split_tokens=32,
+            num_splits=2,
+        )
 
 
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 4), (4, 2), (8, 2)])
 def test_prefill_kernel_matches_reference_on_a_mixed_batch(block_size, n_heads, n_kv):
-    # a decode, a prompt with no context, chunks after cached context, a one-token prompt
-    q, k, v, md = batch([1, 16, 5, 1, 9], [9, 16, 40, 1, 30], block_size, n_heads, n_kv, 32, seed=block_size)
+    # a decode, a prompt with no context, chunks after cached context, a one-token
+    # prompt
+    q, k, v, md = batch(
+        [1, 16, 5, 1, 9],
+        [9, 16, 40, 1, 30],
+        block_size,
+        n_heads,
+        n_kv,
+        32,
+        seed=block_size,
+    )
     out = paged_prefill(q, k, v, md)
     assert (out - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
 
@@ -59,35 +112,52 @@ def test_prefill_kernel_matches_reference_on_a_mixed_batch(block_size, n_heads, 
 @pytest.mark.parametrize("query_lens, seq_lens", [([7, 12], [7, 12]), ([40], [100])])
 def test_prefill_kernel_prompts_and_long_chunks(query_lens, seq_lens):
     q, k, v, md = batch(query_lens, seq_lens, 16, 8, 2, 32, seed=len(query_lens))
-    assert (paged_prefill(q, k, v, md) - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
+    assert (
+        paged_prefill(q, k, v, md) - paged_attention_ref(q, k, v, md)
+    ).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("block_m", [2, 4, 8])
 def test_prefill_tiles_smaller_than_the_chunks(block_m):
-    # several tiles per sequence, partial last tiles, and grid slots past the last real tile (the grid is
-    # sized by num_tokens // block_m + num_seqs, and only the device knows how many tiles there are)
-    q, k, v, md = batch([1, 16, 5, 1, 9, 13], [9, 16, 40, 1, 30, 13], 5, 8, 2, 32, seed=block_m)
+    # several tiles per sequence, partial last tiles, and grid slots past the last real
+    # tile (the grid is
+    # sized by num_tokens // block_m + num_seqs, and only the device knows how many
+    # tiles there are)
+    q, k, v, md = batch(
+        [1, 16, 5, 1, 9, 13], [9, 16, 40, 1, 30, 13], 5, 8, 2, 32, seed=block_m
+    )
     out = paged_prefill(q, k, v, md, block_m=block_m, block_n=16)
     assert (out - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
 
 
 def test_head_dim_that_is_not_a_power_of_two():
     q, k, v, md = batch([3, 1], [10, 6], 4, 4, 2, 80)
-    assert (triton_paged_attention(q, k, v, md) - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
+    assert (
+        triton_paged_attention(q, k, v, md) - paged_attention_ref(q, k, v, md)
+    ).abs().max() <= 1e-5
     qd, kd, vd, mdd = batch([1, 1], [10, 6], 4, 4, 2, 80)
-    assert (triton_paged_attention(qd, kd, vd, mdd) - paged_attention_ref(qd, kd, vd, mdd)).abs().max() <= 1e-5
+    assert (
+        triton_paged_attention(qd, kd, vd, mdd) - paged_attention_ref(qd, kd, vd, mdd)
+    ).abs().max() <= 1e-5
 
 
 def test_the_model_on_the_triton_backend_generates_the_dense_tokens(tiny):
     model, tokenizer = tiny
     model = model.to(DEVICE)
-    prompts = [tokenizer.encode(t) for t in ["The", 'The "while" statement is used for', "A"]]
-    assert generate_paged(model, prompts, 5, attn_backend=triton_paged_attention) == generate(model, prompts, 5)
+    prompts = [
+        tokenizer.encode(t) for t in ["The", 'The "while" statement is used for', "A"]
+    ]
+    assert generate_paged(
+        model, prompts, 5, attn_backend=triton_paged_attention
+    ) == generate(model, prompts, 5)
     model.to("cpu")
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="bfloat16 and realistic sizes need a GPU")
-@pytest.mark.parametrize("query_lens, seq_lens", [([1] * 64, [4096] * 64), ([1] * 8 + [512], [2048] * 8 + [1024])])
+@pytest.mark.parametrize(
+    "query_lens, seq_lens",
+    [([1] * 64, [4096] * 64), ([1] * 8 + [512], [2048] * 8 + [1024])],
+)
 def test_bf16_realistic_sizes_on_gpu(query_lens, seq_lens):
     q, k, v, md = batch(query_lens, seq_lens, 16, 16, 8, 128, dtype=torch.bfloat16)
     expected = paged_attention_ref(q, k, v, md).float()
@@ -103,7 +173,18 @@ def test_the_engine_on_the_triton_backend_matches_the_reference_backend(tiny):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     outs = {}
     for backend in ("torch", "triton"):
-        llm = LLM(device=DEVICE, dtype=torch.float32, attention_backend=backend, num_kv_blocks=16, block_size=4,
-                  max_num_seqs=4, max_num_batched_tokens=8)  # chunked prefill: mixed batches of chunks and decodes
-        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm = LLM(
+            device=DEVICE,
+            dtype=torch.float32,
+            attention_backend=backend,
+            num_kv_blocks=16,
+            block_size=4,
+            # chunked prefill: mixed batches of chunks and decodes
+            max_num_seqs=4,
+            max_num_batched_tokens=8,
+        )
+        outs[backend] = [
+            o.outputs[0].token_ids
+            for o in llm.generate(prompts, params, use_tqdm=False)
+        ]
     assert outs["triton"] == outs["torch"]

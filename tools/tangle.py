@@ -8,6 +8,8 @@ exported:
     #| default_exp kv_cache        the chapter's default target: minillm/kv_cache.py
     #| export                      this cell goes to the default target
     #| export kernels.paged_decode this cell goes to minillm/kernels/paged_decode.py
+    #| api LLM                     (with export) `from minillm import LLM` gives this
+                                   cell's LLM; imported on first use, as in vLLM
 
 A class may grow across cells, as the prose explains one method at a time. A
 cell that continues class `X` starts with `class X(X):` — in the notebook that
@@ -15,9 +17,9 @@ rebinds `X` to a subclass with the new methods, so every cell runs on its own;
 in the module the line is dropped and the indented methods land inside the
 original class body:
 
-    #| export                        ->  (in minillm/scheduler.py, inside class Scheduler)
+    #| export                  ->  (in minillm/scheduler.py, inside class Scheduler)
     class Scheduler(Scheduler):
-        def schedule(self): ...          def schedule(self): ...
+        def schedule(self): ...    def schedule(self): ...
 
 Every generated module starts with a header naming the chapter(s) to edit, and
 each block is preceded by a marker `# %% chapters/NN_slug.md:LINE` that points
@@ -68,7 +70,8 @@ class CodeCell:
 class Module:
     name: str  # dotted, relative to the package ("kernels.paged_decode")
     chapters: list[str] = field(default_factory=list)
-    blocks: list[tuple[str, int, str]] = field(default_factory=list)  # (chapter, line, code)
+    # (chapter, line, code)
+    blocks: list[tuple[str, int, str]] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -97,7 +100,9 @@ def read_code_cells(text: str, chapter: Path) -> list[CodeCell]:
             key, arg = DIRECTIVE.match(body[0]).groups()
             directives.append((key, arg))
             body.pop(0)
-        cells.append(CodeCell(chapter, start + 1, directives, "\n".join(body).strip("\n")))
+        cells.append(
+            CodeCell(chapter, start + 1, directives, "\n".join(body).strip("\n"))
+        )
     return cells
 
 
@@ -114,39 +119,81 @@ def _strip_cell_options(body: list[str]) -> list[str]:
     return body[k:]
 
 
-def collect(chapter_paths: list[Path], root: Path) -> dict[str, Module]:
-    """Group every exported cell of the chapters by target module."""
+def collect(
+    chapter_paths: list[Path], root: Path, api: dict[str, tuple[str, str]] | None = None
+) -> dict[str, Module]:
+    """Group every exported cell of the chapters by target module; fill api with
+    {public name: (module, where)} from the `#| api` directives.
+    """
     modules: dict[str, Module] = {}
+    api = {} if api is None else api
     for path in sorted(chapter_paths):
         rel = path.resolve().relative_to(root.resolve()).as_posix()
         default = None
         for cell in read_code_cells(path.read_text(encoding="utf-8"), Path(rel)):
-            target = None
+            target, names = None, []
             for key, arg in cell.directives:
                 where = f"{rel}:{cell.line}"
                 if key == "default_exp":
                     if not MODULE_NAME.match(arg):
-                        raise TangleError(f"{where}: '#| default_exp' needs a module name, got {arg!r}")
+                        raise TangleError(
+                            f"{where}: '#| default_exp' needs a module name, got "
+                            f"{arg!r}"
+                        )
                     default = arg
                 elif key == "export":
                     target = arg or default
                     if target is None:
-                        raise TangleError(f"{where}: '#| export' with no module and no '#| default_exp' before it")
+                        raise TangleError(
+                            f"{where}: '#| export' with no module and no '#| "
+                            "default_exp' before it"
+                        )
                     if not MODULE_NAME.match(target):
-                        raise TangleError(f"{where}: '#| export' target {target!r} is not a module name")
+                        raise TangleError(
+                            f"{where}: '#| export' target {target!r} is not a module "
+                            "name"
+                        )
+                elif key == "api":
+                    names += arg.split()
                 else:
                     raise TangleError(f"{where}: unknown directive '#| {key}'")
             if target is None:
+                if names:
+                    raise TangleError(
+                        f"{where}: '#| api' on a cell that is not exported"
+                    )
                 continue
+            for name in names:
+                _add_api(api, name, target, cell, where)
             module = modules.setdefault(target, Module(target))
             if rel not in module.chapters:
                 module.chapters.append(rel)
-            module.blocks.append((rel, cell.line, continue_class(cell, module, where=f"{rel}:{cell.line}")))
+            module.blocks.append(
+                (
+                    rel,
+                    cell.line,
+                    continue_class(cell, module, where=f"{rel}:{cell.line}"),
+                )
+            )
     return modules
 
 
+def _add_api(api: dict, name: str, target: str, cell: CodeCell, where: str) -> None:
+    """Record a public name after checking that the cell defines it, once."""
+    defines = rf"^(class|def)\s+{re.escape(name)}\b|^{re.escape(name)}\s*[:=]"
+    if not name.isidentifier() or not re.search(defines, cell.source, flags=re.M):
+        raise TangleError(f"{where}: '#| api {name}': this cell defines no {name!r}")
+    if name in api:
+        raise TangleError(
+            f"{where}: '#| api {name}': already exported by {api[name][1]}"
+        )
+    api[name] = (target, where)
+
+
 def continue_class(cell: CodeCell, module: Module, where: str) -> str:
-    """The cell's code; for a `class X(X):` continuation, its body, to extend the class defined last."""
+    """The cell's code; for a `class X(X):` continuation, its body, to extend the
+    class defined last.
+    """
     first, _, rest = cell.source.partition("\n")
     match = CONTINUATION.match(first)
     if not match:
@@ -154,8 +201,11 @@ def continue_class(cell: CodeCell, module: Module, where: str) -> str:
     previous = "\n".join(code for _, _, code in module.blocks)
     defined = re.findall(r"^class (\w+)\b", previous, flags=re.M)
     if not defined or defined[-1] != match.group(1):
-        raise TangleError(f"{where}: 'class {match.group(1)}({match.group(1)}):' continues a class, but the "
-                          f"last class exported to minillm/{module.path.name} is {defined[-1] if defined else 'none'}")
+        raise TangleError(
+            f"{where}: 'class {match.group(1)}({match.group(1)}):' continues a class, "
+            f"but the last class exported to minillm/{module.path.name} is "
+            f"{defined[-1] if defined else 'none'}"
+        )
     return rest
 
 
@@ -166,27 +216,67 @@ def render(module: Module) -> str:
         "# Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).",
     ]
     for chapter, line, code in module.blocks:
-        out += ["", f"# %% {chapter}:{line}", code]
+        # as ruff formats a module: two blank lines at the top level, one in a class
+        indent = code[: len(code) - len(code.lstrip())].rpartition("\n")[2]
+        gap = [""] if indent else ["", ""]
+        out += [*gap, f"{indent}# %% {chapter}:{line}", code]
     return "\n".join(out).rstrip() + "\n"
 
 
-def render_package_init(name: str, modules: dict[str, Module]) -> str:
-    """An `__init__.py` for a package that no chapter exports into: an index of its modules."""
+def render_package_init(
+    name: str, modules: dict[str, Module], api: dict[str, tuple[str, str]]
+) -> str:
+    """An `__init__.py` for a package that no chapter exports into: an index of its
+    modules and, for the package itself, the public names of `#| api` directives.
+    """
     prefix = "" if name == "" else name + "."
     rows = [
-        f"    {m.name[len(prefix):]:<24} {', '.join(m.chapters)}"
+        f"{m.name[len(prefix) :]:<24} {', '.join(m.chapters)}"
         for m in sorted(modules.values(), key=lambda m: m.name)
-        if m.name.startswith(prefix) and "." not in m.name[len(prefix):] and not m.name.endswith("__init__")
+        if m.name.startswith(prefix)
+        and "." not in m.name[len(prefix) :]
+        and not m.name.endswith("__init__")
     ]
     title = PACKAGE if name == "" else f"{PACKAGE}.{name}"
-    doc = [f'"""{title}: modules tangled from the course\'s chapters.', "", "    module                   chapter"]
-    doc += rows + ['"""']
-    return "\n".join([f"{HEADER_MARK} - DO NOT EDIT.", "", *doc]) + "\n"
+    doc = [f'"""{title}: modules tangled from the course\'s chapters.', ""]
+    if name == "" and api:
+        doc += [
+            "The public API, named as vLLM's (`from minillm import LLM`):",
+            "",
+            *(f"{n:<24} {PACKAGE}.{api[n][0]}" for n in sorted(api)),
+            "",
+        ]
+    doc += [f"{'module':<24} chapter", *rows, '"""']
+    out = [f"{HEADER_MARK} - DO NOT EDIT.", "", *doc]
+    if name == "" and api:
+        out += [
+            "",
+            "import importlib",
+            "",
+            "# Imported on first use, so that `import minillm` stays cheap.",
+            "_API = {",
+            *(f'    "{n}": "{PACKAGE}.{api[n][0]}",' for n in sorted(api)),
+            "}",
+            "__all__ = sorted(_API)",
+            "",
+            "",
+            "def __getattr__(name: str):",
+            "    if name in _API:",
+            "        return getattr(importlib.import_module(_API[name]), name)",
+            "    raise AttributeError("
+            'f"module {__name__!r} has no attribute {name!r}")',
+            "",
+            "",
+            "def __dir__() -> list[str]:",
+            "    return sorted([*globals(), *__all__])",
+        ]
+    return "\n".join(out) + "\n"
 
 
 def generate(root: Path) -> dict[Path, str]:
     """Every file the chapters under root produce, as {relative path: text}."""
-    modules = collect(sorted((root / "chapters").glob("*.md")), root)
+    api: dict[str, tuple[str, str]] = {}
+    modules = collect(sorted((root / "chapters").glob("*.md")), root, api)
     files = {m.path: render(m) for m in modules.values()}
     packages = {""}
     for m in modules.values():
@@ -195,9 +285,11 @@ def generate(root: Path) -> dict[Path, str]:
     for pkg in packages:
         init = Path(PACKAGE, *([p for p in pkg.split(".") if p]), "__init__.py")
         if init not in files:
-            files[init] = render_package_init(pkg, modules)
+            files[init] = render_package_init(pkg, modules, api)
     for data_file in sorted((root / "data").glob("*.txt")):
-        files[Path(PACKAGE, "data", data_file.name)] = data_file.read_text(encoding="utf-8")
+        files[Path(PACKAGE, "data", data_file.name)] = data_file.read_text(
+            encoding="utf-8"
+        )
     return dict(sorted(files.items()))
 
 
@@ -223,7 +315,9 @@ def check(root: Path) -> list[str]:
 
 
 def write(root: Path) -> list[Path]:
-    """Write the package; remove generated files no chapter produces. Returns changed paths."""
+    """Write the package; remove generated files no chapter produces. Returns changed
+    paths.
+    """
     wanted = generate(root)
     changed = []
     for rel, text in wanted.items():
@@ -244,16 +338,32 @@ def script(chapter: Path) -> str:
     """All code cells of a chapter, in order, as one Python script."""
     cells = read_code_cells(chapter.read_text(encoding="utf-8"), chapter)
     future = "from __future__ import annotations"
-    # a notebook allows a __future__ import at the top of any cell; a script only at its top
-    parts = [f"# %% {chapter}:{c.line}\n{c.source.replace(future, '')}" for c in cells if c.source]
+    # a notebook allows a __future__ import at the top of any cell; a script only at its
+    # top
+    parts = [
+        f"# %% {chapter}:{c.line}\n{c.source.replace(future, '')}"
+        for c in cells
+        if c.source
+    ]
     return "\n\n".join([future] + parts) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if minillm/ differs from the chapters")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
-    parser.add_argument("--script", type=Path, metavar="CHAPTER", help="print a chapter's code cells as a script")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if minillm/ differs from the chapters",
+    )
+    parser.add_argument(
+        "--root", type=Path, default=Path(__file__).resolve().parent.parent
+    )
+    parser.add_argument(
+        "--script",
+        type=Path,
+        metavar="CHAPTER",
+        help="print a chapter's code cells as a script",
+    )
     args = parser.parse_args(argv)
     try:
         if args.script:
@@ -264,7 +374,11 @@ def main(argv: list[str] | None = None) -> int:
             for p in problems:
                 print(p, file=sys.stderr)
             if problems:
-                print("minillm/ is out of date: edit the chapters, then run `python tools/tangle.py`.", file=sys.stderr)
+                print(
+                    "minillm/ is out of date: edit the chapters, then run `python "
+                    "tools/tangle.py`.",
+                    file=sys.stderr,
+                )
             return 1 if problems else 0
         for rel in write(args.root):
             print(f"wrote {rel}")

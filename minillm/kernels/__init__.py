@@ -2,7 +2,7 @@
 
 """minillm.kernels: modules tangled from the course's chapters.
 
-    module                   chapter
-    paged_attention          chapters/10_triton_decode.md
-    skinny_gemm              chapters/10_triton_decode.md
+module                   chapter
+paged_attention          chapters/10_triton_decode.md
+skinny_gemm              chapters/10_triton_decode.md
 """
