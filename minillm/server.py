@@ -275,7 +275,7 @@ class AsyncLLM(AsyncLLM):  # continued
         self._commands.put(_Abort(request_ids))
 
 
-# %% chapters/16_server.md:1298
+# %% chapters/16_server.md:1302
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -321,7 +321,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1356
+# %% chapters/16_server.md:1360
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -342,7 +342,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1378
+# %% chapters/16_server.md:1382
 class OpenAIServer:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -403,7 +403,7 @@ class OpenAIServer:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1449
+    # %% chapters/16_server.md:1453
     def completion_logprobs(
         self, logprobs: list[SampleLogprobs], num: int, offset: int
     ) -> CompletionLogProbs:
@@ -444,7 +444,7 @@ class OpenAIServer:
         )
 
 
-# %% chapters/16_server.md:1503
+# %% chapters/16_server.md:1507
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""
@@ -523,7 +523,7 @@ class OpenAIServer(OpenAIServer):  # continued
             total_tokens=prompt + completion,
         )
 
-    # %% chapters/16_server.md:1584
+    # %% chapters/16_server.md:1588
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -613,7 +613,7 @@ class OpenAIServer(OpenAIServer):  # continued
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:1681
+    # %% chapters/16_server.md:1685
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
@@ -712,7 +712,7 @@ class OpenAIServer(OpenAIServer):  # continued
             stream.abort()
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:1787
+    # %% chapters/16_server.md:1791
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -756,7 +756,7 @@ class OpenAIServer(OpenAIServer):  # continued
         return generate_latest(self.metrics.registry)
 
 
-# %% chapters/16_server.md:1838
+# %% chapters/16_server.md:1842
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -778,7 +778,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:1865
+# %% chapters/16_server.md:1869
 def create_app(
     engine: LLMEngine,
     served_model_name: str = "minillm-tiny",
@@ -862,7 +862,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:1955
+# %% chapters/16_server.md:1959
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -908,7 +908,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:2386
+# %% chapters/16_server.md:2390
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="minillm serve", description="An OpenAI-compatible server for minillm."
@@ -1053,6 +1053,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:2536
+# %% chapters/16_server.md:2540
 if __name__ == "__main__":
     main()

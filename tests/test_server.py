@@ -217,8 +217,8 @@ def test_stop_string_and_max_tokens_set_the_finish_reason(client):
     )
     full = client.completions.create(**greedy).choices[0].text
     # a stop string the model is sure to produce: a word from its own continuation
-    words = full[len(full) // 2 :].split()
-    stop = words[0] if words else full[-2:]
+    words = full.split()
+    stop = words[len(words) // 2] if words else full[-2:]
     out = client.completions.create(stop=[stop], **greedy)
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].text == full[: full.index(stop)]

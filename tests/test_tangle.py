@@ -225,6 +225,21 @@ def test_script_has_every_code_cell(tmp_path):
     assert "X = 1" in text and "print(X)" in text
 
 
+@pytest.mark.parametrize(
+    "options",
+    [":tags: [skip-execution, nbval-skip]\n\n", "---\ntags: [nbval-skip]\n---\n"],
+)
+def test_script_skips_the_cells_a_notebook_run_skips(tmp_path, options):
+    # the server chapter's `main()` would serve forever in a script
+    body = (
+        cell("#| default_exp alpha") + cell("X = 1") + cell("serve_forever()", options)
+    )
+    root = make_repo(tmp_path, {"01_a.md": body})
+    text = tangle.script(root / "chapters" / "01_a.md")
+    assert "X = 1" in text and "serve_forever" not in text
+    assert tangle.read_code_cells(body, Path("x.md"))[2].source == "serve_forever()"
+
+
 def test_repository_is_in_sync():
     assert tangle.check(ROOT) == [], "run `python tools/tangle.py` and commit minillm/"
 

@@ -64,6 +64,7 @@ class CodeCell:
     line: int  # 1-based line of the opening fence
     directives: list[tuple[str, str]]
     source: str  # code without options and directive lines
+    tags: tuple[str, ...] = ()  # the cell's MyST tags (`:tags: [remove-cell]`)
 
 
 @dataclass
@@ -94,6 +95,7 @@ def read_code_cells(text: str, chapter: Path) -> list[CodeCell]:
         if i == len(lines):
             raise TangleError(f"{chapter}:{start + 1}: code cell is never closed")
         i += 1
+        tags = _cell_tags(body)
         body = _strip_cell_options(body)
         directives = []
         while body and DIRECTIVE.match(body[0]):
@@ -101,9 +103,20 @@ def read_code_cells(text: str, chapter: Path) -> list[CodeCell]:
             directives.append((key, arg))
             body.pop(0)
         cells.append(
-            CodeCell(chapter, start + 1, directives, "\n".join(body).strip("\n"))
+            CodeCell(chapter, start + 1, directives, "\n".join(body).strip("\n"), tags)
         )
     return cells
+
+
+def _cell_tags(body: list[str]) -> tuple[str, ...]:
+    """The tags among a cell's options, as `:tags: [a, b]` or `tags: [a, b]`."""
+    for line in body:
+        if not line.startswith((":", "tags:", "---")) and line.strip():
+            break
+        match = re.match(r"^:?tags:\s*\[(.*)\]\s*$", line.strip())
+        if match:
+            return tuple(t.strip().strip("'\"") for t in match.group(1).split(","))
+    return ()
 
 
 def _strip_cell_options(body: list[str]) -> list[str]:
@@ -334,9 +347,17 @@ def write(root: Path) -> list[Path]:
     return changed
 
 
+# Cells the notebook runs skip (the server's `if __name__ == "__main__": main()`, say):
+# the script skips them too.
+SKIPPED_TAGS = {"skip-execution", "nbval-skip"}
+
+
 def script(chapter: Path) -> str:
-    """All code cells of a chapter, in order, as one Python script."""
+    """All code cells of a chapter that a notebook run executes, in order, as one
+    Python script.
+    """
     cells = read_code_cells(chapter.read_text(encoding="utf-8"), chapter)
+    cells = [c for c in cells if not SKIPPED_TAGS & set(c.tags)]
     future = "from __future__ import annotations"
     # a notebook allows a __future__ import at the top of any cell; a script only at its
     # top
