@@ -560,8 +560,13 @@ class LLMEngine:
         parameters.
         """
         params = params or SamplingParams()
-        if request_id in self.parents:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        # n > 1 gives children ids of their own: all of them must be free, checked
+        # before anything is written, so that a refused request changes nothing
+        n = params.n
+        child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+        for rid in dict.fromkeys([request_id, *child_ids]):
+            if rid in self.parents or rid in self.sequences:
+                raise ValueError(f"request id {rid!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         if self.tokenizer is None and (text is not None or params.stop):
             raise ValueError(
@@ -591,14 +596,13 @@ class LLMEngine:
         max_tokens = params.max_tokens if params.max_tokens is not None else room
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         parent = _Parent(request_id, text, prompt_ids)
-        for i in range(params.n):
+        for i, child_id in enumerate(child_ids):
             child_params = replace(
                 params,
                 n=1,
                 max_tokens=max_tokens,
                 seed=None if params.seed is None else params.seed + i,
             )
-            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
             request = Request(child_id, prompt_ids, child_params, arrival)
             detokenizer = (
                 IncrementalDetokenizer(self.tokenizer, prompt_ids, child_params)
@@ -640,7 +644,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:893
+    # %% chapters/07_engine.md:897
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -661,7 +665,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:925
+    # %% chapters/07_engine.md:929
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""

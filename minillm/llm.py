@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1071
+# %% chapters/07_engine.md:1075
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations

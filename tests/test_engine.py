@@ -366,3 +366,29 @@ def test_incremental_detokenization_never_emits_broken_characters(tiny, text):
         assert "\ufffd" not in new or "\ufffd" in text
         shown = new
     assert detok.text(finished=True) == text
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (("0_x", 1), ("x", 2)),  # a child of the new request collides with a request
+        (("x", 2), ("0_x", 1)),  # the new request collides with a child
+        (("x", 2), ("x", 3)),  # the parent id itself
+    ],
+)
+def test_a_colliding_request_id_is_refused_and_changes_nothing(first, second):
+    llm = LLM(device="cpu", num_kv_blocks=64)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request(first[0], [5, 6, 7], dataclasses.replace(params, n=first[1]))
+    before = (dict(engine.parents), dict(engine.sequences))
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request(second[0], [8, 9], dataclasses.replace(params, n=second[1]))
+    assert (dict(engine.parents), dict(engine.sequences)) == before
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    finished = [o for o in outputs if o.finished]
+    assert [o.request_id for o in finished] == [first[0]]
+    assert all(len(c.token_ids) == 3 for c in finished[0].outputs)
+    assert all_blocks_free(llm)
