@@ -338,6 +338,72 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
+    # %% chapters/11_cuda_graph.md:1063
+    @torch.inference_mode()
+    def launch(
+        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
+    ) -> InFlight | None:
+        """Enqueue the step and its argmax without waiting; None (and nothing done)
+        unless every request that samples is plainly greedy.
+        """
+        requests = output.scheduled_requests
+        sampling = [i for i, r in enumerate(requests) if output.samples(r)]
+        if not all(
+            self.plain_greedy.get(requests[i].request_id, False) for i in sampling
+        ):
+            return None
+        previous, self.previous = self.previous, None
+        patch = None
+        # a placeholder comes after all of a request's known tokens, so it is the last
+        # one it computes this step
+        holes = [i for i in sampling if requests[i].num_output_placeholders]
+        if holes:
+            if previous is None:
+                raise RuntimeError(
+                    "a placeholder token without a step in flight to fill it"
+                )
+            row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
+            query_end = (
+                np.cumsum([output.num_scheduled_tokens[r.request_id] for r in requests])
+                - 1
+            )
+            dst = upload(query_end[holes].astype(np.int64), self.device)
+            src = upload([row_of[requests[i].request_id] for i in holes], self.device)
+            sampled = previous.tokens
+
+            # runs on the device, in stream order after step N's argmax
+            def patch(input_ids: Tensor) -> None:
+                input_ids[dst] = sampled[src]
+
+        inputs, hidden = self.forward(output, kv_cache_manager, patch)
+        # only the rows that sample
+        if not (inputs.all_sample and inputs.max_query_len == 1):
+            hidden = hidden[
+                upload(
+                    inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1,
+                    self.device,
+                )
+            ]
+        # the argmax of the head's own output: bfloat16 -> float32 is exact and keeps
+        # the order, so it picks
+        # the token compute_logits would, without writing float32 logits (155 MB at 256
+        # rows of Qwen3's vocab)
+        tokens = self.model.lm_head(hidden).argmax(dim=-1)
+        if self.device.type == "cuda":
+            # two pinned buffers: the step in flight reads one while this one fills the
+            # other
+            self.host_slot ^= 1
+            host = self.host_tokens[self.host_slot][: len(sampling)]
+            host.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host, ready = tokens, None
+        self.previous = InFlight(
+            output, [requests[i] for i in sampling], tokens, host, ready
+        )
+        return self.previous
+
 
 # %% chapters/11_cuda_graph.md:781
 class MergedAttention(Attention):
@@ -432,73 +498,6 @@ class InFlight:
     host: Tensor  # the same tokens, being copied into pinned CPU memory
     # passed when `host` holds them; None on a CPU (nothing to wait for)
     ready: torch.cuda.Event | None
-
-
-class GPUModelRunner(GPUModelRunner):  # continued
-    @torch.inference_mode()
-    def launch(
-        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-    ) -> InFlight | None:
-        """Enqueue the step and its argmax without waiting; None (and nothing done)
-        unless every request that samples is plainly greedy.
-        """
-        requests = output.scheduled_requests
-        sampling = [i for i, r in enumerate(requests) if output.samples(r)]
-        if not all(
-            self.plain_greedy.get(requests[i].request_id, False) for i in sampling
-        ):
-            return None
-        previous, self.previous = self.previous, None
-        patch = None
-        # a placeholder comes after all of a request's known tokens, so it is the last
-        # one it computes this step
-        holes = [i for i in sampling if requests[i].num_output_placeholders]
-        if holes:
-            if previous is None:
-                raise RuntimeError(
-                    "a placeholder token without a step in flight to fill it"
-                )
-            row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
-            query_end = (
-                np.cumsum([output.num_scheduled_tokens[r.request_id] for r in requests])
-                - 1
-            )
-            dst = upload(query_end[holes].astype(np.int64), self.device)
-            src = upload([row_of[requests[i].request_id] for i in holes], self.device)
-            sampled = previous.tokens
-
-            # runs on the device, in stream order after step N's argmax
-            def patch(input_ids: Tensor) -> None:
-                input_ids[dst] = sampled[src]
-
-        inputs, hidden = self.forward(output, kv_cache_manager, patch)
-        # only the rows that sample
-        if not (inputs.all_sample and inputs.max_query_len == 1):
-            hidden = hidden[
-                upload(
-                    inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1,
-                    self.device,
-                )
-            ]
-        # the argmax of the head's own output: bfloat16 -> float32 is exact and keeps
-        # the order, so it picks
-        # the token compute_logits would, without writing float32 logits (155 MB at 256
-        # rows of Qwen3's vocab)
-        tokens = self.model.lm_head(hidden).argmax(dim=-1)
-        if self.device.type == "cuda":
-            # two pinned buffers: the step in flight reads one while this one fills the
-            # other
-            self.host_slot ^= 1
-            host = self.host_tokens[self.host_slot][: len(sampling)]
-            host.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            host, ready = tokens, None
-        self.previous = InFlight(
-            output, [requests[i] for i in sampling], tokens, host, ready
-        )
-        return self.previous
 
 
 # %% chapters/11_cuda_graph.md:1135

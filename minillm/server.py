@@ -218,6 +218,31 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
+    # %% chapters/16_server.md:1195
+    async def generate(
+        self, requests: list[tuple[str, str | list[int], SamplingParams]]
+    ) -> RequestStream:
+        """Submit requests (all or none); raises the engine's ValueError if it
+        rejects one.
+        """
+        if not self.is_alive():
+            raise EngineDeadError("the engine thread is not running")
+        sink = _Sink()
+        request_ids = [request_id for request_id, _, _ in requests]
+        self._commands.put(_Add(requests, sink))
+        try:
+            answer = await sink.queue.get()
+        # the client left before the engine answered: the abort follows the add
+        except asyncio.CancelledError:
+            self.abort(request_ids)
+            raise
+        if isinstance(answer, BaseException):
+            raise answer
+        return RequestStream(self, request_ids, sink)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._commands.put(_Abort(request_ids))
+
 
 # %% chapters/16_server.md:1164
 class RequestStream:
@@ -247,32 +272,6 @@ class RequestStream:
         if self.pending:
             self._llm.abort(list(self.pending))
             self.pending.clear()
-
-
-class AsyncLLM(AsyncLLM):  # continued
-    async def generate(
-        self, requests: list[tuple[str, str | list[int], SamplingParams]]
-    ) -> RequestStream:
-        """Submit requests (all or none); raises the engine's ValueError if it
-        rejects one.
-        """
-        if not self.is_alive():
-            raise EngineDeadError("the engine thread is not running")
-        sink = _Sink()
-        request_ids = [request_id for request_id, _, _ in requests]
-        self._commands.put(_Add(requests, sink))
-        try:
-            answer = await sink.queue.get()
-        # the client left before the engine answered: the abort follows the add
-        except asyncio.CancelledError:
-            self.abort(request_ids)
-            raise
-        if isinstance(answer, BaseException):
-            raise answer
-        return RequestStream(self, request_ids, sink)
-
-    def abort(self, request_ids: list[str]) -> None:
-        self._commands.put(_Abort(request_ids))
 
 
 # %% chapters/16_server.md:1302
@@ -443,27 +442,7 @@ class OpenAIServer:
             ]
         )
 
-
-# %% chapters/16_server.md:1507
-@dataclass
-class _ChoiceState:
-    """What has been sent of one choice of a streamed response."""
-
-    chars: int = 0  # characters of text sent
-    tokens: int = 0  # tokens whose logprobs were sent
-    token_chars: int = 0  # characters of those tokens' text (for text_offset)
-    finished: bool = False
-
-
-def sse(payload) -> str:
-    """One server-sent event carrying a pydantic model (or the final [DONE])."""
-    return (
-        "data: "
-        f"{payload if isinstance(payload, str) else payload.model_dump_json()}\n\n"
-    )
-
-
-class OpenAIServer(OpenAIServer):  # continued
+    # %% chapters/16_server.md:1527
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -754,6 +733,25 @@ class OpenAIServer(OpenAIServer):  # continued
 
     def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
+
+
+# %% chapters/16_server.md:1507
+@dataclass
+class _ChoiceState:
+    """What has been sent of one choice of a streamed response."""
+
+    chars: int = 0  # characters of text sent
+    tokens: int = 0  # tokens whose logprobs were sent
+    token_chars: int = 0  # characters of those tokens' text (for text_offset)
+    finished: bool = False
+
+
+def sse(payload) -> str:
+    """One server-sent event carrying a pydantic model (or the final [DONE])."""
+    return (
+        "data: "
+        f"{payload if isinstance(payload, str) else payload.model_dump_json()}\n\n"
+    )
 
 
 # %% chapters/16_server.md:1842

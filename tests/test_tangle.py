@@ -1,6 +1,7 @@
 """The tangler: directives, targets, check mode, determinism (tools/tangle.py)."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -201,15 +202,112 @@ def test_class_continuation_cells_merge_into_one_class(tmp_path):
     assert script["B"] == 2
 
 
-def test_continuation_of_a_class_that_is_not_last_is_an_error(tmp_path):
+def run_module(root: Path, name: str) -> dict:
+    namespace = {}
+    text = (root / "minillm" / f"{name}.py").read_text()
+    exec(compile(text, f"{name}.py", "exec"), namespace)
+    return namespace
+
+
+def test_continuation_after_other_code_lands_in_its_class(tmp_path):
+    # a class and a function between a class and its continuation once made the
+    # continuation's methods nest inside the function, silently
+    body = (
+        cell("#| default_exp grow")
+        + cell("#| export\nclass A:\n    def f(self):\n        return 1")
+        + cell("#| export\nclass B:\n    pass")
+        + cell("#| export\ndef helper():\n    return 3")
+        + cell("#| export\nclass A(A):\n    def g(self):\n        return helper()")
+    )
+    root = make_repo(tmp_path, {"01_a.md": body})
+    tangle.write(root)
+    ns = run_module(root, "grow")
+    assert ns["A"]().g() == 3 and ns["A"]().f() == 1 and ns["A"].__bases__ == (object,)
+    assert not hasattr(ns["B"], "g") and ns["helper"]() == 3
+    assert "class A(A)" not in (root / "minillm" / "grow.py").read_text()
+
+
+def test_continuation_that_is_not_on_a_cells_first_line_is_merged(tmp_path):
+    # once recognised on a cell's first line only: the module kept `class A(A)`
     body = (
         cell("#| default_exp grow")
         + cell("#| export\nclass A:\n    pass")
-        + cell("#| export\nclass B:\n    pass")
-        + cell("#| export\nclass A(A):\n    def g(self):\n        return 2")
+        + cell(
+            "#| export\nX = 5\n\n\nclass A(A):  # continued\n    def g(self):\n"
+            "        return X\n\n\nY = A().g()"
+        )
     )
-    with pytest.raises(tangle.TangleError, match="last class exported"):
+    root = make_repo(tmp_path, {"01_a.md": body})
+    tangle.write(root)
+    text = (root / "minillm" / "grow.py").read_text()
+    ns = run_module(root, "grow")
+    assert "class A(A)" not in text and ns["Y"] == 5 and ns["A"].__bases__ == (object,)
+    # each piece's marker names its own line of the chapter
+    lines = (root / "chapters" / "01_a.md").read_text().splitlines()
+    pointed = {
+        lines[int(m) - 1].strip()
+        for m in re.findall(r"# %% chapters/01_a.md:(\d+)", text)
+    }
+    assert {"class A(A):  # continued", "Y = A().g()"} <= pointed
+
+
+@pytest.mark.parametrize(
+    "cells, message",
+    [
+        (
+            ["#| export\nclass A(A):\n    pass"],
+            r"01_a.md:\d+: 'class A\(A\):' continues class A, but no exported cell",
+        ),
+        (
+            ["#| export other\nclass A:\n    pass", "#| export\nclass A(A):\n    pass"],
+            r"class A is in minillm/other.py, so export this cell there",
+        ),
+        (
+            ["#| export\nclass A:\n    pass", "#| export\n@x\nclass A(A):\n    pass"],
+            "takes no decorators",
+        ),
+        (
+            ["#| export\ndef f(:\n    pass"],
+            r"01_a.md:\d+: exported code does not parse",
+        ),
+        (["X = 1\n#| export"], r"01_a.md:\d+: '#\| export' is not on the cell's first"),
+        (["# a comment first\n#| export\nX = 1"], "is not on the cell's first lines"),
+        (["#| plugin\nX = 1"], "'#| plugin' on a cell that is not exported"),
+    ],
+)
+def test_tangler_misuse_is_a_clear_error(tmp_path, cells, message):
+    body = cell("#| default_exp grow") + "".join(cell(c) for c in cells)
+    with pytest.raises(tangle.TangleError, match=message):
         tangle.generate(make_repo(tmp_path, {"01_a.md": body}))
+
+
+def test_stray_directive_error_names_its_chapter_line(tmp_path):
+    body = cell("#| default_exp grow") + cell("X = 1\n#| export")
+    root = make_repo(tmp_path, {"01_a.md": body})
+    with pytest.raises(tangle.TangleError) as error:
+        tangle.generate(root)
+    line = int(re.search(r"01_a.md:(\d+):", str(error.value)).group(1))
+    assert (root / "chapters" / "01_a.md").read_text().splitlines()[line - 1] == (
+        "#| export"
+    )
+
+
+def test_plugin_modules_are_listed_in_chapter_order(tmp_path):
+    root = make_repo(
+        tmp_path,
+        {
+            "02_b.md": cell("#| default_exp beta")
+            + cell("#| export\n#| plugin\nB = 1"),
+            "01_a.md": cell("#| default_exp alpha")
+            + cell("#| export\n#| plugin\nA = 1")
+            + cell("#| export\n#| plugin\nA2 = 1"),
+            "03_c.md": cell("#| default_exp gamma") + cell("#| export\nC = 1"),
+        },
+    )
+    tangle.write(root)
+    ns = {}
+    exec((root / "minillm" / "__init__.py").read_text(), ns)
+    assert ns["PLUGINS"] == ("minillm.alpha", "minillm.beta")
 
 
 def test_script_has_every_code_cell(tmp_path):
@@ -302,3 +400,37 @@ def test_generated_modules_are_formatted_as_ruff_formats_them(tmp_path):
         [str(ruff), "format", "--check", "minillm"], cwd=ROOT, capture_output=True
     )
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+
+
+def test_script_moves_future_imports_only_where_they_are_statements(tmp_path):
+    # a substring replace once also cut the text out of strings
+    body = (
+        cell("#| default_exp alpha")
+        + cell('NOTE = "from __future__ import annotations"')
+        + cell("from __future__ import annotations\n\nX: int = 1")
+    )
+    root = make_repo(tmp_path, {"01_a.md": body})
+    text = tangle.script(root / "chapters" / "01_a.md")
+    assert text.startswith("from __future__ import annotations\n")
+    assert text.count("from __future__ import") == 2  # the header and the string
+    ns = {}
+    exec(compile(text, "s", "exec"), ns)
+    assert ns["NOTE"] == "from __future__ import annotations" and ns["X"] == 1
+
+
+def test_check_reports_stale_and_changed_data_files(tmp_path):
+    root = make_repo(
+        tmp_path, {"01_a.md": cell("#| default_exp a") + cell("#| export\nA = 1")}
+    )
+    (root / "data").mkdir()
+    (root / "data" / "corpus.txt").write_text("text\n")
+    tangle.write(root)
+    assert tangle.check(root) == []
+    (root / "minillm" / "data" / "old.txt").write_text("a file no source makes\n")
+    (root / "minillm" / "data" / "corpus.txt").write_text("edited\n")
+    problems = tangle.check(root)
+    assert any("old.txt: no chapter produces it" in p for p in problems)
+    assert any("corpus.txt: differs" in p for p in problems)
+    tangle.write(root)
+    assert tangle.check(root) == []
+    assert not (root / "minillm" / "data" / "old.txt").exists()
