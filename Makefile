@@ -11,7 +11,7 @@ JOBS    ?= 2
 # and on one trained from ALT_SEED, so a chapter that leans on one set of weights fails.
 ALT_SEED ?= 1
 RUFF    := $(BIN)/ruff
-LINTED  := minillm tests tools benchmarks
+LINTED  := minillm tests tools benchmarks exercises
 
 .PHONY: help setup tangle check lint format tiny book test test-unit test-notebooks serve clean
 
@@ -45,7 +45,7 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(PYTHON) tools/ruff_chapters.py
 	$(PYTHON) tools/tangle.py
-	$(RUFF) format --quiet tests tools benchmarks
+	$(RUFF) format --quiet tests tools benchmarks exercises
 
 # Train the course's tiny model once (cached in $${MINILLM_CACHE:-~/.cache/minillm}), before the
 # parallel test runs, so they load it instead of racing to train it.
@@ -63,7 +63,7 @@ test: check lint tiny test-unit test-notebooks
 
 # $(JOBS) workers share the cores: one thread each (more threads per worker only spin and wait).
 test-unit: $(STAMP)
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) tests
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) tests exercises
 
 # nbval collects .ipynb only: convert the chapters into a scratch folder, one kernel
 # per chapter (--dist loadfile keeps a notebook's cells on one worker).
