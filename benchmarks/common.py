@@ -19,6 +19,19 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def engine_settings(engine) -> dict:
+    """What the engine chose where its options left it a choice: the parts it resolved
+    (chapter 7's seam) and the fast-path flags its runner resolved (chapter 11's).
+    """
+    runner = engine.model_runner
+    flags = ("cuda_graphs", "torch_compile", "async_scheduling")
+    return {
+        "runner": type(runner).__name__,
+        **{k: v for k, v in engine.parts.items() if k != "device"},
+        **{name: getattr(runner, name, False) for name in flags},
+    }
+
+
 def environment() -> dict:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(

@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import environment, save  # noqa: E402
 from benchmarks.throughput import random_checkpoint  # noqa: E402
-from minillm.engine import EngineConfig, LLMEngine  # noqa: E402
+from minillm.config import EngineConfig  # noqa: E402
+from minillm.engine import LLMEngine  # noqa: E402
 from minillm.hf import load_model  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
 

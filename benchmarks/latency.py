@@ -46,9 +46,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, engine_settings, environment, save  # noqa: E402
 from benchmarks.throughput import QWEN3_0_6B  # noqa: E402
-from minillm.engine import EngineConfig  # noqa: E402
+from minillm.config import EngineConfig  # noqa: E402
+from minillm.registry import OPTIONS, load_plugins  # noqa: E402
 from minillm.hf import config_from_hf  # noqa: E402
 from minillm.kv_cache import kv_cache_bytes_per_token  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
@@ -91,7 +92,8 @@ TINY = dict(
     head_dim=16,
     max_position_embeddings=16384,
 )
-ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+load_plugins()  # the options later chapters declare
+ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} | set(OPTIONS)
 
 
 def sync(device: str) -> None:
@@ -252,16 +254,7 @@ def run_minillm(folder: Path, prompt: list[int], cuda_graphs: bool, args) -> dic
         tokens = tokens or completion.token_ids
     runner = llm.engine.model_runner
     graph_runner = getattr(runner, "graph_runner", None)
-    resolved = {
-        k: getattr(llm.engine, k, None)
-        for k in (
-            "attention_backend",
-            "cuda_graphs",
-            "persistent_batch",
-            "torch_compile",
-            "async_scheduling",
-        )
-    }
+    resolved = engine_settings(llm.engine)
     # all steps, warm-up included
     resolved.update(
         {

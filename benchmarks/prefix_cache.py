@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import engine_settings, environment, save  # noqa: E402
 from benchmarks.throughput import random_checkpoint  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
@@ -126,16 +126,7 @@ def run_mode(
         "preemptions": llm.engine.num_preemptions,
         "num_kv_blocks": kv.num_blocks,
         "prefix_cache_impl": impl,
-        "engine": {
-            k: getattr(llm.engine, k, None)
-            for k in (
-                "attention_backend",
-                "cuda_graphs",
-                "persistent_batch",
-                "torch_compile",
-                "async_scheduling",
-            )
-        },
+        "engine": engine_settings(llm.engine),
         "token_ids": [o.outputs[0].token_ids for o in outputs[:4]],
     }
     del llm, outputs

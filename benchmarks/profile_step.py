@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import engine_settings, environment, save  # noqa: E402
 from benchmarks.throughput import random_checkpoint, workload  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
@@ -148,16 +148,7 @@ def main() -> None:
             "steps": args.steps,
             "profile_steps": args.profile_steps,
             "running_requests": running,
-            "engine": {
-                k: getattr(engine, k)
-                for k in (
-                    "attention_backend",
-                    "cuda_graphs",
-                    "persistent_batch",
-                    "torch_compile",
-                    "async_scheduling",
-                )
-            },
+            "engine": engine_settings(engine),
         },
         "wall_ms_per_step": wall_ms,
         "gpu_ms_per_step": gpu_ms,

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from minillm.engine import EngineConfig, LLMEngine  # noqa: E402
+from minillm.config import EngineConfig  # noqa: E402
+from minillm.engine import LLMEngine  # noqa: E402
 from minillm.model import ModelConfig  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
 

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import engine_settings, environment, save  # noqa: E402
 from benchmarks.throughput import random_checkpoint  # noqa: E402
 from minillm.kv_cache import kv_cache_bytes_per_token  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
@@ -224,20 +224,6 @@ def crossovers(rows: list[dict]) -> list[dict]:
     return points
 
 
-def engine_settings(engine) -> dict:
-    """What the engine chose where the options left it a choice (fields that newer
-    engines may add).
-    """
-    return {
-        "runner": type(engine.model_runner).__name__,
-        **{
-            name: getattr(engine, name)
-            for name in ("attention_backend", "cuda_graphs", "persistent_batch")
-            if hasattr(engine, name)
-        },
-    }
-
-
 def engine_options(args, **overrides) -> dict:
     return dict(
         device=args.device,
@@ -273,7 +259,7 @@ def break_even(folder: Path, args) -> dict:
     engine = llm.engine
     runner, swapper, manager = (
         engine.model_runner,
-        engine.swapper,
+        engine.scheduler.swapper,
         engine.kv_cache_manager,
     )
     config, kv_cache = engine.model.config, runner.kv_cache
@@ -450,8 +436,9 @@ def run_mode(
         return out
 
     scheduler.schedule = counting_schedule
-    if engine.swapper is not None:
-        execute = engine.swapper.execute
+    swapper = getattr(engine.scheduler, "swapper", None)  # chapter 9's scheduler only
+    if swapper is not None:
+        execute = swapper.execute
 
         # the engine is synchronous per step: the GPU is idle when this starts
         def timed_execute(output):
@@ -463,7 +450,7 @@ def run_mode(
                 output.blocks_to_swap_out
             )
 
-        engine.swapper.execute = timed_execute
+        swapper.execute = timed_execute
 
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     synchronize(args.device)

@@ -34,7 +34,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import StepTimeline, copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import (
+    StepTimeline,
+    copy_bandwidth,
+    engine_settings,
+    environment,
+    save,
+)  # noqa: E402
 from minillm.kv_cache import kv_cache_bytes_per_token  # noqa: E402
 from minillm.hf import config_from_hf  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
@@ -159,11 +165,8 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "gpu_memory_utilization": args.gpu_memory_utilization,
             "block_size": 16,
-            "attention": llm.engine.attention_backend,
-            "cuda_graphs": llm.engine.cuda_graphs,
-            "persistent_batch": llm.engine.persistent_batch,
-            "torch_compile": llm.engine.torch_compile,
-            "async_scheduling": llm.engine.async_scheduling,
+            "attention": llm.engine.parts["attention_backend"],
+            **engine_settings(llm.engine),
         },
     }
     del llm, outputs

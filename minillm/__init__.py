@@ -4,28 +4,38 @@
 
 The public API, named as vLLM's (`from minillm import LLM`):
 
-CompletionOutput         minillm.engine
-EngineConfig             minillm.engine
+CompletionOutput         minillm.outputs
+EngineConfig             minillm.config
 LLM                      minillm.llm
 LLMEngine                minillm.engine
-RequestOutput            minillm.engine
+RequestOutput            minillm.outputs
 SamplingParams           minillm.sampling_params
 
 module                   chapter
+async_scheduling         chapters/11_cuda_graph.md
 attention                chapters/04_paged_attention.md
 block_pool               chapters/03_block_allocator.md
+compilation              chapters/11_cuda_graph.md
+config                   chapters/07_engine.md
 cuda_graph               chapters/11_cuda_graph.md
+decode_linear            chapters/11_cuda_graph.md
+detokenizer              chapters/07_engine.md
 engine                   chapters/07_engine.md
+gpu_model_runner         chapters/11_cuda_graph.md
 hf                       chapters/01_model.md
 input_batch              chapters/11_cuda_graph.md
 kv_cache                 chapters/02_paged_kv.md
 kv_cache_manager         chapters/05_scheduler.md
 llm                      chapters/07_engine.md
+merged_projections       chapters/11_cuda_graph.md
 metrics                  chapters/16_server.md
 model                    chapters/01_model.md
+model_runner             chapters/07_engine.md
+outputs                  chapters/07_engine.md
 prefix_cache             chapters/08_prefix_cache.md
 protocol                 chapters/16_server.md
 radix_cache              chapters/08_prefix_cache.md
+registry                 chapters/07_engine.md
 request                  chapters/05_scheduler.md
 sampler                  chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
@@ -39,13 +49,24 @@ train                    chapters/01_model.md
 
 import importlib
 
+# The modules whose import registers engine parts (`#| plugin` cells), in
+# chapter order: chapter 7's `load_plugins` imports them.
+PLUGINS = (
+    "minillm.engine",
+    "minillm.prefix_cache",
+    "minillm.radix_cache",
+    "minillm.swap",
+    "minillm.kernels.paged_attention",
+    "minillm.gpu_model_runner",
+)
+
 # Imported on first use, so that `import minillm` stays cheap.
 _API = {
-    "CompletionOutput": "minillm.engine",
-    "EngineConfig": "minillm.engine",
+    "CompletionOutput": "minillm.outputs",
+    "EngineConfig": "minillm.config",
     "LLM": "minillm.llm",
     "LLMEngine": "minillm.engine",
-    "RequestOutput": "minillm.engine",
+    "RequestOutput": "minillm.outputs",
     "SamplingParams": "minillm.sampling_params",
 }
 __all__ = sorted(_API)

@@ -2,8 +2,8 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:570
-"""CUDA graphs for decode steps (chapter 11, "CUDA graphs and the persistent batch").
+# %% chapters/11_cuda_graph.md:657
+"""CUDA graphs for decode steps (chapter 11, "Capturing and replaying").
 
 `CUDAGraphRunner` captures the model's decode forward pass once per batch-size bucket,
 over persistent input buffers, and replays the graph of the smallest bucket that holds a
@@ -47,45 +47,38 @@ class CUDAGraphRunner:
         scratch_block: int,
     ):
         if not torch.cuda.is_available() or kv_cache.key_cache.device.type != "cuda":
-            raise RuntimeError(
-                "CUDA graphs need the model and the KV cache on a CUDA device"
-            )
+            raise RuntimeError("CUDA graphs need the model and the KV cache on a GPU")
         self.model, self.kv_cache, self.max_model_len = model, kv_cache, max_model_len
         self.sizes = sorted(capture_sizes)
-        self.max_batch_size = self.sizes[-1]
-        device, n = kv_cache.key_cache.device, self.max_batch_size
+        self.max_batch_size = n = self.sizes[-1]
+        device = kv_cache.key_cache.device
         max_blocks = -(-max_model_len // kv_cache.block_size)
-        # where padding rows write their K/V
-        self.pad_slot = scratch_block * kv_cache.block_size
+        self.pad_slot = scratch_block * kv_cache.block_size  # padding rows write here
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, Tensor] = {}  # bucket -> the hidden states it writes
+        self.capture_seconds = 0.0
+
         # the persistent buffers: a replay reads whatever they hold
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full(
-            (n,), self.pad_slot, dtype=torch.int64, device=device
-        )
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.block_tables = torch.full(
-            (n, max_blocks), scratch_block, dtype=torch.int32, device=device
-        )
+        def buffer(fill, *shape, dtype=torch.int64):
+            return torch.full(shape, fill, dtype=dtype, device=device)
+
+        self.input_ids, self.positions = buffer(0, n), buffer(0, n)
+        self.slot_mapping = buffer(self.pad_slot, n)
+        self.seq_lens = buffer(0, n, dtype=torch.int32)
+        self.block_tables = buffer(scratch_block, n, max_blocks, dtype=torch.int32)
         # one token per row
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        # pinned host copies, so that filling the buffers is an asynchronous copy
+        self._init_host_copies()
+
+    # %% chapters/11_cuda_graph.md:731
+    NAMES = ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")
+
+    def _init_host_copies(self) -> None:
         self.host = {
-            name: torch.empty_like(buf, device="cpu").pin_memory()
-            for name, buf in [
-                ("input_ids", self.input_ids),
-                ("positions", self.positions),
-                ("slot_mapping", self.slot_mapping),
-                ("seq_lens", self.seq_lens),
-                ("block_tables", self.block_tables),
-            ]
+            name: torch.empty_like(getattr(self, name), device="cpu").pin_memory()
+            for name in self.NAMES
         }
-        # the host copies may be refilled once this has passed
-        self.copied = torch.cuda.Event()
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # bucket -> the hidden states its graph writes
-        self.outputs: dict[int, Tensor] = {}
-        self.capture_seconds = 0.0
+        self.copied = torch.cuda.Event()  # the host copies may be refilled after it
 
     def metadata(self, batch_size: int) -> AttentionMetadata:
         """Metadata over the first batch_size rows of the buffers; max_seq_len fixes
@@ -100,7 +93,7 @@ class CUDAGraphRunner:
             max_seq_len=self.max_model_len,
         )
 
-    # %% chapters/11_cuda_graph.md:670
+    # %% chapters/11_cuda_graph.md:766
     @torch.inference_mode()
     def capture(self) -> None:
         start, pool = time.perf_counter(), None
@@ -120,36 +113,28 @@ class CUDAGraphRunner:
                 self.outputs[bs] = self.model(*args)
             pool = graph.pool() if pool is None else pool
             self.graphs[bs] = graph
-        # the first launch of a graph uploads it: pay for that here
         for graph in self.graphs.values():
             graph.replay()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
 
+    # %% chapters/11_cuda_graph.md:803
     def bucket(self, num_seqs: int) -> int:
         return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
 
     def run(self, inputs: StepInputs, patch_input_ids=None) -> Tensor:
-        """Hidden states (num_seqs, hidden) of a decode step, from the smallest graph
-        that holds it.
-
-        patch_input_ids(ids), if given, edits the token ids on the device before the
-        replay (async scheduling).
+        """Hidden states (num_seqs, hidden) of a decode step; patch_input_ids(ids), if
+        given, edits the token ids on the device before the replay.
         """
         n, bs = inputs.num_seqs, self.bucket(inputs.num_seqs)
-        # the previous step's copies have left the host buffers
-        self.copied.synchronize()
-        host = self.host
-        host["input_ids"][:n].numpy()[:] = inputs.input_ids
-        host["positions"][:n].numpy()[:] = inputs.positions
-        host["slot_mapping"][:n].numpy()[:] = inputs.slot_mapping
-        host["seq_lens"][:n].numpy()[:] = inputs.seq_lens
-        # padding rows: token 0 at position 0, attending to nothing,
-        host["input_ids"][n:bs] = 0
-        host["positions"][n:bs] = 0
-        host["slot_mapping"][n:bs] = self.pad_slot  # writing into the scratch block
-        host["seq_lens"][n:bs] = 0
-        width = inputs.block_tables.shape[1]
+        self.copied.synchronize()  # the previous step's copies have left the twins
+        host, width = self.host, inputs.block_tables.shape[1]
+        for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
+            host[name][:n].numpy()[:] = getattr(inputs, name)
+        # padding rows: token 0 at position 0, attending to nothing, writing into
+        # the scratch block
+        host["input_ids"][n:bs] = host["positions"][n:bs] = host["seq_lens"][n:bs] = 0
+        host["slot_mapping"][n:bs] = self.pad_slot
         host["block_tables"][:n, :width].numpy()[:] = inputs.block_tables
         for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
             getattr(self, name)[:bs].copy_(host[name][:bs], non_blocking=True)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:133
+# %% chapters/07_engine.md:990
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -14,421 +14,46 @@ single-process on purpose: the server (chapter 16) wraps it, it does not change 
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, field, replace
 
 import torch
-from torch import Tensor
 
 from minillm.attention import paged_attention_ref
-from minillm.kv_cache import (
-    PagedKVCache,
-    available_kv_cache_memory,
-    num_blocks_for_memory,
-    reshape_and_cache,
-)
+from minillm.config import EngineConfig
+from minillm.detokenizer import IncrementalDetokenizer
+from minillm.kv_cache import PagedKVCache, num_blocks_for_memory, reshape_and_cache
 from minillm.kv_cache_manager import KVCacheManager
-from minillm.model import CausalLM, build_attention_metadata
+from minillm.model import CausalLM
+from minillm.model_runner import ModelRunner, ModelRunnerOutput, profile_num_blocks
+from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
+from minillm.registry import PART_CHECKS, REGISTRIES, SAMPLERS, SCHEDULERS
 from minillm.request import Request, RequestStatus
-from minillm.sampler import Sampler, SampleLogprobs, SamplingMetadata, make_generator
+from minillm.sampler import Sampler, SampleLogprobs
 from minillm.sampling_params import SamplingParams
 from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-@dataclass
-class RequestMetrics:
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finished_time: float | None = None
-
-    @property
-    def time_to_first_token(self) -> float | None:
-        return (
-            None
-            if self.first_token_time is None
-            else self.first_token_time - self.arrival_time
-        )
-
-    @property
-    def queue_time(self) -> float | None:
-        return (
-            None
-            if self.first_scheduled_time is None
-            else self.first_scheduled_time - self.arrival_time
-        )
+@ATTENTION_BACKENDS.register("torch")
+def torch_attention():
+    """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
+    return paged_attention_ref, reshape_and_cache
 
 
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort", or None while running
-    # the stop token id or stop string that ended it, if any
-    stop_reason: int | str | None = None
-    # one per token, when SamplingParams.logprobs is set
-    logprobs: list[SampleLogprobs] | None = None
-    cumulative_logprob: float | None = None
-    metrics: RequestMetrics | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def time_per_output_token(self) -> float | None:
-        m = self.metrics
-        if (
-            m is None
-            or m.first_token_time is None
-            or m.last_token_time is None
-            or len(self.token_ids) < 2
-        ):
-            return None
-        return (m.last_token_time - m.first_token_time) / (len(self.token_ids) - 1)
+@SCHEDULERS.register("recompute")
+def recompute_scheduler(scheduler_config, kv_cache_manager, kv_cache, config):
+    """Chapter 5's scheduler: a preempted request's cache is dropped, recomputed."""
+    return Scheduler(scheduler_config, kv_cache_manager)
 
 
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    metrics: RequestMetrics | None = None
+KV_CACHE_MANAGERS.register(None)(KVCacheManager)
+MODEL_RUNNERS.register(False)(ModelRunner)
+SAMPLERS.register("torch")(Sampler)
 
 
-# %% chapters/07_engine.md:259
-class IncrementalDetokenizer:
-    """Turns a request's output tokens into text, token by token, without broken
-    characters.
-
-    `output_text` is everything decoded so far (cut at a stop string once one is found);
-    `text(finished)` is what may be shown: while running, the tail that could still be
-    the start of a stop string is held back.
-    """
-
-    CONTEXT_TOKENS = 5  # prompt tokens that seed the decoding window
-
-    def __init__(
-        self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams
-    ):
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = params.skip_special_tokens
-        self.stop = [s for s in params.stop or [] if s]
-        self.include_stop = params.include_stop_str_in_output
-        self.tokens = list(prompt_token_ids[-self.CONTEXT_TOKENS :])
-        self.prefix_offset = 0
-        self.read_offset = len(self.tokens)
-        self.output_text = ""
-        self.holdback = max((len(s) for s in self.stop), default=1) - 1
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-
-    def update(self, new_token_ids: list[int]) -> str | None:
-        """Add tokens; returns the stop string that matched, if one did (text is then
-        cut).
-        """
-        start = len(self.output_text)
-        for token_id in new_token_ids:
-            self.tokens.append(token_id)
-            before = self._decode(self.tokens[self.prefix_offset : self.read_offset])
-            after = self._decode(self.tokens[self.prefix_offset :])
-            if len(after) > len(before) and not after.endswith("\ufffd"):
-                self.output_text += after[len(before) :]
-                self.prefix_offset, self.read_offset = (
-                    self.read_offset,
-                    len(self.tokens),
-                )
-        return self._find_stop(start)
-
-    def _find_stop(self, new_text_start: int) -> str | None:
-        for stop in self.stop:
-            # a stop string may begin before the new text: search from len(stop) - 1
-            # characters back
-            at = self.output_text.find(stop, max(0, new_text_start - len(stop) + 1))
-            if at != -1:
-                self.output_text = self.output_text[
-                    : at + (len(stop) if self.include_stop else 0)
-                ]
-                return stop
-        return None
-
-    def text(self, finished: bool) -> str:
-        if finished or self.holdback == 0:
-            return self.output_text
-        return self.output_text[: max(0, len(self.output_text) - self.holdback)]
-
-
-# %% chapters/07_engine.md:373
-@dataclass
-class ModelRunnerOutput:
-    sampled_token_ids: dict[str, list[int]]
-    logprobs: dict[str, SampleLogprobs]
-
-
-class ModelRunner:
-    """Runs one scheduled step: builds the flat batch, runs the model over the paged
-    cache, samples.
-    """
-
-    def __init__(
-        self,
-        model: CausalLM,
-        kv_cache: PagedKVCache,
-        eos_token_ids: list[int],
-        seed: int = 0,
-    ):
-        self.model = model
-        self.kv_cache = kv_cache
-        self.device = next(model.parameters()).device
-        self.eos_token_ids = eos_token_ids
-        self.sampler = Sampler(generator=torch.Generator(self.device).manual_seed(seed))
-        # per request, made when it arrives
-        self.generators: dict[str, torch.Generator | None] = {}
-
-    def add_request(self, request: Request) -> None:
-        self.generators[request.request_id] = make_generator(
-            request.sampling_params, self.device
-        )
-
-    def remove_request(self, request_id: str) -> None:
-        self.generators.pop(request_id, None)
-
-    @torch.inference_mode()
-    def execute_model(
-        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-    ) -> ModelRunnerOutput:
-        requests = output.scheduled_requests
-        query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
-        seq_lens = [r.num_computed_tokens + n for r, n in zip(requests, query_lens)]
-        tables = [kv_cache_manager.get_block_ids(r.request_id) for r in requests]
-        positions, metadata = build_attention_metadata(
-            query_lens, seq_lens, tables, self.kv_cache.block_size, self.device
-        )
-        input_ids = torch.tensor(
-            [
-                t
-                for r, n in zip(requests, query_lens)
-                for t in r.all_token_ids[
-                    r.num_computed_tokens : r.num_computed_tokens + n
-                ]
-            ],
-            device=self.device,
-        )
-        # (num_tokens, hidden)
-        hidden = self.model(input_ids, positions, metadata, self.kv_cache)
-        return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
-
-    def sample(
-        self, output: SchedulerOutput, hidden: Tensor, last: Tensor
-    ) -> ModelRunnerOutput:
-        """Next tokens for the requests whose chunk reached their end; last:
-        (num_seqs,) their last rows.
-        """
-        requests = output.scheduled_requests
-        sampling = [i for i, r in enumerate(requests) if output.samples(r)]
-        if not sampling:
-            return ModelRunnerOutput({}, {})
-        # (num_sampling, vocab)
-        logits = self.model.compute_logits(hidden[last[sampling]])
-        chosen = [requests[i] for i in sampling]
-        token_ids, logprobs = self.sample_tokens(chosen, logits)
-        return ModelRunnerOutput(
-            {r.request_id: [t] for r, t in zip(chosen, token_ids)}, logprobs
-        )
-
-    def sample_tokens(
-        self, chosen: list[Request], logits: Tensor
-    ) -> tuple[list[int], dict[str, SampleLogprobs]]:
-        sampling_md = SamplingMetadata.from_requests(
-            [r.sampling_params for r in chosen],
-            [r.prompt_token_ids for r in chosen],
-            [r.output_token_ids for r in chosen],
-            logits.shape[-1],
-            [self.generators.get(r.request_id) for r in chosen],
-            self.eos_token_ids,
-            self.device,
-        )
-        out = self.sampler(logits, sampling_md)
-        token_ids = out.sampled_token_ids.tolist()
-        logprobs = {}
-        if out.logprobs_tensors is not None:
-            for r, lp in zip(
-                chosen, out.logprobs_tensors.tolists(sampling_md.num_logprobs)
-            ):
-                if lp is not None:
-                    logprobs[r.request_id] = lp
-        return token_ids, logprobs
-
-
-# %% chapters/07_engine.md:495
-@dataclass(frozen=True)
-class EngineConfig:
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 1024
-    # None: the model's max_position_embeddings, capped at 4096 and the cache
-    max_model_len: int | None = None
-    enable_chunked_prefill: bool = True
-    # set it to size the cache exactly; else from memory:
-    num_kv_blocks: int | None = None
-    # on a GPU: this share of the card, minus what the model needs
-    gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_bytes: int = 1 << 30  # on a CPU: this many bytes of KV cache
-    seed: int = 0
-    # chapter 8: None (off), "hash" (vLLM's) or "radix" (SGLang's)
-    prefix_cache_impl: str | None = None
-    # "torch": chapter 4's reference; "triton": chapter 10's; "auto": triton on a GPU
-    attention_backend: str = "auto"
-    # chapter 9: "recompute" (drop the cache) or "swap" (to CPU memory)
-    preemption_mode: str = "recompute"
-    # chapter 9: the swap space in blocks; else from swap_space_bytes
-    num_cpu_blocks: int | None = None
-    swap_space_bytes: int = 1 << 30  # chapter 9: CPU memory for swapped-out blocks
-    # chapter 11: a runner that keeps its batch between steps; None: on a GPU
-    persistent_batch: bool | None = None
-    # chapter 11: replay captured decode steps; None: on a GPU with Triton attention
-    cuda_graphs: bool | None = None
-    # chapter 11: fuse each layer's small operators; None: with CUDA graphs
-    torch_compile: bool | None = None
-    # chapter 11: schedule step N+1 while step N runs; None: with CUDA graphs
-    async_scheduling: bool | None = None
-
-    def __post_init__(self):
-        if self.prefix_cache_impl not in (None, "hash", "radix"):
-            raise ValueError(
-                "prefix_cache_impl must be None, 'hash' or 'radix', got "
-                f"{self.prefix_cache_impl!r}"
-            )
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(
-                "preemption_mode must be 'recompute' or 'swap', got "
-                f"{self.preemption_mode!r}"
-            )
-        if self.preemption_mode == "swap" and self.prefix_cache_impl is not None:
-            raise ValueError(
-                "preemption_mode='swap' does not combine with prefix caching (chapter "
-                "9 says why): use preemption_mode='recompute', which a prefix cache "
-                "already makes cheap"
-            )
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(
-                "attention_backend must be 'auto', 'torch' or 'triton', got "
-                f"{self.attention_backend!r}"
-            )
-        if self.cuda_graphs and self.persistent_batch is False:
-            raise ValueError(
-                "cuda_graphs=True needs the persistent batch (chapter 11): leave "
-                "persistent_batch on"
-            )
-        if self.cuda_graphs and self.attention_backend == "torch":
-            raise ValueError(
-                "cuda_graphs=True needs attention_backend='triton' (or 'auto' on a "
-                "GPU): chapter 4's reference attention sizes its tensors from each "
-                "step's lengths, so it cannot be captured"
-            )
-
-
-def resolve_fast_path(
-    config: EngineConfig, on_gpu: bool
-) -> tuple[str, bool, bool, bool, bool]:
-    """What "auto" and None mean here: (attention backend, persistent batch, CUDA
-    graphs, torch.compile, async scheduling).
-
-    On a GPU: chapter 10's kernels and all of chapter 11; elsewhere: this chapter's
-    plain path.
-    """
-    backend = config.attention_backend
-    if backend == "auto":
-        backend = "triton" if on_gpu else "torch"
-    graphs = (
-        config.cuda_graphs
-        if config.cuda_graphs is not None
-        else (on_gpu and backend == "triton")
-    )
-    if graphs and (not on_gpu or backend != "triton"):
-        raise ValueError(
-            "cuda_graphs=True needs a model on a CUDA device and Triton attention"
-        )
-    persistent = (
-        config.persistent_batch if config.persistent_batch is not None else on_gpu
-    )
-    compiled = config.torch_compile if config.torch_compile is not None else graphs
-    if compiled and not persistent:
-        raise ValueError(
-            "torch_compile=True needs the persistent batch (chapter 11): leave "
-            "persistent_batch on"
-        )
-    overlap = config.async_scheduling if config.async_scheduling is not None else graphs
-    if overlap and not persistent:
-        raise ValueError(
-            "async_scheduling=True needs the persistent batch (chapter 11): leave "
-            "persistent_batch on"
-        )
-    return backend, persistent, graphs, compiled, overlap
-
-
-def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
-    """KV-cache blocks that fit next to the model on its GPU (after a profiling
-    forward).
-    """
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    # Measure from a clean slate: what earlier engines in this process left must be
-    # returned first.
-    # Chapter 11's runner freezes the heap after graph capture, so that garbage needs an
-    # unfreeze to be seen.
-    gc.unfreeze()
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    n = config.max_num_batched_tokens
-    # the largest step the scheduler may send, without a cache
-    with torch.inference_mode():
-        model.compute_logits(
-            model(
-                torch.zeros(1, n, dtype=torch.long, device=device),
-                torch.arange(n, device=device)[None],
-            )[:, -config.max_num_seqs :]
-        )
-    torch.cuda.synchronize(device)
-    budget = available_kv_cache_memory(
-        torch.cuda.get_device_properties(device).total_memory,
-        config.gpu_memory_utilization,
-        torch.cuda.max_memory_allocated(device),
-    )
-    return num_blocks_for_memory(model.config, config.block_size, dtype, budget)
-
-
-# %% chapters/07_engine.md:646
-@dataclass
-class _Sequence:
-    """The engine's view of one child request: its detokenizer and what it produced."""
-
-    request: Request
-    parent_id: str
-    index: int
-    # None when the engine runs without a tokenizer
-    detokenizer: IncrementalDetokenizer | None
-    metrics: RequestMetrics
-    logprobs: list[SampleLogprobs] | None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class _Parent:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    children: list[str] = field(default_factory=list)
-
-
+# %% chapters/07_engine.md:1051
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -438,117 +63,121 @@ class LLMEngine:
         self,
         model: CausalLM,
         tokenizer: Tokenizer | None,
-        config: EngineConfig = EngineConfig(),
+        config: EngineConfig | None = None,
     ):
+        config = config or EngineConfig()
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
         param = next(model.parameters())
+        # what each part's option stands for here, e.g. {"attention_backend": "torch"}
+        self.parts = {"device": param.device.type}
+        for registry in REGISTRIES:
+            value = getattr(config, registry.option)
+            self.parts[registry.option] = registry.resolve(value, param.device.type)
+        for check in PART_CHECKS:
+            check(config, self.parts)
+        runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
         elif param.device.type == "cuda":
             num_blocks = profile_num_blocks(model, config)
         else:
+            block_size, budget = config.block_size, config.cpu_kv_cache_bytes
             num_blocks = num_blocks_for_memory(
-                model.config, config.block_size, param.dtype, config.cpu_kv_cache_bytes
+                model.config, block_size, param.dtype, budget
             )
-        backend_name, persistent, use_graphs, use_compile, use_async = (
-            resolve_fast_path(config, param.device.type == "cuda")
-        )
-        # chapter 11: with CUDA graphs the last block is nobody's, the scratch where
-        # padding rows write
-        num_usable = num_blocks - 1 if use_graphs else num_blocks
-        # unless told otherwise: the model's context, capped at 4096 and at what the
-        # cache can hold
-        max_model_len = config.max_model_len or min(
+        num_usable = num_blocks - runner_cls.num_reserved_blocks(config, self.parts)
+        self.max_model_len = config.max_model_len or min(
             model.config.max_position_embeddings, 4096, num_usable * config.block_size
         )
-        if config.prefix_cache_impl is None:
-            self.kv_cache_manager = KVCacheManager(num_usable, config.block_size)
-        # chapter 8 comes later in the book, so its module is imported only when asked
-        # for
-        else:
-            from minillm.prefix_cache import make_kv_cache_manager
+        kv_cache = self._build_cache(num_blocks, num_usable)
+        self._build_runner(runner_cls, kv_cache)
+        self.sequences: dict[str, _Sequence] = {}
+        self.parents: dict[str, _Parent] = {}
+        self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
 
-            self.kv_cache_manager = make_kv_cache_manager(
-                num_usable, config.block_size, config.prefix_cache_impl
-            )
-        scheduler_config = SchedulerConfig(
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            max_model_len,
-            config.enable_chunked_prefill,
-        )
-        backend, writer = paged_attention_ref, reshape_and_cache
-        if backend_name == "triton":  # chapter 10, imported only when asked for
-            from minillm.kernels.paged_attention import (
-                triton_paged_attention as backend,
-            )
-            from minillm.kernels.paged_attention import (
-                triton_reshape_and_cache as writer,
-            )
+    # %% chapters/07_engine.md:1102
+    def _build_cache(self, num_blocks: int, num_usable: int) -> PagedKVCache:
+        model, config, parts = self.model, self.config, self.parts
+        param = next(model.parameters())
+        attend, write_cache = ATTENTION_BACKENDS[parts["attention_backend"]]()
         kv_cache = PagedKVCache(
             model.config,
             num_blocks,
             config.block_size,
-            backend,
+            attend,
             param.dtype,
             param.device,
-            cache_writer=writer,
+            cache_writer=write_cache,
         )
-        self.attention_backend, self.cuda_graphs, self.persistent_batch = (
-            backend_name,
-            use_graphs,
-            persistent,
+        make_manager = KV_CACHE_MANAGERS[parts["prefix_cache_impl"]]
+        self.kv_cache_manager = make_manager(num_usable, config.block_size)
+        scheduler_config = SchedulerConfig(
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            config.enable_chunked_prefill,
         )
-        self.torch_compile = use_compile
-        self.swapper = None  # chapter 9: copies the blocks a step swaps out or in
-        if config.preemption_mode == "recompute":
-            self.scheduler = Scheduler(scheduler_config, self.kv_cache_manager)
-        else:  # chapter 9, imported only when asked for
-            from minillm.swap import make_swap_scheduler
-
-            self.scheduler, self.swapper = make_swap_scheduler(
-                scheduler_config, self.kv_cache_manager, kv_cache, config
-            )
-        tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
-        self.eos_token_ids = sorted(
-            set(model.config.eos_token_ids) | ({tokenizer_eos} - {None})
+        make_scheduler = SCHEDULERS[parts["preemption_mode"]]
+        self.scheduler = make_scheduler(
+            scheduler_config, self.kv_cache_manager, kv_cache, config
         )
-        if persistent:  # chapter 11, imported only when asked for
-            from minillm.input_batch import GPUModelRunner
+        return kv_cache
 
-            self.model_runner = GPUModelRunner(
-                model,
-                kv_cache,
-                self.eos_token_ids,
-                config.seed,
-                config.max_num_seqs,
-                max_model_len,
-                cuda_graphs=use_graphs,
-                torch_compile=use_compile,
-            )
-        else:
-            self.model_runner = ModelRunner(
-                model, kv_cache, self.eos_token_ids, config.seed
-            )
-        self.async_scheduling = use_async
-        # chapter 11: the step loop that overlaps the CPU's work with the GPU's
-        self.stepper = None
-        if use_async:
-            from minillm.input_batch import AsyncStepper
-
-            self.stepper = AsyncStepper(self)
-        self.max_model_len = max_model_len
-        self.sequences: dict[str, _Sequence] = {}
-        self.parents: dict[str, _Parent] = {}
-        self.num_steps = 0
-        self.num_preemptions = 0
-        self.num_generated_tokens = 0
+    # %% chapters/07_engine.md:1137
+    def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
+        model, config, parts = self.model, self.config, self.parts
+        tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
+        eos = set(model.config.eos_token_ids) | (tokenizer_eos - {None})
+        self.eos_token_ids = sorted(eos)
+        device = next(model.parameters()).device
+        generator = torch.Generator(device).manual_seed(config.seed)
+        sampler = SAMPLERS[parts["sampler"]](generator=generator)
+        self.model_runner = runner_cls(
+            model,
+            kv_cache,
+            sampler,
+            self.eos_token_ids,
+            config,
+            self.max_model_len,
+            parts,
+        )
+        self.stepper = self.model_runner.make_stepper(self)
 
     @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:791
+    # %% chapters/07_engine.md:1169
+    def _check_request(
+        self, prompt: str | list[int], params: SamplingParams
+    ) -> tuple[list[int], int]:
+        """(prompt token ids, max_tokens) for a valid request; ValueError otherwise."""
+        if self.tokenizer is None and (isinstance(prompt, str) or params.stop):
+            raise ValueError(
+                "this engine has no tokenizer (skip_tokenizer_init): pass token ids, "
+                "and no stop strings"
+            )
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        params.verify_token_ids(self.vocab_size)
+        room, context = self.max_model_len - len(ids), self.max_model_len
+        if room < 1:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; this model's context is {context} "
+                f"tokens, so at most {context - 1} fit"
+            )
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(
+                f"max_tokens={params.max_tokens} does not fit: the prompt has "
+                f"{len(ids)} tokens and the context is {context}, so at most {room} "
+                "can be generated"
+            )
+        return ids, params.max_tokens if params.max_tokens is not None else room
+
+    # %% chapters/07_engine.md:1230
     def add_request(
         self,
         request_id: str,
@@ -560,75 +189,38 @@ class LLMEngine:
         parameters.
         """
         params = params or SamplingParams()
-        # n > 1 gives children ids of their own: all of them must be free, checked
-        # before anything is written, so that a refused request changes nothing
         n = params.n
         child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
         for rid in dict.fromkeys([request_id, *child_ids]):
             if rid in self.parents or rid in self.sequences:
                 raise ValueError(f"request id {rid!r} is already in use")
-        text = prompt if isinstance(prompt, str) else None
-        if self.tokenizer is None and (text is not None or params.stop):
-            raise ValueError(
-                "this engine has no tokenizer (skip_tokenizer_init): pass token ids, "
-                "and no stop strings"
-            )
-        prompt_ids = (
-            self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        )
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
-        params.verify_token_ids(self.vocab_size)
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(
-                f"the prompt has {len(prompt_ids)} tokens; this model's context is "
-                f"{self.max_model_len} tokens, so at most {self.max_model_len - 1} fit"
-            )
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise ValueError(
-                f"max_tokens={params.max_tokens} does not fit: the prompt has "
-                f"{len(prompt_ids)} tokens and the context is {self.max_model_len}, so "
-                f"at most {room} can be generated"
-            )
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        prompt_ids, max_tokens = self._check_request(prompt, params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
+        text = prompt if isinstance(prompt, str) else None
         parent = _Parent(request_id, text, prompt_ids)
         for i, child_id in enumerate(child_ids):
-            child_params = replace(
-                params,
-                n=1,
-                max_tokens=max_tokens,
-                seed=None if params.seed is None else params.seed + i,
-            )
-            request = Request(child_id, prompt_ids, child_params, arrival)
-            detokenizer = (
-                IncrementalDetokenizer(self.tokenizer, prompt_ids, child_params)
-                if self.tokenizer
-                else None
-            )
+            seed = None if params.seed is None else params.seed + i
+            child = replace(params, n=1, max_tokens=max_tokens, seed=seed)
+            request = Request(child_id, prompt_ids, child, arrival)
+            detokenizer = None
+            if self.tokenizer:
+                detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, child)
+            logprobs = [] if params.logprobs is not None else None
             self.sequences[child_id] = _Sequence(
-                request,
-                request_id,
-                i,
-                detokenizer,
-                RequestMetrics(arrival),
-                [] if params.logprobs is not None else None,
+                request, request_id, i, detokenizer, RequestMetrics(arrival), logprobs
             )
             self.model_runner.add_request(request)
             self.scheduler.add_request(request)
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
+    # %% chapters/07_engine.md:1272
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
         """
-        for request_id in (
-            [request_ids] if isinstance(request_ids, str) else request_ids
-        ):
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        for request_id in ids:
             parent = self.parents.pop(request_id, None)
             for child_id in parent.children if parent else []:
                 self.scheduler.finish_requests(child_id, RequestStatus.FINISHED_ABORTED)
@@ -644,7 +236,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:897
+    # %% chapters/07_engine.md:1304
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -665,12 +257,11 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:929
+    # %% chapters/07_engine.md:1334
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
-        # chapter 11's overlapped loop, which reuses the two halves below
-        if self.stepper is not None:
+        if self.stepper is not None:  # a runner's own loop over the halves below
             return self.stepper.step()
         scheduler_output = self._schedule()
         if not scheduler_output.scheduled_requests:
@@ -687,21 +278,17 @@ class LLMEngine:
     def _schedule(self) -> SchedulerOutput:
         scheduler_output = self.scheduler.schedule()
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
-        # chapter 9: move swapped blocks before the forward reads the cache
-        if self.swapper is not None:
-            self.swapper.execute(scheduler_output)
         now = time.monotonic()
         for request in scheduler_output.scheduled_requests:
             metrics = self.sequences[request.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
+    # %% chapters/07_engine.md:1368
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
-        """The engine's side of new tokens: metrics, logprobs, text, stop conditions,
-        outputs.
-        """
+        """Metrics, logprobs, text, stop conditions, outputs of new tokens."""
         self.num_generated_tokens += len(updated)
         now = time.monotonic()
         touched: dict[str, None] = {}
@@ -712,43 +299,22 @@ class LLMEngine:
             seq.metrics.last_token_time = now
             if seq.logprobs is not None:
                 seq.logprobs.append(result.logprobs[request.request_id])
-            stop_string = (
-                seq.detokenizer.update(new_tokens) if seq.detokenizer else None
-            )
+            detok = seq.detokenizer
+            stop_string = detok.update(new_tokens) if detok else None
             status = self._check_stop(seq, stop_string)
             if status is not None:
                 seq.metrics.finished_time = now
                 self.scheduler.finish_requests(request.request_id, status)
-            if (
-                status is not None
-                or request.sampling_params.output_kind == "cumulative"
-            ):
-                # "final_only" requests are reported once, when they end
+            # "final_only" requests are reported once, when they end
+            kind = request.sampling_params.output_kind
+            if status is not None or kind == "cumulative":
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
+    # %% chapters/07_engine.md:1401
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
-        completions = []
-        for child_id in parent.children:
-            seq = self.sequences[child_id]
-            request = seq.request
-            finished = request.is_finished
-            cumulative = (
-                None if seq.logprobs is None else sum(lp.logprob for lp in seq.logprobs)
-            )
-            completions.append(
-                CompletionOutput(
-                    seq.index,
-                    seq.detokenizer.text(finished) if seq.detokenizer else "",
-                    list(request.output_token_ids),
-                    request.status.finish_reason,
-                    seq.stop_reason,
-                    list(seq.logprobs) if seq.logprobs is not None else None,
-                    cumulative,
-                    seq.metrics,
-                )
-            )
+        completions = [self._completion(child_id) for child_id in parent.children]
         done = all(c.finished for c in completions)
         output = RequestOutput(
             parent_id,
@@ -763,3 +329,40 @@ class LLMEngine:
             for child_id in parent.children:
                 self._forget(child_id)
         return output
+
+    def _completion(self, child_id: str) -> CompletionOutput:
+        seq = self.sequences[child_id]
+        request, logprobs = seq.request, seq.logprobs
+        text = seq.detokenizer.text(request.is_finished) if seq.detokenizer else ""
+        cumulative = None if logprobs is None else sum(lp.logprob for lp in logprobs)
+        return CompletionOutput(
+            seq.index,
+            text,
+            list(request.output_token_ids),
+            request.status.finish_reason,
+            seq.stop_reason,
+            None if logprobs is None else list(logprobs),
+            cumulative,
+            seq.metrics,
+        )
+
+
+# %% chapters/07_engine.md:1208
+@dataclass
+class _Sequence:
+    request: Request
+    parent_id: str
+    index: int
+    # None when the engine runs without a tokenizer
+    detokenizer: IncrementalDetokenizer | None
+    metrics: RequestMetrics
+    logprobs: list[SampleLogprobs] | None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[str] = field(default_factory=list)

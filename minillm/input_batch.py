@@ -2,37 +2,26 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:204
-"""The persistent batch and the runner that uses it (chapter 11, "CUDA graphs and the
-persistent batch").
+# %% chapters/11_cuda_graph.md:254
+"""The persistent batch (chapter 11, "The persistent batch").
 
 `InputBatch` keeps every running request's block table in a row of a CPU array between
-steps and computes a step's inputs with NumPy; `GPUModelRunner` is chapter 7's
-ModelRunner on top of it, replaying captured decode steps (`minillm.cuda_graph`) when
-CUDA graphs are on. Also here: `merge_projections` (one qkv_proj and one gate_up_proj
-per layer, "Fewer kernels") and `AsyncStepper` (the engine's step with the CPU one step
-ahead, "async scheduling"). vLLM: vllm/v1/worker/gpu_input_batch.py, block_table.py and
-gpu_model_runner.py.
+steps; `prepare_inputs` computes a step's inputs from the rows with NumPy. vLLM:
+vllm/v1/worker/gpu_input_batch.py and vllm/v1/worker/block_table.py.
 """
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from minillm.block_pool import KVCacheBlock
-from minillm.engine import ModelRunner, ModelRunnerOutput
-from minillm.kv_cache import PagedKVCache
 from minillm.kv_cache_manager import KVCacheManager
-from minillm.model import MLP, Attention, AttentionMetadata, CausalLM
-from minillm.request import Request, RequestStatus
-from minillm.sampler import SampleLogprobs
-from minillm.sampling_params import SamplingParams, SamplingType
+from minillm.model import AttentionMetadata
+from minillm.request import Request
 from minillm.scheduler import SchedulerOutput
 
 
@@ -44,9 +33,8 @@ class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int):
         self.block_size = block_size
         self.max_blocks_per_req = -(-max_model_len // block_size)
-        self.block_table = np.zeros(
-            (max_num_reqs, self.max_blocks_per_req), dtype=np.int64
-        )
+        shape = (max_num_reqs, self.max_blocks_per_req)
+        self.block_table = np.zeros(shape, dtype=np.int64)
         # how many entries of each row are filled in
         self.num_blocks = [0] * max_num_reqs
         # the request's num_preemptions when its row was filled
@@ -54,6 +42,7 @@ class InputBatch:
         self.req_to_row: dict[str, int] = {}
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
 
+    # %% chapters/11_cuda_graph.md:301
     def row_for(self, request: Request, blocks: list[KVCacheBlock]) -> int:
         """request's row, with its block table brought up to date from blocks (the
         manager's list).
@@ -68,14 +57,12 @@ class InputBatch:
             row = self.free_rows.pop()
             self.req_to_row[request.request_id] = row
             self.num_blocks[row], self.preemptions[row] = 0, request.num_preemptions
-        # preempted and back: other blocks now
-        elif self.preemptions[row] != request.num_preemptions:
+        elif self.preemptions[row] != request.num_preemptions:  # back, other blocks
             self.num_blocks[row], self.preemptions[row] = 0, request.num_preemptions
         known = self.num_blocks[row]
         if len(blocks) > known:
-            self.block_table[row, known : len(blocks)] = [
-                b.block_id for b in blocks[known:]
-            ]
+            new_ids = [b.block_id for b in blocks[known:]]
+            self.block_table[row, known : len(blocks)] = new_ids
             self.num_blocks[row] = len(blocks)
         return row
 
@@ -85,7 +72,7 @@ class InputBatch:
             self.free_rows.append(row)
 
 
-# %% chapters/11_cuda_graph.md:293
+# %% chapters/11_cuda_graph.md:341
 @dataclass
 class StepInputs:
     """One step's flat batch as CPU arrays (what chapter 1's build_attention_metadata
@@ -112,31 +99,26 @@ class StepInputs:
     def to_device(
         self, device: torch.device
     ) -> tuple[Tensor, Tensor, AttentionMetadata]:
-        def put(a: np.ndarray) -> Tensor:
-            return upload(a, device)
-
         metadata = AttentionMetadata(
-            put(self.query_start_loc),
-            put(self.seq_lens),
-            put(self.block_tables),
-            put(self.slot_mapping),
+            upload(self.query_start_loc, device),
+            upload(self.seq_lens, device),
+            upload(self.block_tables, device),
+            upload(self.slot_mapping, device),
             self.max_query_len,
             int(self.seq_lens.max()),
         )
-        return put(self.input_ids), put(self.positions), metadata
+        return upload(self.input_ids, device), upload(self.positions, device), metadata
 
 
 def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
-    """a on the device, copied without making the CPU wait for the GPU (chapter 11,
-    "A copy that waits").
-    """
+    """a on the device, copied without making the CPU wait for the GPU."""
     t = torch.as_tensor(a)
     if device.type == "cuda":
-        # from page-locked memory the copy is a DMA the CPU only enqueues
-        t = t.pin_memory()
+        t = t.pin_memory()  # from page-locked memory the copy is a DMA
     return t.to(device, non_blocking=True)
 
 
+# %% chapters/11_cuda_graph.md:395
 def prepare_inputs(
     batch: InputBatch, output: SchedulerOutput, kv_cache_manager: KVCacheManager
 ) -> StepInputs:
@@ -145,17 +127,14 @@ def prepare_inputs(
     """
     rows, query_lens, context_lens, token_ids, all_sample = [], [], [], [], True
     for request in output.scheduled_requests:
-        rows.append(
-            batch.row_for(request, kv_cache_manager.req_to_blocks[request.request_id])
-        )
-        n, start = (
-            output.num_scheduled_tokens[request.request_id],
-            request.num_computed_tokens,
-        )
+        blocks = kv_cache_manager.req_to_blocks[request.request_id]
+        rows.append(batch.row_for(request, blocks))
+        n = output.num_scheduled_tokens[request.request_id]
+        start = request.num_computed_tokens
         query_lens.append(n)
         context_lens.append(start)
         known = request.all_token_ids[start : start + n]
-        # a placeholder's slot: launch's patch fills it on the device
+        # a placeholder's slot (async scheduling, below): filled on the device
         token_ids += known + [0] * (n - len(known))
         all_sample = all_sample and output.samples(request)
     rows_a, q_lens, ctx = np.array(rows), np.array(query_lens), np.array(context_lens)
@@ -163,426 +142,15 @@ def prepare_inputs(
     seq_of_token = np.repeat(np.arange(len(rows)), q_lens)  # (num_tokens,)
     positions = np.arange(cu[-1]) - (cu - q_lens)[seq_of_token] + ctx[seq_of_token]
     bs = batch.block_size
-    slot_mapping = (
-        batch.block_table[rows_a[seq_of_token], positions // bs] * bs + positions % bs
-    )
+    block_ids = batch.block_table[rows_a[seq_of_token], positions // bs]
     seq_lens = ctx + q_lens
     width = -(-int(seq_lens.max()) // bs)
     return StepInputs(
         np.array(token_ids, dtype=np.int64),
         positions,
-        slot_mapping,
+        block_ids * bs + positions % bs,  # (num_tokens,) the slot mapping
         np.concatenate([[0], cu]).astype(np.int32),
         seq_lens.astype(np.int32),
         batch.block_table[rows_a, :width].astype(np.int32),
         all_sample,
     )
-
-
-# %% chapters/11_cuda_graph.md:399
-def is_plain_greedy(params: SamplingParams) -> bool:
-    """Whether the sampler would reduce to an argmax for these parameters."""
-    return (
-        params.sampling_type is SamplingType.GREEDY
-        and params.logprobs is None
-        and params.min_tokens == 0
-        and not params.logits_processors
-        and params.allowed_token_ids is None
-        and not params.banned_token_ids
-        and params.repetition_penalty == 1
-        and params.frequency_penalty == 0
-        and params.presence_penalty == 0
-    )
-
-
-def compile_layers(model: CausalLM, kv_cache: PagedKVCache) -> None:
-    """Fuse the small operators of every decoder layer with torch.compile; attention
-    stays chapter 10's.
-
-    One compilation serves all layers (their code is the same) and all batch sizes
-    (dynamic=True).
-    """
-    import torch._dynamo
-
-    torch._dynamo.config.cache_size_limit = max(
-        torch._dynamo.config.cache_size_limit, 64
-    )
-    # a layer's index is an int attribute, which Dynamo would treat as a constant: one
-    # compilation per layer
-    torch._dynamo.config.allow_unspec_int_on_nn_module = True
-    # the graph breaks here: Triton kernels run as they are
-    kv_cache.attend = torch.compiler.disable(kv_cache.attend)
-    for layer in model.model.layers:
-        layer.compile(dynamic=True)
-
-
-class GPUModelRunner(ModelRunner):
-    """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
-    graphs if asked.
-    """
-
-    def __init__(
-        self,
-        model: CausalLM,
-        kv_cache: PagedKVCache,
-        eos_token_ids: list[int],
-        seed: int = 0,
-        max_num_seqs: int = 256,
-        max_model_len: int = 4096,
-        cuda_graphs: bool = False,
-        capture_sizes: list[int] | None = None,
-        torch_compile: bool = False,
-    ):
-        super().__init__(model, kv_cache, eos_token_ids, seed)
-        if torch_compile:  # all three below, in "Fewer kernels"
-            merge_projections(model)
-            if self.device.type == "cuda":
-                use_decode_linear(model)
-            compile_layers(model, kv_cache)
-        self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
-        self.plain_greedy: dict[str, bool] = {}
-        # the last step launched ahead (async scheduling, below)
-        self.previous: InFlight | None = None
-        self.host_tokens = (
-            [
-                torch.empty(max_num_seqs, dtype=torch.int64).pin_memory()
-                for _ in range(2)
-            ]
-            if self.device.type == "cuda"
-            else []
-        )
-        self.host_slot = 0
-        self.graph_runner = None
-        self.num_graph_steps = self.num_eager_steps = 0
-        if cuda_graphs:
-            from minillm.cuda_graph import CUDAGraphRunner, default_capture_sizes
-
-            self.graph_runner = CUDAGraphRunner(
-                model,
-                kv_cache,
-                capture_sizes or default_capture_sizes(max_num_seqs),
-                max_model_len,
-                scratch_block=kv_cache.num_blocks - 1,
-            )
-            self.graph_runner.capture()
-        # a big, long-lived heap: "A pause..."
-        if self.device.type == "cuda" and (torch_compile or cuda_graphs):
-            gc.collect()
-            gc.freeze()
-
-    def add_request(self, request: Request) -> None:
-        super().add_request(request)
-        self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
-
-    def remove_request(self, request_id: str) -> None:
-        super().remove_request(request_id)
-        self.plain_greedy.pop(request_id, None)
-        self.input_batch.remove(request_id)
-
-    @torch.inference_mode()
-    def execute_model(
-        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-    ) -> ModelRunnerOutput:
-        # a step run here samples on the CPU's side: no placeholders follow it
-        self.previous = None
-        inputs, hidden = self.forward(output, kv_cache_manager)
-        # decode only: hidden row i is sequence i's last
-        if inputs.all_sample and inputs.max_query_len == 1:
-            token_ids, logprobs = self.sample_tokens(
-                output.scheduled_requests, self.model.compute_logits(hidden)
-            )
-            return ModelRunnerOutput(
-                {
-                    r.request_id: [t]
-                    for r, t in zip(output.scheduled_requests, token_ids)
-                },
-                logprobs,
-            )
-        last = upload(inputs.query_start_loc[1:] - 1, self.device)
-        return self.sample(output, hidden, last.long())
-
-    def forward(
-        self,
-        output: SchedulerOutput,
-        kv_cache_manager: KVCacheManager,
-        patch_input_ids=None,
-    ) -> tuple[StepInputs, Tensor]:
-        """The step's inputs and hidden states; patch_input_ids(ids), if given, edits
-        the ids on the device.
-        """
-        for request_id in (*output.finished_req_ids, *output.preempted_req_ids):
-            self.input_batch.remove(request_id)
-        inputs = prepare_inputs(self.input_batch, output, kv_cache_manager)
-        graphs = self.graph_runner
-        if (
-            graphs is not None
-            and inputs.max_query_len == 1
-            and inputs.num_seqs <= graphs.max_batch_size
-        ):
-            # (num_seqs, hidden): one token per sequence
-            hidden = graphs.run(inputs, patch_input_ids)
-            self.num_graph_steps += 1
-        else:
-            input_ids, positions, metadata = inputs.to_device(self.device)
-            if patch_input_ids is not None:
-                patch_input_ids(input_ids)
-            # (num_tokens, hidden)
-            hidden = self.model(input_ids, positions, metadata, self.kv_cache)
-            self.num_eager_steps += 1
-        return inputs, hidden
-
-    def sample_tokens(
-        self, chosen: list[Request], logits: Tensor
-    ) -> tuple[list[int], dict[str, SampleLogprobs]]:
-        if all(self.plain_greedy.get(r.request_id, False) for r in chosen):
-            return logits.argmax(dim=-1).tolist(), {}
-        return super().sample_tokens(chosen, logits)
-
-    # %% chapters/11_cuda_graph.md:1063
-    @torch.inference_mode()
-    def launch(
-        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-    ) -> InFlight | None:
-        """Enqueue the step and its argmax without waiting; None (and nothing done)
-        unless every request that samples is plainly greedy.
-        """
-        requests = output.scheduled_requests
-        sampling = [i for i, r in enumerate(requests) if output.samples(r)]
-        if not all(
-            self.plain_greedy.get(requests[i].request_id, False) for i in sampling
-        ):
-            return None
-        previous, self.previous = self.previous, None
-        patch = None
-        # a placeholder comes after all of a request's known tokens, so it is the last
-        # one it computes this step
-        holes = [i for i in sampling if requests[i].num_output_placeholders]
-        if holes:
-            if previous is None:
-                raise RuntimeError(
-                    "a placeholder token without a step in flight to fill it"
-                )
-            row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
-            query_end = (
-                np.cumsum([output.num_scheduled_tokens[r.request_id] for r in requests])
-                - 1
-            )
-            dst = upload(query_end[holes].astype(np.int64), self.device)
-            src = upload([row_of[requests[i].request_id] for i in holes], self.device)
-            sampled = previous.tokens
-
-            # runs on the device, in stream order after step N's argmax
-            def patch(input_ids: Tensor) -> None:
-                input_ids[dst] = sampled[src]
-
-        inputs, hidden = self.forward(output, kv_cache_manager, patch)
-        # only the rows that sample
-        if not (inputs.all_sample and inputs.max_query_len == 1):
-            hidden = hidden[
-                upload(
-                    inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1,
-                    self.device,
-                )
-            ]
-        # the argmax of the head's own output: bfloat16 -> float32 is exact and keeps
-        # the order, so it picks
-        # the token compute_logits would, without writing float32 logits (155 MB at 256
-        # rows of Qwen3's vocab)
-        tokens = self.model.lm_head(hidden).argmax(dim=-1)
-        if self.device.type == "cuda":
-            # two pinned buffers: the step in flight reads one while this one fills the
-            # other
-            self.host_slot ^= 1
-            host = self.host_tokens[self.host_slot][: len(sampling)]
-            host.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            host, ready = tokens, None
-        self.previous = InFlight(
-            output, [requests[i] for i in sampling], tokens, host, ready
-        )
-        return self.previous
-
-
-# %% chapters/11_cuda_graph.md:781
-class MergedAttention(Attention):
-    """Chapter 1's attention with q, k and v from one matrix product."""
-
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
-
-
-class MergedMLP(MLP):
-    """Chapter 1's MLP with gate and up from one matrix product."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-def merged_linear(parts: list[nn.Linear]) -> nn.Linear:
-    """One nn.Linear whose outputs are the parts' outputs, concatenated."""
-    merged = nn.Linear(
-        parts[0].in_features,
-        sum(p.out_features for p in parts),
-        bias=parts[0].bias is not None,
-        # no initialisation: the weights come from the parts
-        device="meta",
-    )
-    merged.weight = nn.Parameter(
-        torch.cat([p.weight.detach() for p in parts]), requires_grad=False
-    )
-    if parts[0].bias is not None:
-        merged.bias = nn.Parameter(
-            torch.cat([p.bias.detach() for p in parts]), requires_grad=False
-        )
-    return merged
-
-
-def merge_projections(model: CausalLM) -> None:
-    """Surgery, in place: one qkv_proj per attention, one gate_up_proj per MLP; the
-    outputs are unchanged.
-    """
-    for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        if type(attn) is Attention:
-            attn.qkv_sizes = [
-                attn.q_proj.out_features,
-                attn.k_proj.out_features,
-                attn.v_proj.out_features,
-            ]
-            attn.qkv_proj = merged_linear([attn.q_proj, attn.k_proj, attn.v_proj])
-            del attn.q_proj, attn.k_proj, attn.v_proj
-            attn.__class__ = MergedAttention
-        if type(mlp) is MLP:
-            mlp.gate_up_proj = merged_linear([mlp.gate_proj, mlp.up_proj])
-            del mlp.gate_proj, mlp.up_proj
-            mlp.__class__ = MergedMLP
-
-
-# %% chapters/11_cuda_graph.md:884
-class DecodeLinear(nn.Linear):
-    """nn.Linear through chapter 10's `linear`: the skinny Triton kernel for at most
-    16 rows on a GPU.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        # chapter 10; Triton is needed on a GPU only
-        from minillm.kernels.skinny_gemm import linear
-
-        return linear(x, self.weight, self.bias)
-
-
-def use_decode_linear(model: CausalLM) -> None:
-    """In place: every nn.Linear of the decoder layers becomes a DecodeLinear (same
-    weights, same outputs).
-    """
-    for layer in model.model.layers:
-        for module in layer.modules():
-            if type(module) is nn.Linear:
-                module.__class__ = DecodeLinear
-
-
-# %% chapters/11_cuda_graph.md:1046
-@dataclass
-class InFlight:
-    """A step enqueued on the device, with greedy sampling, whose tokens the CPU has
-    not read yet.
-    """
-
-    output: SchedulerOutput
-    sampling: list[Request]  # the requests that get a token, in the order of `tokens`
-    # (len(sampling),) on the device: what the next step's placeholders stand for
-    tokens: Tensor
-    host: Tensor  # the same tokens, being copied into pinned CPU memory
-    # passed when `host` holds them; None on a CPU (nothing to wait for)
-    ready: torch.cuda.Event | None
-
-
-# %% chapters/11_cuda_graph.md:1135
-class AsyncStepper:
-    """LLMEngine.step with the CPU one step ahead of the device (vLLM's async
-    scheduling).
-    """
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.in_flight: InFlight | None = None
-        # steps launched ahead / run as chapter 7's (the fallback)
-        self.num_ahead = self.num_in_step = 0
-
-    def step(self) -> list:
-        engine = self.engine
-        output = engine._schedule()  # step N+1: step N's tokens count, as placeholders
-        launched = None
-        if output.scheduled_requests:
-            launched = engine.model_runner.launch(output, engine.kv_cache_manager)
-        # step N's
-        outputs = (
-            self._take_tokens(self.in_flight) if self.in_flight is not None else []
-        )
-        self.in_flight = None
-        if launched is not None:
-            self._advance(launched)
-            self.in_flight = launched
-            engine.num_steps += 1
-            self.num_ahead += 1
-        # a request needs the full sampler: run this step as chapter 7 does
-        elif output.scheduled_requests:
-            # stopped at step N
-            for request in [r for r in output.scheduled_requests if r.is_finished]:
-                output.scheduled_requests.remove(request)
-                del output.num_scheduled_tokens[request.request_id]
-            if output.scheduled_requests:
-                result = engine.model_runner.execute_model(
-                    output, engine.kv_cache_manager
-                )
-                updated = engine.scheduler.update_from_output(
-                    output, result.sampled_token_ids
-                )
-                engine.num_steps += 1
-                self.num_in_step += 1
-                outputs += engine._apply_tokens(updated, result)
-        return outputs
-
-    def _take_tokens(self, step: InFlight) -> list:
-        """Wait for a step's tokens and hand them to the engine in place of their
-        placeholders.
-        """
-        if step.ready is not None:
-            step.ready.synchronize()
-        updated, sampled = [], {}
-        for request, token in zip(step.sampling, step.host.tolist()):
-            if request.is_finished:
-                # stopped at the step before, or aborted (its count is 0): the token is
-                # thrown away
-                continue
-            # none if the token is its last by length
-            if request.num_output_placeholders:
-                request.num_output_placeholders -= 1
-            # running or preempted since: the token is real either way
-            request.append_output_token_ids([token])
-            updated.append(request)
-            sampled[request.request_id] = [token]
-        return self.engine._apply_tokens(updated, ModelRunnerOutput(sampled, {}))
-
-    def _advance(self, step: InFlight) -> None:
-        """The end of a step, done at its launch: the scheduler's update without
-        tokens, then placeholders.
-        """
-        engine = self.engine
-        # every token the step computes is known by now (step N's were just put in), so
-        # the prefix
-        # cache may register full blocks; their K/V is written by the step itself,
-        # before any later reader
-        engine.scheduler.update_from_output(step.output, {})
-        for request in step.sampling:
-            params = request.sampling_params
-            if (
-                request.status is RequestStatus.RUNNING
-                and request.num_output_tokens + 1 < params.max_tokens
-                # the token will not be its last
-                and request.num_tokens + 1 < engine.max_model_len
-            ):
-                request.num_output_placeholders += 1

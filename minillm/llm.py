@@ -2,20 +2,22 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1075
+# %% chapters/07_engine.md:1482
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from minillm.engine import EngineConfig, LLMEngine, RequestOutput
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
 from minillm.hf import load_model, load_pretrained
+from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 from minillm.tiny import tiny_model
 
@@ -28,8 +30,8 @@ class LLM:
     """Load a model and generate for batches of prompts.
 
     model: None for the course's tiny model, or the path of a local Hugging Face folder
-    (Llama, Qwen2, Qwen3). Keyword arguments are EngineConfig fields (block_size,
-    max_num_seqs, max_num_batched_tokens, max_model_len, num_kv_blocks, ...).
+    (Llama, Qwen2, Qwen3). Keyword arguments are EngineConfig's (block_size,
+    max_num_seqs, num_kv_blocks, prefix_cache_impl, ...).
     skip_tokenizer_init: run without a tokenizer (prompts are token ids, outputs have no
     text), as vLLM's option of that name; benchmarks with random weights use it.
     """
@@ -43,25 +45,21 @@ class LLM:
         skip_tokenizer_init: bool = False,
         **engine_kwargs,
     ):
-        unknown = set(engine_kwargs) - {f.name for f in fields(EngineConfig)}
-        if unknown:
-            raise TypeError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        config = EngineConfig(**engine_kwargs)  # a bad keyword fails before loading
         device = device or default_device()
-        dtype = dtype or (
-            torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-        )
+        on_gpu = torch.device(device).type == "cuda"
+        dtype = dtype or (torch.bfloat16 if on_gpu else torch.float32)
         if model is None:
             net, tokenizer = tiny_model(device=device, dtype=dtype, progress=False)
         elif skip_tokenizer_init:
             net, tokenizer = load_model(model, dtype=dtype, device=device), None
         else:
             net, tokenizer = load_pretrained(model, dtype=dtype, device=device)
-        if skip_tokenizer_init:
-            tokenizer = None
-        self.tokenizer = tokenizer
-        self.engine = LLMEngine(net, tokenizer, EngineConfig(**engine_kwargs))
+        self.tokenizer = None if skip_tokenizer_init else tokenizer
+        self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
+    # %% chapters/07_engine.md:1547
     def generate(
         self,
         prompts: str | list[str] | list[list[int]],
@@ -71,11 +69,9 @@ class LLM:
         """Outputs for prompts (strings or token-id lists), in the prompts' order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = (
-            sampling_params
-            if isinstance(sampling_params, list)
-            else [sampling_params] * len(prompts)
-        )
+        params = sampling_params
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(
                 f"{len(prompts)} prompts but {len(params)} sampling params"
@@ -112,9 +108,9 @@ class LLM:
                 if output.finished:
                     finished[output.request_id] = output
                     bar.update(1)
-            generated = self.engine.num_generated_tokens - tokens_before
-            bar.set_postfix_str(
-                f"{generated / (time.perf_counter() - start):.0f} tok/s", refresh=False
+            rate = (self.engine.num_generated_tokens - tokens_before) / (
+                time.perf_counter() - start
             )
+            bar.set_postfix_str(f"{rate:.0f} tok/s", refresh=False)
         bar.close()
         return [finished[i] for i in ids]

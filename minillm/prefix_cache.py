@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from minillm.block_pool import BlockPool, KVCacheBlock
 from minillm.kv_cache_manager import KVCacheManager
+from minillm.registry import KV_CACHE_MANAGERS
 from minillm.request import Request
 
 HashFunction = Callable[[tuple], int]
@@ -60,7 +61,7 @@ class BlockHash:
     parent: BlockHash | None = field(default=None, repr=False)
 
 
-# %% chapters/08_prefix_cache.md:366
+# %% chapters/08_prefix_cache.md:367
 class PrefixCachingBlockPool(BlockPool):
     """A BlockPool whose full blocks keep their contents, findable by hash, until
     reused.
@@ -143,7 +144,7 @@ class PrefixCachingBlockPool(BlockPool):
         super()._evict(block)
 
 
-# %% chapters/08_prefix_cache.md:458
+# %% chapters/08_prefix_cache.md:459
 class PrefixCachingKVCacheManager(KVCacheManager):
     """KVCacheManager with vLLM's hash-based prefix cache.
 
@@ -229,22 +230,5 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.req_to_block_hashes.pop(request.request_id, None)
 
 
-# %% chapters/08_prefix_cache.md:1228
-def make_kv_cache_manager(
-    num_blocks: int, block_size: int, prefix_cache_impl: str | None
-) -> KVCacheManager:
-    """The KV-cache manager for a prefix-cache choice: None (off), "hash" (vLLM) or
-    "radix" (SGLang).
-    """
-    if prefix_cache_impl is None:
-        return KVCacheManager(num_blocks, block_size)
-    if prefix_cache_impl == "hash":
-        return PrefixCachingKVCacheManager(num_blocks, block_size)
-    if prefix_cache_impl == "radix":
-        # radix_cache.py is this chapter's other module
-        from minillm.radix_cache import RadixKVCacheManager
-
-        return RadixKVCacheManager(num_blocks, block_size)
-    raise ValueError(
-        f"prefix_cache_impl must be None, 'hash' or 'radix', got {prefix_cache_impl!r}"
-    )
+# %% chapters/08_prefix_cache.md:1234
+KV_CACHE_MANAGERS.register("hash")(PrefixCachingKVCacheManager)

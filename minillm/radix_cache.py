@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/08_prefix_cache.md:760
+# %% chapters/08_prefix_cache.md:761
 """A radix tree over token sequences, at block granularity, with LRU eviction (chapter
 8).
 
@@ -22,6 +22,7 @@ from typing import Any
 
 from minillm.block_pool import KVCacheBlock, NoFreeBlocksError
 from minillm.kv_cache_manager import KVCacheManager
+from minillm.registry import KV_CACHE_MANAGERS
 from minillm.request import Request
 
 BlockKey = tuple[int, ...]  # the token ids of one full block: the tree's unit
@@ -60,7 +61,7 @@ def _common_prefix(a: Sequence[BlockKey], b: Sequence[BlockKey]) -> int:
     return n
 
 
-# %% chapters/08_prefix_cache.md:829
+# %% chapters/08_prefix_cache.md:831
 class RadixCache:
     """Cached block sequences sharing their prefixes in a radix tree.
 
@@ -143,7 +144,7 @@ class RadixCache:
             return i, leaf
         return i, node
 
-    # %% chapters/08_prefix_cache.md:923
+    # %% chapters/08_prefix_cache.md:925
     def inc_lock_ref(self, node: TreeNode) -> None:
         while node is not self.root:
             if node.lock_ref == 0:
@@ -200,7 +201,7 @@ class RadixCache:
         return evicted
 
 
-# %% chapters/08_prefix_cache.md:1130
+# %% chapters/08_prefix_cache.md:1132
 class RadixKVCacheManager(KVCacheManager):
     """KVCacheManager with a radix-tree prefix cache (SGLang's design, at block
     granularity).
@@ -292,3 +293,7 @@ class RadixKVCacheManager(KVCacheManager):
             self.tree.dec_lock_ref(node)
         self.num_cached_block.pop(request.request_id, None)
         super().free(request)
+
+
+# %% chapters/08_prefix_cache.md:1240
+KV_CACHE_MANAGERS.register("radix")(RadixKVCacheManager)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/09_swap.md:184
+# %% chapters/09_swap.md:183
 """Preemption by swapping KV-cache blocks to CPU memory (chapter 9).
 
 Chapter 9 ("Swapping") explains this module. The design is vLLM v0's swap preemption
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -24,13 +25,14 @@ from torch import Tensor
 from minillm.block_pool import BlockPool, KVCacheBlock
 from minillm.kv_cache import PagedKVCache
 from minillm.kv_cache_manager import KVCacheManager
+from minillm.registry import SCHEDULERS, engine_options
 from minillm.request import Request, RequestStatus
 from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/09_swap.md:218
+# %% chapters/09_swap.md:219
 class SwapSpace:
     """Block accounting for the CPU swap space: which CPU blocks hold which swapped-out
     request.
@@ -72,7 +74,7 @@ class SwapSpace:
         return [b.block_id for b in blocks]
 
 
-# %% chapters/09_swap.md:287
+# %% chapters/09_swap.md:288
 def swap_blocks(
     src: Tensor, dst: Tensor, block_mapping: Iterable[tuple[int, int]]
 ) -> None:
@@ -129,7 +131,7 @@ class Swapper:
         self.swap_out(output.blocks_to_swap_out)
 
 
-# %% chapters/09_swap.md:376
+# %% chapters/09_swap.md:377
 class SwapScheduler(Scheduler):
     """A Scheduler whose preemption swaps a request's blocks to CPU memory instead of
     dropping them.
@@ -160,7 +162,7 @@ class SwapScheduler(Scheduler):
     def get_num_unfinished_requests(self) -> int:
         return super().get_num_unfinished_requests() + len(self.swapped)
 
-    # %% chapters/09_swap.md:418
+    # %% chapters/09_swap.md:419
     def _preempt(self, request: Request) -> None:
         """Swap preemption: copy the computed tokens' blocks to the swap space;
         recompute if it is full.
@@ -191,7 +193,7 @@ class SwapScheduler(Scheduler):
         self.swapped.append(request)
         self.num_swapped_out += 1
 
-    # %% chapters/09_swap.md:463
+    # %% chapters/09_swap.md:464
     def _swap_in(self) -> None:
         """Bring swapped requests back, oldest first, while the device has room for
         them to grow.
@@ -251,20 +253,47 @@ class SwapScheduler(Scheduler):
         super().finish_requests(request_ids, status)
 
 
-# %% chapters/09_swap.md:531
+# %% chapters/09_swap.md:536
+@engine_options
+@dataclass(frozen=True)
+class SwapOptions:
+    """Chapter 9's EngineConfig options: the size of the CPU swap space."""
+
+    num_cpu_blocks: int | None = None  # None: from swap_space_bytes
+    swap_space_bytes: int = 1 << 30
+
+    @staticmethod
+    def check(config) -> None:
+        if config.preemption_mode == "swap" and config.prefix_cache_impl is not None:
+            raise ValueError(
+                "preemption_mode='swap' does not combine with prefix caching (chapter "
+                "9 says why): use preemption_mode='recompute', which a prefix cache "
+                "already makes cheap"
+            )
+
+
+# %% chapters/09_swap.md:566
+class EngineSwapScheduler(SwapScheduler):
+    """A SwapScheduler that carries out the block copies of each step it schedules."""
+
+    def __init__(self, config, kv_cache_manager, swap_space, swapper: Swapper):
+        super().__init__(config, kv_cache_manager, swap_space)
+        self.swapper = swapper
+
+    def schedule(self) -> SchedulerOutput:
+        output = super().schedule()
+        self.swapper.execute(output)  # before anything reads the cache
+        return output
+
+
+@SCHEDULERS.register("swap")
 def make_swap_scheduler(
-    config: SchedulerConfig,
-    kv_cache_manager: KVCacheManager,
-    kv_cache: PagedKVCache,
-    engine_config,
-) -> tuple[SwapScheduler, Swapper]:
-    """The engine's entry point (chapter 7): a swap space sized by EngineConfig, its
-    scheduler and its copier.
-    """
+    config: SchedulerConfig, kv_cache_manager: KVCacheManager, kv_cache, engine_config
+) -> EngineSwapScheduler:
+    """Chapter 7's scheduler factory: a swap space sized by the options above."""
     num_cpu_blocks = engine_config.num_cpu_blocks
     if num_cpu_blocks is None:
         block_bytes = kv_cache.nbytes // kv_cache.num_blocks
         num_cpu_blocks = max(1, engine_config.swap_space_bytes // block_bytes)
-    return SwapScheduler(config, kv_cache_manager, SwapSpace(num_cpu_blocks)), Swapper(
-        kv_cache, num_cpu_blocks
-    )
+    space, swapper = SwapSpace(num_cpu_blocks), Swapper(kv_cache, num_cpu_blocks)
+    return EngineSwapScheduler(config, kv_cache_manager, space, swapper)

@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from minillm.cuda_graph import default_capture_sizes
-from minillm.engine import EngineConfig
+from minillm.config import EngineConfig
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
 
@@ -126,7 +126,8 @@ def test_persistent_batch_matches_chapter7_runner(
             fast.engine.stepper.num_ahead > 0 and fast.engine.stepper.num_in_step == 0
         )
     if device == "cuda":
-        assert fast.engine.cuda_graphs and fast.engine.attention_backend == "triton"
+        assert fast.engine.model_runner.cuda_graphs
+        assert fast.engine.parts["attention_backend"] == "triton"
         assert fast.engine.model_runner.num_graph_steps > 0
 
 
@@ -177,7 +178,7 @@ def test_merged_projections_change_nothing(hf_checkpoint, cls, config):
 
     from minillm.engine import LLMEngine
     from minillm.hf import load_model
-    from minillm.input_batch import MergedAttention, MergedMLP, merge_projections
+    from minillm.merged_projections import MergedAttention, MergedMLP, merge_projections
 
     _, path = hf_checkpoint(cls, config)
     model = load_model(path)
@@ -399,7 +400,7 @@ def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkey
     recompute the request, which then starts again from real tokens only; the tokens
     are chapter 7's (recompute with a hash prefix cache, and swap).
     """
-    from minillm.input_batch import AsyncStepper
+    from minillm.async_scheduling import AsyncStepper
     from minillm.scheduler import Scheduler
     from minillm.swap import SwapScheduler
 
@@ -660,57 +661,68 @@ def test_configuration_errors():
                 device="cpu",
                 num_kv_blocks=16,
                 cuda_graphs=True,
+                persistent_batch=True,
                 attention_backend="triton",
             )
+        with pytest.raises(ValueError, match="persistent batch"):
+            LLM(device="cpu", num_kv_blocks=16, cuda_graphs=True)
+
+
+def resolve(config: EngineConfig, device_type: str) -> tuple:
+    """What an engine on device_type chooses for config: (attention backend,
+    persistent batch, CUDA graphs, compiled layers, async scheduling)."""
+    from minillm.gpu_model_runner import GPUModelRunner
+    from minillm.registry import PART_CHECKS, REGISTRIES
+
+    parts = {"device": device_type}
+    for registry in REGISTRIES:
+        parts[registry.option] = registry.resolve(
+            getattr(config, registry.option), device_type
+        )
+    for check in PART_CHECKS:
+        check(config, parts)
+    persistent = parts["persistent_batch"]
+    flags = GPUModelRunner.fast_path(config, parts) if persistent else (False,) * 3
+    return (parts["attention_backend"], persistent, *flags)
 
 
 def test_what_the_defaults_mean_on_each_device():
-    from minillm.engine import resolve_fast_path
-
-    assert resolve_fast_path(EngineConfig(), on_gpu=True) == (
-        "triton",
-        True,
-        True,
-        True,
-        True,
-    )
-    assert resolve_fast_path(EngineConfig(), on_gpu=False) == (
-        "torch",
-        False,
-        False,
-        False,
-        False,
-    )
-    assert resolve_fast_path(EngineConfig(cuda_graphs=False), on_gpu=True) == (
+    assert resolve(EngineConfig(), "cuda") == ("triton", True, True, True, True)
+    assert resolve(EngineConfig(), "cpu") == ("torch", False, False, False, False)
+    assert resolve(EngineConfig(cuda_graphs=False), "cuda") == (
         "triton",
         True,
         False,
         False,
         False,
     )
-    assert resolve_fast_path(EngineConfig(attention_backend="torch"), on_gpu=True) == (
+    assert resolve(EngineConfig(attention_backend="torch"), "cuda") == (
         "torch",
         True,
         False,
         False,
         False,
     )
-    assert resolve_fast_path(EngineConfig(persistent_batch=True), on_gpu=False) == (
+    assert resolve(EngineConfig(persistent_batch=True), "cpu") == (
         "torch",
         True,
         False,
         False,
         False,
     )
-    assert resolve_fast_path(
-        EngineConfig(persistent_batch=True, async_scheduling=True), on_gpu=False
+    assert resolve(
+        EngineConfig(persistent_batch=True, async_scheduling=True), "cpu"
     ) == ("torch", True, False, False, True)
     with pytest.raises(ValueError, match="persistent batch"):
-        resolve_fast_path(EngineConfig(async_scheduling=True), on_gpu=False)
+        resolve(EngineConfig(async_scheduling=True), "cpu")
     with pytest.raises(ValueError, match="CUDA device"):
-        resolve_fast_path(EngineConfig(cuda_graphs=True), on_gpu=False)
+        resolve(EngineConfig(persistent_batch=True, cuda_graphs=True), "cpu")
     with pytest.raises(ValueError, match="persistent batch"):
-        resolve_fast_path(EngineConfig(torch_compile=True), on_gpu=False)
+        resolve(EngineConfig(torch_compile=True), "cpu")
+    # the engine runs the same lookup: a runner that cannot serve the options fails
+    # before anything is built
+    with pytest.raises(ValueError, match="persistent batch"):
+        LLM(device="cpu", num_kv_blocks=16, async_scheduling=True)
 
 
 def test_capture_sizes():
@@ -755,7 +767,7 @@ def test_bf16_engine_with_graphs_agrees_with_transformers(tmp_path):
     ]
     prompts = [tokenizer.encode(t) for t in texts]
     llm = LLM(tmp_path, dtype=torch.bfloat16, max_num_seqs=8, num_kv_blocks=256)
-    assert llm.engine.cuda_graphs and llm.engine.torch_compile
+    assert llm.engine.model_runner.cuda_graphs and llm.engine.model_runner.torch_compile
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     same = total = 0
     for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
@@ -793,7 +805,7 @@ def test_a_second_gpu_engine_gets_back_the_memory_of_the_first(tmp_path):
     llm = LLM(
         tmp_path, dtype=torch.bfloat16, max_num_seqs=8, gpu_memory_utilization=0.3
     )
-    assert llm.engine.cuda_graphs and gc.get_freeze_count() > 0
+    assert llm.engine.model_runner.cuda_graphs and gc.get_freeze_count() > 0
     first = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
     held = torch.cuda.memory_allocated()
     del llm

@@ -19,14 +19,10 @@ from hypothesis.stateful import (
 )
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from minillm.engine import EngineConfig
+from minillm.config import EngineConfig
 from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from minillm.llm import LLM
-from minillm.prefix_cache import (
-    PrefixCachingKVCacheManager,
-    hash_block_tokens,
-    make_kv_cache_manager,
-)
+from minillm.prefix_cache import PrefixCachingKVCacheManager, hash_block_tokens
 from minillm.radix_cache import RadixCache, RadixKVCacheManager
 from minillm.request import Request
 from minillm.sampling_params import SamplingParams
@@ -228,10 +224,21 @@ def test_a_colliding_hash_never_returns_wrong_tokens_through_the_engine(tiny):
     assert_no_leaks(kv)
 
 
+def make_kv_cache_manager(num_blocks: int, block_size: int, impl: str | None):
+    """The manager the engine builds for prefix_cache_impl=impl (chapter 7's seam)."""
+    from minillm.registry import KV_CACHE_MANAGERS
+
+    return KV_CACHE_MANAGERS[KV_CACHE_MANAGERS.resolve(impl, "cpu")](
+        num_blocks, block_size
+    )
+
+
 def test_engine_config_rejects_an_unknown_prefix_cache():
-    with pytest.raises(ValueError, match="prefix_cache_impl"):
+    with pytest.raises(ValueError, match="prefix_cache_impl='lru'.*'hash', 'radix'"):
         EngineConfig(prefix_cache_impl="lru")
     assert type(make_kv_cache_manager(4, 4, None)) is KVCacheManager
+    assert type(make_kv_cache_manager(4, 4, "hash")) is PrefixCachingKVCacheManager
+    assert type(make_kv_cache_manager(4, 4, "radix")) is RadixKVCacheManager
 
 
 # --- the hash cache, unit by unit

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from minillm.block_pool import NoFreeBlocksError
-from minillm.engine import EngineConfig
+from minillm.config import EngineConfig
 from minillm.kv_cache import PagedKVCache
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.llm import LLM
@@ -90,7 +90,8 @@ def compare_modes(model_path, prompts, **kwargs):
     swap = LLM(model_path, **TIGHT, **kwargs, preemption_mode="swap")
     assert (
         isinstance(recompute.engine.scheduler, Scheduler)
-        and recompute.engine.swapper is None
+        and not hasattr(recompute.engine.scheduler, "swapper")
+        and swap.engine.scheduler.swapper is not None
     )
     expected, recomputed_total = run_counting(recompute, prompts)
     got, swapped_total = run_counting(swap, prompts)

@@ -377,6 +377,8 @@ def render_package_init(
         ]
     doc += [f"{'module':<24} chapter", *rows, '"""']
     out = [f"{HEADER_MARK} - DO NOT EDIT.", "", *doc]
+    if name == "" and api:
+        out += ["", "import importlib"]
     if name == "" and plugins:
         out += [
             "",
@@ -388,8 +390,6 @@ def render_package_init(
         ]
     if name == "" and api:
         out += [
-            "",
-            "import importlib",
             "",
             "# Imported on first use, so that `import minillm` stays cheap.",
             "_API = {",

@@ -23,9 +23,10 @@ import triton.language as tl
 from torch import Tensor
 
 from minillm.model import AttentionMetadata
+from minillm.registry import ATTENTION_BACKENDS
 
 
-# %% chapters/10_triton_decode.md:238
+# %% chapters/10_triton_decode.md:239
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
@@ -138,7 +139,7 @@ def _decode_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
 
-# %% chapters/10_triton_decode.md:364
+# %% chapters/10_triton_decode.md:365
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -174,7 +175,7 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:421
+# %% chapters/10_triton_decode.md:422
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -294,7 +295,7 @@ def paged_decode(
     return out
 
 
-# %% chapters/10_triton_decode.md:647
+# %% chapters/10_triton_decode.md:648
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -494,7 +495,7 @@ def paged_prefill(
     return out
 
 
-# %% chapters/10_triton_decode.md:852
+# %% chapters/10_triton_decode.md:853
 def triton_paged_attention(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
 ) -> Tensor:
@@ -509,7 +510,7 @@ def triton_paged_attention(
     return paged_prefill(q, key_cache, value_cache, md)
 
 
-# %% chapters/10_triton_decode.md:1091
+# %% chapters/10_triton_decode.md:1092
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -581,3 +582,10 @@ def triton_reshape_and_cache(
         ROW=row,
         ROW_P2=triton.next_power_of_2(row),
     )
+
+
+# %% chapters/10_triton_decode.md:1199
+@ATTENTION_BACKENDS.register("triton", preferred_on=("cuda",))
+def triton_attention():
+    """This chapter's kernels: paged attention and the one-kernel cache write."""
+    return triton_paged_attention, triton_reshape_and_cache
