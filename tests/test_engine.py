@@ -3,6 +3,7 @@ generation.
 """
 
 import dataclasses
+import time
 
 import hypothesis.strategies as st
 import pytest
@@ -328,23 +329,61 @@ def test_a_bad_prompt_in_a_batch_submits_nothing(tiny_llm):
     assert not tiny_llm.engine.has_unfinished_requests() and all_blocks_free(tiny_llm)
 
 
-def test_metrics_are_recorded(tiny_llm):
-    out = tiny_llm.generate(
-        "The",
-        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
-        use_tqdm=False,
-    )[0]
-    m = out.metrics
-    assert (
-        m.arrival_time
-        <= m.first_scheduled_time
-        <= m.first_token_time
-        <= m.last_token_time
-        <= m.finished_time
-    )
-    assert (
-        out.outputs[0].time_per_output_token is not None and m.time_to_first_token >= 0
-    )
+class SteppedClock:
+    """A fake time.monotonic: it stands still within an engine step and the test moves
+    it on by STEP before each step, so every timestamp tells which step stamped it.
+    """
+
+    STEP = 0.5
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_request_metrics_follow_a_controlled_clock(tiny, monkeypatch):
+    clock = SteppedClock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    model, tokenizer = tiny
+    # one sequence at a time: b queues behind a until a finishes
+    engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64, max_num_seqs=1))
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine.add_request("a", [5, 6, 7], params)  # arrives now: 100.0
+    clock.now += 0.25
+    engine.add_request("b", [8, 9], params, arrival_time=100.125)  # not now: 100.25
+    finished, steps = {}, 0
+    while engine.has_unfinished_requests():
+        clock.now += SteppedClock.STEP
+        steps += 1
+        for out in engine.step():
+            assert out.metrics.last_token_time == clock.now  # a token came this step
+            if out.finished:
+                finished[out.request_id] = (out, steps, clock.now)
+            else:
+                assert out.metrics.finished_time is None
+    step, start = SteppedClock.STEP, 100.25  # step k runs at start + k * step
+    assert steps == 8  # 4 tokens each, one request per step
+    for rid, arrival, first_step in (("a", 100.0, 1), ("b", 100.125, 5)):
+        out, done_step, done_at = finished[rid]
+        m, completion = out.metrics, out.outputs[0]
+        assert m.arrival_time == arrival and done_step == first_step + 3
+        # a prompt that fits one step is scheduled and sampled in that step
+        first = start + first_step * step
+        assert m.first_scheduled_time == m.first_token_time == first
+        assert m.time_to_first_token == m.first_token_time - m.arrival_time
+        assert m.queue_time == m.first_scheduled_time - m.arrival_time
+        assert m.last_token_time == m.finished_time == done_at == first + 3 * step
+        assert completion.time_per_output_token == (
+            (m.last_token_time - m.first_token_time) / (len(completion.token_ids) - 1)
+        )
+        assert completion.time_per_output_token == step
+    a, b = finished["a"][0].metrics, finished["b"][0].metrics
+    assert a.time_to_first_token == a.queue_time == 0.25 + step
+    # b waited out all four of a's steps before its first
+    assert b.queue_time == b.time_to_first_token == 0.125 + 5 * step
+    assert b.queue_time >= 4 * step and b.first_scheduled_time > a.finished_time
 
 
 @settings(max_examples=60, deadline=None)

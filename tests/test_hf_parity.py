@@ -1,5 +1,6 @@
 """Our model against Hugging Face transformers: three architectures, both directions
-(chapter 1).
+(chapter 1), then through the paged engine with chunked prefill, preemption and
+prefix caching (chapters 5, 7 and 8).
 """
 
 import json
@@ -28,7 +29,9 @@ from minillm.hf import (
     load_pretrained,
     save_pretrained,
 )
+from minillm.llm import LLM
 from minillm.model import generate
+from minillm.sampling_params import SamplingParams
 
 transformers.logging.set_verbosity_error()
 
@@ -139,6 +142,109 @@ def test_greedy_32_tokens_match_transformers_generate(tmp_path, case, device):
                 pad_token_id=0,
             )[0, len(prompt) :].tolist()
         assert out == theirs
+
+
+# --- the paged engine against transformers
+# ---------------------------------------------------------
+
+
+def hf_greedy(reference, prompt, max_new_tokens):
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        return reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+
+
+def random_prompt(length, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, SHAPE["vocab_size"], (length,), generator=g).tolist()
+
+
+def no_block_held(kv):
+    """No request holds a block: every block is free, or (radix) held once by the
+    tree as a cached prefix that eviction can free.
+    """
+    pool = kv.block_pool
+    tree = getattr(kv, "tree", None)
+    cached = {id(b) for n in tree.nodes() for b in n.value} if tree else set()
+    return (
+        not kv.req_to_blocks
+        and all(b.ref_cnt == (id(b) in cached) for b in pool.blocks)
+        and pool.get_num_free_blocks() + len(cached) == pool.num_blocks
+    )
+
+
+def test_qwen2_bias_through_the_paged_engine_matches_transformers(tmp_path):
+    reference = hf_checkpoint(tmp_path, "qwen2-bias-untied")
+    reference.generation_config.eos_token_id = None
+    assert reference.model.layers[0].self_attn.q_proj.bias.abs().max() > 0.05
+    prompts = [random_prompt(n, seed=n) for n in (3, 9, 22, 31, 40, 47, 5, 58)]
+    llm = LLM(
+        tmp_path,
+        device="cpu",
+        dtype=torch.float32,
+        skip_tokenizer_init=True,  # prompts are token ids
+        num_kv_blocks=30,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=16,
+    )
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    # 120 slots cannot hold six sequences of up to 78 tokens; prompts over 16 chunk
+    assert llm.engine.num_preemptions > 0
+    assert max(map(len, prompts)) > 16
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 20)
+    assert no_block_held(llm.engine.kv_cache_manager)
+
+
+@pytest.mark.parametrize("impl", ["hash", "radix"])
+def test_prefix_cache_with_chunks_and_preemption_matches_transformers(tmp_path, impl):
+    reference = hf_checkpoint(tmp_path, "qwen3-qknorm-untied-gqa4")
+    reference.generation_config.eos_token_id = None
+    system = random_prompt(36, seed=100)  # 9 full blocks of 4
+    prompts = [system + random_prompt(n, seed=200 + n) for n in (1, 4, 7, 10, 13)]
+    prompts += [system[:18] + random_prompt(6, seed=300 + i) for i in range(2)]
+    prompts += [random_prompt(25, seed=400)]
+    # two repeats; prompts[1] has 40 tokens, a whole number of blocks: a full hit
+    # must still compute its last token, for the logits
+    prompts += [prompts[2], prompts[1]]
+    assert len(prompts[-1]) % 4 == 0
+    llm = LLM(
+        tmp_path,
+        device="cpu",
+        dtype=torch.float32,
+        skip_tokenizer_init=True,
+        num_kv_blocks=36,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=20,
+        prefix_cache_impl=impl,
+    )
+    scheduled, schedule = [0], llm.engine.scheduler.schedule
+
+    def counting():
+        out = schedule()
+        scheduled[0] += out.total_num_scheduled_tokens
+        return out
+
+    llm.engine.scheduler.schedule = counting
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    kv = llm.engine.kv_cache_manager
+    assert llm.engine.num_preemptions > 0 and max(map(len, prompts)) > 20
+    assert kv.prefix_cache_hits > 0
+    # hits that were used: fewer tokens computed than every prompt and output once
+    assert scheduled[0] < sum(map(len, prompts)) + len(prompts) * (16 - 1)
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 16)
+    assert no_block_held(kv)
 
 
 def test_sharded_checkpoint_loads(tmp_path):
