@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:990
+# %% chapters/07_engine.md:1003
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -26,6 +26,7 @@ from minillm.kv_cache import PagedKVCache, num_blocks_for_memory, reshape_and_ca
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.model import CausalLM
 from minillm.model_runner import ModelRunner, ModelRunnerOutput, profile_num_blocks
+from minillm.model_runner import reclaim_gpu_memory
 from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
 from minillm.registry import PART_CHECKS, REGISTRIES, SAMPLERS, SCHEDULERS
@@ -53,7 +54,7 @@ MODEL_RUNNERS.register(False)(ModelRunner)
 SAMPLERS.register("torch")(Sampler)
 
 
-# %% chapters/07_engine.md:1051
+# %% chapters/07_engine.md:1065
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -76,6 +77,8 @@ class LLMEngine:
         for check in PART_CHECKS:
             check(config, self.parts)
         runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
+        if param.device.type == "cuda":
+            reclaim_gpu_memory()
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
         elif param.device.type == "cuda":
@@ -95,7 +98,7 @@ class LLMEngine:
         self.parents: dict[str, _Parent] = {}
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
 
-    # %% chapters/07_engine.md:1102
+    # %% chapters/07_engine.md:1118
     def _build_cache(self, num_blocks: int, num_usable: int) -> PagedKVCache:
         model, config, parts = self.model, self.config, self.parts
         param = next(model.parameters())
@@ -123,7 +126,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1137
+    # %% chapters/07_engine.md:1153
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -147,7 +150,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1169
+    # %% chapters/07_engine.md:1185
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -177,7 +180,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1230
+    # %% chapters/07_engine.md:1246
     def add_request(
         self,
         request_id: str,
@@ -214,7 +217,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1272
+    # %% chapters/07_engine.md:1288
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -236,7 +239,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1304
+    # %% chapters/07_engine.md:1320
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -257,7 +260,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1334
+    # %% chapters/07_engine.md:1350
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -284,7 +287,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1368
+    # %% chapters/07_engine.md:1384
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -311,7 +314,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1401
+    # %% chapters/07_engine.md:1417
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -347,7 +350,7 @@ class LLMEngine:
         )
 
 
-# %% chapters/07_engine.md:1208
+# %% chapters/07_engine.md:1224
 @dataclass
 class _Sequence:
     request: Request

@@ -133,19 +133,22 @@ class ModelRunner:
         return out.sampled_token_ids.tolist(), logprobs
 
 
-# %% chapters/07_engine.md:550
+# %% chapters/07_engine.md:558
+def reclaim_gpu_memory() -> None:
+    """Free what dropped engines still hold: unfreeze the heap, collect, and return
+    the cached blocks to the device."""
+    gc.unfreeze()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
     """KV-cache blocks that fit next to the model on its GPU (after a profiling
     forward).
     """
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    # Measure from a clean slate: what earlier engines in this process left must be
-    # returned first (chapter 11's runner freezes the heap after graph capture, so that
-    # garbage needs an unfreeze to be seen).
-    gc.unfreeze()
-    gc.collect()
-    torch.cuda.empty_cache()
+    reclaim_gpu_memory()  # measure from a clean slate
     torch.cuda.reset_peak_memory_stats(device)
     n = config.max_num_batched_tokens
     # the largest step the scheduler may send, without a cache
