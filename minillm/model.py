@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:345
+# %% chapters/01_model.md:377
 """A LLaMA-style decoder that holds no KV state (chapter 1, "The model").
 
 RMSNorm, rotary position embeddings (with Llama 3 frequency scaling), grouped-query
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+# %% chapters/01_model.md:409
 @dataclass
 class ModelConfig:
     vocab_size: int = 2048
@@ -56,6 +57,7 @@ class ModelConfig:
                 f"head_dim must be even for rotary embeddings, got {self.head_dim}"
             )
 
+    # %% chapters/01_model.md:448
     @property
     def eos_token_ids(self) -> list[int]:
         if self.eos_token_id is None:
@@ -67,7 +69,7 @@ class ModelConfig:
         )
 
 
-# %% chapters/01_model.md:416
+# %% chapters/01_model.md:475
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -80,7 +82,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-# %% chapters/01_model.md:448
+# %% chapters/01_model.md:536
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     """The rotation frequency of each pair of dimensions, (head_dim // 2,) float32."""
     inv_freq = 1.0 / theta ** (
@@ -108,6 +110,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     )
 
 
+# %% chapters/01_model.md:595
 class RotaryEmbedding(nn.Module):
     """cos/sin of every position's rotation angles. Holds no parameters and stays
     float32: the frequencies are a plain attribute, not a buffer, so
@@ -129,6 +132,7 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+# %% chapters/01_model.md:624
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x (..., n_heads, head_dim) by the angles of its positions; cos/sin are
     (..., head_dim).
@@ -139,7 +143,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-# %% chapters/01_model.md:558
+# %% chapters/01_model.md:700
 class KVCache(Protocol):
     """What the model needs from a KV cache: store this step's K/V, attend over all
     cached K/V.
@@ -159,6 +163,7 @@ class KVCache(Protocol):
     ) -> Tensor: ...
 
 
+# %% chapters/01_model.md:727
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention with no cache: each of T tokens attends to itself and the tokens before
     it.
@@ -172,6 +177,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
 
+# %% chapters/01_model.md:748
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -200,6 +206,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
+    # %% chapters/01_model.md:787
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v of every token: three matrix products (chapter 11 merges them
         into one).
@@ -224,7 +231,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(*lead, self.n_heads * self.head_dim))
 
 
-# %% chapters/01_model.md:649
+# %% chapters/01_model.md:827
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -242,6 +249,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+# %% chapters/01_model.md:857
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -259,7 +267,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/01_model.md:692
+# %% chapters/01_model.md:883
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -281,6 +289,7 @@ class DecoderModel(nn.Module):
         return self.norm(x)
 
 
+# %% chapters/01_model.md:913
 class CausalLM(nn.Module):
     """The decoder plus its LM head. Holds weights only; all KV state is in the cache
     passed in.
@@ -300,6 +309,7 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    # %% chapters/01_model.md:943
     def forward(
         self,
         input_ids: Tensor,
@@ -324,7 +334,7 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden_states).float()
 
 
-# %% chapters/01_model.md:812
+# %% chapters/01_model.md:1024
 @dataclass
 class AttentionMetadata:
     """How the flat batch of new tokens in one forward splits into sequences (names as
@@ -352,6 +362,7 @@ class AttentionMetadata:
         return self.slot_mapping.shape[0]
 
 
+# %% chapters/01_model.md:1073
 def build_attention_metadata(
     query_lens: list[int],
     seq_lens: list[int],
@@ -380,7 +391,6 @@ def build_attention_metadata(
             positions.append(pos)
             slots.append(table[pos // block_size] * block_size + pos % block_size)
     width = max(len(t) for t in block_tables)
-    # padding is never read: seq_lens bound it
     padded = [t + [0] * (width - len(t)) for t in block_tables]
     starts = [0]
     for q_len in query_lens:
@@ -396,7 +406,7 @@ def build_attention_metadata(
     return torch.tensor(positions, dtype=torch.int64, device=device), metadata
 
 
-# %% chapters/01_model.md:891
+# %% chapters/01_model.md:1146
 def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention of the last n of L positions over all L: q (n, n_heads, D), k/v (L,
     n_kv_heads, D).
@@ -415,7 +425,7 @@ def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return out.transpose(0, 1)
 
 
-# %% chapters/01_model.md:917
+# %% chapters/01_model.md:1176
 class DenseKVCache:
     """A contiguous KV cache: every sequence owns a row of max_len slots in every layer.
 
@@ -448,6 +458,7 @@ class DenseKVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    # %% chapters/01_model.md:1219
     def attend(
         self,
         layer_idx: int,
@@ -477,7 +488,7 @@ class DenseKVCache:
         return out
 
 
-# %% chapters/01_model.md:993
+# %% chapters/01_model.md:1278
 def sample_next(
     logits: Tensor,
     temperature: float = 0.0,
@@ -496,6 +507,7 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
+# %% chapters/01_model.md:1307
 @torch.inference_mode()
 def generate(
     model: CausalLM,
@@ -521,7 +533,6 @@ def generate(
     )
     generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
     outputs: list[list[int]] = [[] for _ in prompts]
-    # tokens each sequence has not run through the model yet
     pending = [list(p) for p in prompts]
     cached = [0] * len(prompts)
     active = list(range(len(prompts)))
@@ -548,6 +559,7 @@ def generate(
     return outputs
 
 
+# %% chapters/01_model.md:1365
 @torch.inference_mode()
 def generate_without_cache(
     model: CausalLM,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:126
+# %% chapters/01_model.md:133
 """Byte-level BPE tokenizer: the course corpus, training, and loading tokenizer.json.
 
 Chapter 1 ("The model") explains this module. `Tokenizer` wraps a Hugging Face
@@ -24,7 +24,7 @@ BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
 
 
-# %% chapters/01_model.md:153
+# %% chapters/01_model.md:160
 def read_corpus() -> dict[str, str]:
     """The course corpus: {topic name: text}, from minillm/data/pydoc_topics.txt."""
     text = (
@@ -52,7 +52,7 @@ def split_corpus(
     return train, held_out
 
 
-# %% chapters/01_model.md:186
+# %% chapters/01_model.md:197
 class Tokenizer:
     """Text <-> token ids. Wraps a `tokenizers.Tokenizer` plus its special tokens."""
 
@@ -82,6 +82,7 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    # %% chapters/01_model.md:237
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json and tokenizer_config.json, as a Hugging Face folder
         holds them.
@@ -100,6 +101,7 @@ class Tokenizer:
             json.dumps(config, indent=2) + "\n"
         )
 
+    # %% chapters/01_model.md:265
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> "Tokenizer":
         """Load tokenizer.json (+ tokenizer_config.json for the special tokens) from
@@ -128,7 +130,7 @@ class Tokenizer:
         )
 
 
-# %% chapters/01_model.md:269
+# %% chapters/01_model.md:302
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE tokenizer with BOS/EOS special tokens on texts."""
     tok = _HFTokenizer(models.BPE())

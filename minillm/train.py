@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1126
+# %% chapters/01_model.md:1429
 """Training a small CausalLM from scratch on a token stream (chapter 1, "The model")."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from minillm.model import CausalLM
 from minillm.tokenizer import Tokenizer
 
 
+# %% chapters/01_model.md:1453
 @dataclass(frozen=True)
 class TrainConfig:
-    # 400 x 16 x 128 = 819k tokens, about 6.5 passes over the training topics:
-    # what 2 CPU cores train in 3 to 4 minutes
+    # 400 x 16 x 128 = 819k tokens
     steps: int = 400
     batch_size: int = 16
     seq_len: int = 128
@@ -39,6 +39,7 @@ class TrainConfig:
         return asdict(self)
 
 
+# %% chapters/01_model.md:1484
 def init_weights(model: CausalLM, std: float = 0.02) -> None:
     """GPT-2 style: N(0, std) everywhere, residual output projections scaled by
     1/sqrt(2 * layers).
@@ -59,6 +60,7 @@ def init_weights(model: CausalLM, std: float = 0.02) -> None:
             torch.nn.init.zeros_(p)
 
 
+# %% chapters/01_model.md:1510
 def token_stream(tokenizer: Tokenizer, docs: list[str]) -> Tensor:
     """All documents as one 1-D tensor of ids, each as BOS + text + EOS."""
     ids: list[int] = []
@@ -67,7 +69,7 @@ def token_stream(tokenizer: Tokenizer, docs: list[str]) -> Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-# %% chapters/01_model.md:1198
+# %% chapters/01_model.md:1536
 def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -75,6 +77,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+# %% chapters/01_model.md:1569
 def lm_loss(model: CausalLM, windows: Tensor) -> Tensor:
     """Mean next-token cross-entropy over windows (B, T+1)."""
     inputs, targets = windows[:, :-1], windows[:, 1:]
@@ -83,6 +86,7 @@ def lm_loss(model: CausalLM, windows: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+# %% chapters/01_model.md:1583
 @torch.no_grad()
 def evaluate(
     model: CausalLM, stream: Tensor, seq_len: int, batch_size: int = 16
@@ -104,6 +108,7 @@ def evaluate(
     return total / n
 
 
+# %% chapters/01_model.md:1613
 def train(
     model: CausalLM,
     train_ids: Tensor,
