@@ -27,6 +27,7 @@ input_batch              chapters/11_cuda_graph.md
 kv_cache                 chapters/02_paged_kv.md
 kv_cache_manager         chapters/05_scheduler.md
 llm                      chapters/07_engine.md
+logits_processors        chapters/06_sampler.md
 merged_projections       chapters/11_cuda_graph.md
 metrics                  chapters/16_server.md
 model                    chapters/01_model.md
@@ -38,6 +39,7 @@ radix_cache              chapters/08_prefix_cache.md
 registry                 chapters/07_engine.md
 request                  chapters/05_scheduler.md
 sampler                  chapters/06_sampler.md
+sampler_reference        chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
 scheduler                chapters/05_scheduler.md
 server                   chapters/16_server.md

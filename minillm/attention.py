@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/04_paged_attention.md:181
+# %% chapters/04_paged_attention.md:196
 """PagedAttention in PyTorch: attention over a paged KV cache (chapter 4,
 "PagedAttention in PyTorch").
 
@@ -19,6 +19,7 @@ demand.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -33,6 +34,7 @@ from minillm.model import (
 )
 
 
+# %% chapters/04_paged_attention.md:234
 def paged_attention_per_seq(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
 ) -> Tensor:
@@ -53,7 +55,7 @@ def paged_attention_per_seq(
     return out
 
 
-# %% chapters/04_paged_attention.md:255
+# %% chapters/04_paged_attention.md:279
 def query_layout(attn_metadata: AttentionMetadata) -> tuple[Tensor, Tensor]:
     """For every new token, its sequence and its row within that sequence's chunk:
     (num_tokens,) each.
@@ -93,7 +95,7 @@ def visibility_mask(attn_metadata: AttentionMetadata) -> Tensor:
     return (k_pos <= q_pos[:, :, None]) & (k_pos < seq_lens[:, None, None])
 
 
-# %% chapters/04_paged_attention.md:354
+# %% chapters/04_paged_attention.md:378
 def gather_blocks(cache: Tensor, block_tables: Tensor, max_seq_len: int) -> Tensor:
     """Every sequence's first max_seq_len slots of one layer's cache, in block-table
     order.
@@ -109,7 +111,7 @@ def gather_blocks(cache: Tensor, block_tables: Tensor, max_seq_len: int) -> Tens
     return blocks.flatten(1, 2)[:, :max_seq_len]  # (num_seqs, max_seq_len, n_kv, D)
 
 
-# %% chapters/04_paged_attention.md:387
+# %% chapters/04_paged_attention.md:411
 def paged_attention_ref(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
 ) -> Tensor:
@@ -122,12 +124,8 @@ def paged_attention_ref(
     in float32.
     """
     md = attn_metadata
-    num_seqs, max_q, n_heads, head_dim = (
-        md.num_seqs,
-        md.max_query_len,
-        q.shape[1],
-        q.shape[2],
-    )
+    num_seqs, max_q = md.num_seqs, md.max_query_len
+    n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv = key_cache.shape[2]
     seq_idx, row = query_layout(md)
     # (num_seqs, max_q, n_heads, D)
@@ -153,7 +151,90 @@ def paged_attention_ref(
     return out.reshape(num_seqs, max_q, n_heads, head_dim)[seq_idx, row].to(q.dtype)
 
 
-# %% chapters/04_paged_attention.md:559
+# %% chapters/04_paged_attention.md:593
+def grow_block_table(
+    table: list[int], num_tokens: int, block_size: int, free_blocks: list[int]
+) -> None:
+    """Append blocks from free_blocks to table until it has slots for num_tokens
+    tokens. In place.
+    """
+    while len(table) * block_size < num_tokens:
+        if not free_blocks:
+            raise RuntimeError(
+                f"out of KV cache blocks (of {block_size} tokens) for a sequence of "
+                f"{num_tokens} tokens: pass a larger num_blocks or fewer prompts"
+            )
+        table.append(free_blocks.pop())
+
+
+# %% chapters/04_paged_attention.md:621
+@torch.inference_mode()
+def paged_forward(
+    model: CausalLM,
+    kv_cache: PagedKVCache,
+    pending: list[list[int]],
+    cached: list[int],
+    block_tables: list[list[int]],
+    free_blocks: list[int],
+) -> Tensor:
+    """One forward pass: each sequence's pending tokens after its cached ones.
+
+    Grows block_tables (in place, from free_blocks) to cover the new tokens. Returns
+    the logits of each sequence's last token, (num_seqs, vocab).
+    """
+    device = next(model.parameters()).device
+    query_lens = [len(p) for p in pending]
+    seq_lens = [c + n for c, n in zip(cached, query_lens)]
+    for table, seq_len in zip(block_tables, seq_lens):
+        grow_block_table(table, seq_len, kv_cache.block_size, free_blocks)
+    positions, metadata = build_attention_metadata(
+        query_lens, seq_lens, block_tables, kv_cache.block_size, device
+    )
+    input_ids = torch.tensor([t for p in pending for t in p], device=device)
+    hidden = model(input_ids, positions, metadata, kv_cache)  # (num_tokens, hidden)
+    last = metadata.query_start_loc[1:].long() - 1  # each sequence's last token
+    return model.compute_logits(hidden[last])  # (num_seqs, vocab)
+
+
+# %% chapters/04_paged_attention.md:660
+def paged_decode(
+    model: CausalLM,
+    kv_cache: PagedKVCache,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    free_blocks: list[int],
+    sample: Callable[[Tensor], Tensor],
+    stop_token_ids: tuple[int, ...] | list[int] = (),
+) -> list[list[int]]:
+    """Generate for every prompt through kv_cache; sample maps (num_seqs, vocab)
+    logits to (num_seqs,) token ids. Returns the new tokens of each prompt.
+    """
+    block_tables: list[list[int]] = [[] for _ in prompts]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    # tokens each sequence has not run through the model yet
+    pending, cached = [list(p) for p in prompts], [0] * len(prompts)
+    active = list(range(len(prompts)))
+    while active:
+        logits = paged_forward(
+            model,
+            kv_cache,
+            [pending[i] for i in active],
+            [cached[i] for i in active],
+            [block_tables[i] for i in active],
+            free_blocks,
+        )
+        for i, token in zip(active, sample(logits).tolist()):
+            cached[i], pending[i] = cached[i] + len(pending[i]), [token]
+            outputs[i].append(token)
+            if len(outputs[i]) >= max_new_tokens or token in stop_token_ids:
+                # finished: its blocks are free again
+                free_blocks.extend(reversed(block_tables[i]))
+                block_tables[i] = []
+        active = [i for i in active if block_tables[i]]
+    return outputs
+
+
+# %% chapters/04_paged_attention.md:709
 @torch.inference_mode()
 def generate_paged(
     model: CausalLM,
@@ -169,75 +250,29 @@ def generate_paged(
     shuffle_seed: int | None = 0,
     kv_cache: PagedKVCache | None = None,
 ) -> list[list[int]]:
-    """chapter 1's `generate`, through a paged KV cache; returns the new tokens of each
-    prompt.
+    """chapter 1's `generate` through a paged KV cache: the new tokens of each prompt.
 
-    Blocks are taken from a free list (shuffled with shuffle_seed; in order if None)
-    only when a sequence's last block is full, and returned when it finishes. num_blocks
-    defaults to what all prompts need at full length; a kv_cache passed in is used as it
-    is (its blocks, its backend).
+    num_blocks defaults to what every prompt needs at full length; a kv_cache passed in
+    is used as it is (its blocks, its backend). shuffle_seed shuffles the free list
+    (None: blocks in order).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     param = next(model.parameters())
+    dtype, device = param.dtype, param.device
     if kv_cache is None:
         needed = sum(-(-(len(p) + max_new_tokens) // block_size) for p in prompts)
         kv_cache = PagedKVCache(
-            model.config,
-            num_blocks or needed,
-            block_size,
-            attn_backend,
-            param.dtype,
-            param.device,
+            model.config, num_blocks or needed, block_size, attn_backend, dtype, device
         )
-    block_size = kv_cache.block_size
     free_blocks = list(range(kv_cache.num_blocks))
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(free_blocks)
-    block_tables: list[list[int]] = [[] for _ in prompts]
-    generator = (
-        torch.Generator(param.device).manual_seed(seed) if seed is not None else None
+    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+
+    def sample(logits: Tensor) -> Tensor:  # chapter 1's rule, with its own generator
+        return sample_next(logits, temperature, top_k, generator)
+
+    return paged_decode(
+        model, kv_cache, prompts, max_new_tokens, free_blocks, sample, stop_token_ids
     )
-    outputs: list[list[int]] = [[] for _ in prompts]
-    # tokens each sequence has not run through the model yet
-    pending = [list(p) for p in prompts]
-    cached = [0] * len(prompts)
-    active = list(range(len(prompts)))
-    while active:
-        query_lens = [len(pending[i]) for i in active]
-        seq_lens = [cached[i] + n for i, n in zip(active, query_lens)]
-        # a new block only when the last one is full
-        for i, seq_len in zip(active, seq_lens):
-            while len(block_tables[i]) * block_size < seq_len:
-                if not free_blocks:
-                    raise RuntimeError(
-                        f"out of KV cache blocks ({kv_cache.num_blocks} of "
-                        f"{block_size} tokens): pass a larger num_blocks or fewer "
-                        "prompts"
-                    )
-                block_tables[i].append(free_blocks.pop())
-        positions, metadata = build_attention_metadata(
-            query_lens,
-            seq_lens,
-            [block_tables[i] for i in active],
-            block_size,
-            param.device,
-        )
-        input_ids = torch.tensor(
-            [t for i in active for t in pending[i]], device=param.device
-        )
-        hidden = model(input_ids, positions, metadata, kv_cache)  # (num_tokens, hidden)
-        last = metadata.query_start_loc[1:].long() - 1  # each sequence's last token
-        next_ids = sample_next(
-            model.compute_logits(hidden[last]), temperature, top_k, generator
-        ).tolist()
-        for i, seq_len, token in zip(active, seq_lens, next_ids):
-            cached[i], pending[i] = seq_len, [token]
-            outputs[i].append(token)
-        for i in active:
-            if len(outputs[i]) >= max_new_tokens or outputs[i][-1] in stop_token_ids:
-                # finished: its blocks are free again
-                free_blocks.extend(reversed(block_tables[i]))
-                block_tables[i] = []
-        active = [i for i in active if block_tables[i]]
-    return outputs

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:133
+# %% chapters/05_scheduler.md:144
 """Requests as the scheduler sees them: tokens, and how many are computed (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. As in vLLM v1 (vllm/v1/request.py),
@@ -42,6 +42,7 @@ class RequestStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
+# %% chapters/05_scheduler.md:195
 @dataclass(eq=False)
 class Request:
     """One generation request. Invariant: 0 <= num_computed_tokens <= num_tokens."""
@@ -67,6 +68,7 @@ class Request:
             )
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
 
+    # %% chapters/05_scheduler.md:234
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

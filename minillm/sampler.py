@@ -2,23 +2,20 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:710
+# %% chapters/06_sampler.md:764
 """The batched sampler: a batch's logits in, next tokens and logprobs out (chapter 6,
 "The sampler").
 
-Follows vLLM v1: vllm/v1/sample/sampler.py (the order of operations), ops/penalties.py,
-ops/topk_topp_sampler.py (top-k / top-p and the exponential-race draw) and metadata.py.
-Each row of the batch is one request with its own SamplingParams;
-`SamplingMetadata.from_requests` turns them into per-row tensors once per step and
-`Sampler` applies them to all rows at once. `reference_probs` is the slow one-request
-oracle the tests compare with, and `chi_square_test` checks that draws follow a
-distribution.
+Follows vLLM v1: vllm/v1/sample/sampler.py (the order of operations), metadata.py and
+ops/topk_topp_sampler.py (the exponential-race draw). Each row of the batch is one
+request with its own SamplingParams; `SamplingMetadata.from_requests` turns them into
+per-row tensors once per step and `Sampler` applies them to all rows at once, with the
+logits processors of minillm/logits_processors.py. minillm/sampler_reference.py holds
+the slow one-request oracle the tests compare with, and the chi-square test.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minillm.logits_processors import (
+    apply_min_p,
+    apply_penalties,
+    apply_temperature,
+    apply_token_constraints,
+    apply_top_k_top_p,
+)
 from minillm.sampling_params import (
     SAMPLING_EPS,
     LogitsProcessor,
@@ -34,6 +38,7 @@ from minillm.sampling_params import (
 )
 
 
+# %% chapters/06_sampler.md:807
 def make_generator(
     params: SamplingParams, device: torch.device | str = "cpu"
 ) -> torch.Generator | None:
@@ -60,7 +65,7 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:778
+# %% chapters/06_sampler.md:842
 @dataclass
 class SamplingMetadata:
     """What the sampler needs to know about the requests of one batch; row i is request
@@ -101,6 +106,7 @@ class SamplingMetadata:
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
+    # %% chapters/06_sampler.md:1029
     @classmethod
     def from_requests(
         cls,
@@ -123,196 +129,124 @@ class SamplingMetadata:
             )
         if generators is None:
             generators = [make_generator(p, device) for p in params]
-        eos = set(eos_token_ids)
-
-        def per_row(values, dtype=torch.float32) -> Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
-
-        greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
-        top_k = [
-            min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params
-        ]
-        no_penalties = all(
-            p.repetition_penalty == 1
-            and p.frequency_penalty == 0
-            and p.presence_penalty == 0
-            for p in params
-        )
-        allowed_mask = None
-        if any(p.allowed_token_ids is not None for p in params):
-            # (num_seqs, vocab)
-            allowed_mask = torch.zeros(
-                num_seqs, vocab_size, dtype=torch.bool, device=device
-            )
-            for row, p in enumerate(params):
-                if p.allowed_token_ids is not None:
-                    allowed_mask[row] = True
-                    allowed_mask[row, p.allowed_token_ids] = False
-        num_logprobs = [p.logprobs for p in params]
         return cls(
-            temperature=per_row([p.temperature for p in params]),
-            all_greedy=all(greedy),
-            all_random=not any(greedy),
-            top_k=per_row(top_k, torch.int64)
-            if any(k < vocab_size for k in top_k)
-            else None,
-            top_p=per_row([p.top_p for p in params])
-            if any(p.top_p < 1 for p in params)
-            else None,
-            min_p=per_row([p.min_p for p in params])
-            if any(p.min_p > 0 for p in params)
-            else None,
-            generators={
-                row: g
-                for row, g in enumerate(generators)
-                if g is not None and not greedy[row]
-            },
-            no_penalties=no_penalties,
-            prompt_token_ids=None
-            if no_penalties
-            else pad_token_ids(prompt_token_ids, vocab_size, device),
-            # the requests' own lists, read during this step only
-            output_token_ids=list(output_token_ids),
-            frequency_penalties=per_row([p.frequency_penalty for p in params]),
-            presence_penalties=per_row([p.presence_penalty for p in params]),
-            repetition_penalties=per_row([p.repetition_penalty for p in params]),
-            min_tokens={
-                row: (
-                    p.min_tokens,
-                    sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else eos)),
-                )
-                for row, p in enumerate(params)
-                if p.min_tokens > 0
-            },
-            allowed_token_ids_mask=allowed_mask,
-            banned_token_ids={
-                row: list(p.banned_token_ids)
-                for row, p in enumerate(params)
-                if p.banned_token_ids
-            },
-            logits_processors={
-                row: list(p.logits_processors)
-                for row, p in enumerate(params)
-                if p.logits_processors
-            },
-            num_logprobs=num_logprobs,
-            max_num_logprobs=max(
-                (n for n in num_logprobs if n is not None), default=None
+            **_sampling_fields(params, vocab_size, generators, device),
+            **_penalty_fields(
+                params, prompt_token_ids, output_token_ids, vocab_size, device
             ),
+            **_constraint_fields(params, vocab_size, eos_token_ids, device),
         )
 
 
-# %% chapters/06_sampler.md:979
-def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
-    """Logits processors, allowed / banned tokens and min_tokens: -inf where a row
-    may not go. In place.
-    """
-    for row, processors in md.logits_processors.items():
-        for processor in processors:
-            logits[row] = processor(md.output_token_ids[row], logits[row])  # (vocab,)
-    if md.allowed_token_ids_mask is not None:
-        logits.masked_fill_(md.allowed_token_ids_mask, float("-inf"))
-    rows, cols = [], []
-    for row, ids in md.banned_token_ids.items():
-        rows += [row] * len(ids)
-        cols += ids
-    for row, (min_tokens, stop_ids) in md.min_tokens.items():
-        if len(md.output_token_ids[row]) < min_tokens:
-            rows += [row] * len(stop_ids)
-            cols += stop_ids
-    if rows:
-        logits[rows, cols] = float("-inf")
-    return logits
+# %% chapters/06_sampler.md:899
+def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
 
-# %% chapters/06_sampler.md:1018
-def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
-    """(num_seqs, length) token ids padded with vocab_size -> (num_seqs, vocab_size)
-    occurrence counts.
-    """
-    # (num_seqs, vocab + 1)
-    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, device=token_ids.device)
-    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=counts.dtype))
-    return counts[:, :vocab_size]  # the padding column goes
+def _sampling_fields(
+    params: Sequence[SamplingParams],
+    vocab_size: int,
+    generators: Sequence[torch.Generator | None],
+    device: torch.device | str,
+) -> dict:
+    """temperature, the cutters, the generators of seeded rows, logprobs."""
+    greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
+    top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
+    num_logprobs = [p.logprobs for p in params]
+    return dict(
+        temperature=_per_row([p.temperature for p in params], device),
+        all_greedy=all(greedy),
+        all_random=not any(greedy),
+        top_k=_per_row(top_k, device, torch.int64)
+        if any(k < vocab_size for k in top_k)
+        else None,
+        top_p=_per_row([p.top_p for p in params], device)
+        if any(p.top_p < 1 for p in params)
+        else None,
+        min_p=_per_row([p.min_p for p in params], device)
+        if any(p.min_p > 0 for p in params)
+        else None,
+        generators={
+            row: g
+            for row, g in enumerate(generators)
+            if g is not None and not greedy[row]
+        },
+        num_logprobs=num_logprobs,
+        max_num_logprobs=max((n for n in num_logprobs if n is not None), default=None),
+    )
 
 
-def apply_penalties(
-    logits: Tensor,
-    prompt_token_ids: Tensor,
-    output_token_ids: Tensor,
-    presence_penalties: Tensor,
-    frequency_penalties: Tensor,
-    repetition_penalties: Tensor,
-) -> Tensor:
-    """Repetition penalty on prompt + output tokens; frequency and presence penalties
-    on output tokens.
-    """
-    vocab_size = logits.shape[1]
-    prompt_seen = token_counts(prompt_token_ids, vocab_size) > 0  # (num_seqs, vocab)
-    output_counts = token_counts(output_token_ids, vocab_size)  # (num_seqs, vocab)
-    output_seen = output_counts > 0  # (num_seqs, vocab)
-    # (num_seqs, vocab)
-    scale = torch.where(prompt_seen | output_seen, repetition_penalties[:, None], 1.0)
-    # (num_seqs, vocab)
-    logits = torch.where(logits > 0, logits / scale, logits * scale)
-    logits -= frequency_penalties[:, None] * output_counts
-    logits -= presence_penalties[:, None] * output_seen
-    return logits
+# %% chapters/06_sampler.md:945
+def _penalty_fields(
+    params: Sequence[SamplingParams],
+    prompt_token_ids: Sequence[Sequence[int]],
+    output_token_ids: Sequence[list[int]],
+    vocab_size: int,
+    device: torch.device | str,
+) -> dict:
+    """The three penalties per row, and the token lists they count in."""
+    no_penalties = all(
+        p.repetition_penalty == 1
+        and p.frequency_penalty == 0
+        and p.presence_penalty == 0
+        for p in params
+    )
+    return dict(
+        no_penalties=no_penalties,
+        prompt_token_ids=None
+        if no_penalties
+        else pad_token_ids(prompt_token_ids, vocab_size, device),
+        # the requests' own lists, read during this step only
+        output_token_ids=list(output_token_ids),
+        frequency_penalties=_per_row([p.frequency_penalty for p in params], device),
+        presence_penalties=_per_row([p.presence_penalty for p in params], device),
+        repetition_penalties=_per_row([p.repetition_penalty for p in params], device),
+    )
 
 
-# %% chapters/06_sampler.md:1087
-def apply_temperature(logits: Tensor, temperature: Tensor, all_random: bool) -> Tensor:
-    """Divide each row by its temperature (greedy rows, T = 0, by 1). In place."""
-    if not all_random:
-        # (num_seqs,)
-        temperature = torch.where(temperature < SAMPLING_EPS, 1.0, temperature)
-    return logits.div_(temperature[:, None])
+# %% chapters/06_sampler.md:980
+def _constraint_fields(
+    params: Sequence[SamplingParams],
+    vocab_size: int,
+    eos_token_ids: Iterable[int],
+    device: torch.device | str,
+) -> dict:
+    """min_tokens, the allowed-token mask, banned tokens, logits processors."""
+    eos = set(eos_token_ids)
+    allowed_mask = None
+    if any(p.allowed_token_ids is not None for p in params):
+        # (num_seqs, vocab)
+        allowed_mask = torch.zeros(
+            len(params), vocab_size, dtype=torch.bool, device=device
+        )
+        for row, p in enumerate(params):
+            if p.allowed_token_ids is not None:
+                allowed_mask[row] = True
+                allowed_mask[row, p.allowed_token_ids] = False
+    return dict(
+        min_tokens={
+            row: (
+                p.min_tokens,
+                sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else eos)),
+            )
+            for row, p in enumerate(params)
+            if p.min_tokens > 0
+        },
+        allowed_token_ids_mask=allowed_mask,
+        banned_token_ids={
+            row: list(p.banned_token_ids)
+            for row, p in enumerate(params)
+            if p.banned_token_ids
+        },
+        logits_processors={
+            row: list(p.logits_processors)
+            for row, p in enumerate(params)
+            if p.logits_processors
+        },
+    )
 
 
-def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
-    """Cut tokens whose probability is below min_p times the row's largest
-    probability. In place.
-    """
-    probs = logits.softmax(dim=-1)  # (num_seqs, vocab)
-    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # (num_seqs, 1)
-    return logits.masked_fill_(probs < threshold, float("-inf"))
-
-
-# %% chapters/06_sampler.md:1116
-def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Tensor:
-    """Keep each row's k most likely tokens, then the smallest top set holding
-    probability p.
-    """
-    if p is None:
-        return logits if k is None else apply_top_k_only(logits, k)
-    # (num_seqs, vocab) each
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
-    if k is not None:
-        # (num_seqs, 1)
-        kth_largest = logits_sort.gather(1, (logits.shape[1] - k)[:, None])
-        logits_sort.masked_fill_(logits_sort < kth_largest, float("-inf"))
-    # (num_seqs, vocab), least likely first
-    cumulative = logits_sort.softmax(dim=-1).cumsum(dim=-1)
-    cut = cumulative <= 1 - p[:, None]  # (num_seqs, vocab)
-    cut[:, -1] = False  # the most likely token always stays
-    logits_sort.masked_fill_(cut, float("-inf"))
-    return logits_sort.scatter(1, logits_idx, logits_sort)  # back to vocabulary order
-
-
-def apply_top_k_only(logits: Tensor, k: Tensor) -> Tensor:
-    """Top-k without sorting the vocabulary: one topk of the batch's largest k. In
-    place.
-    """
-    no_top_k = k == logits.shape[1]  # (num_seqs,)
-    # such rows would otherwise make the topk below vocabulary-wide
-    k = k.masked_fill(no_top_k, 1)
-    # (num_seqs, 1)
-    kth_largest = logits.topk(int(k.max()), dim=1).values.gather(1, (k - 1)[:, None])
-    kth_largest.masked_fill_(no_top_k[:, None], float("-inf"))
-    return logits.masked_fill_(logits < kth_largest, float("-inf"))
-
-
-# %% chapters/06_sampler.md:1183
+# %% chapters/06_sampler.md:1378
 def random_sample(
     probs: Tensor,
     generators: dict[int, torch.Generator],
@@ -332,7 +266,7 @@ def random_sample(
     return probs.div(noise).argmax(dim=-1)  # (num_seqs,)
 
 
-# %% chapters/06_sampler.md:1236
+# %% chapters/06_sampler.md:1431
 @dataclass
 class SampleLogprobs:
     """One request's logprobs for one sampled token."""
@@ -354,6 +288,7 @@ class LogprobsTensors:
     logprobs: Tensor  # (num_seqs, 1 + max_num_logprobs) float32
     sampled_token_ranks: Tensor  # (num_seqs,) int64
 
+    # %% chapters/06_sampler.md:1461
     def tolists(
         self, num_logprobs: Sequence[int | None]
     ) -> list[SampleLogprobs | None]:
@@ -378,6 +313,7 @@ class LogprobsTensors:
         ]
 
 
+# %% chapters/06_sampler.md:1498
 def gather_logprobs(
     logprobs: Tensor, num_logprobs: int, token_ids: Tensor
 ) -> LogprobsTensors:
@@ -395,7 +331,7 @@ def gather_logprobs(
     )
 
 
-# %% chapters/06_sampler.md:1311
+# %% chapters/06_sampler.md:1523
 @dataclass
 class SamplerOutput:
     sampled_token_ids: Tensor  # (num_seqs,) int64
@@ -428,6 +364,7 @@ class Sampler(nn.Module):
             )
         self.logprobs_mode, self.generator = logprobs_mode, generator
 
+    # %% chapters/06_sampler.md:1569
     def forward(self, logits: Tensor, md: SamplingMetadata) -> SamplerOutput:
         # (num_seqs, vocab); the caller's tensor stays as it was
         logits = logits.to(torch.float32, copy=True)
@@ -446,6 +383,7 @@ class Sampler(nn.Module):
             logprobs_tensors = gather_logprobs(logprobs, md.max_num_logprobs, sampled)
         return SamplerOutput(sampled, logprobs_tensors)
 
+    # %% chapters/06_sampler.md:1596
     @staticmethod
     def apply_constraints_and_penalties(logits: Tensor, md: SamplingMetadata) -> Tensor:
         logits = apply_token_constraints(logits, md)
@@ -473,6 +411,7 @@ class Sampler(nn.Module):
             logits = apply_min_p(logits, md.min_p)
         return apply_top_k_top_p(logits, md.top_k, md.top_p)
 
+    # %% chapters/06_sampler.md:1635
     def sample(self, logits: Tensor, md: SamplingMetadata) -> tuple[Tensor, Tensor]:
         """(sampled token ids (num_seqs,), the logits they were drawn from (num_seqs,
         vocab)).
@@ -501,144 +440,3 @@ class Sampler(nn.Module):
         # (num_seqs, vocab)
         probs = self.apply_filters(logits.clone(), md).softmax(dim=-1)
         return torch.where((md.temperature < SAMPLING_EPS)[:, None], one_hot, probs)
-
-
-# %% chapters/06_sampler.md:1460
-def reference_probs(
-    logits: Sequence[float],
-    params: SamplingParams,
-    prompt_token_ids: Sequence[int],
-    output_token_ids: Sequence[int],
-    eos_token_ids: Iterable[int] = (),
-) -> list[float]:
-    """The oracle: the distribution one request's next token is drawn from (one-hot
-    at the argmax if greedy).
-    """
-    neg_inf, vocab = float("-inf"), len(logits)
-    x = [float(v) for v in logits]
-    for processor in params.logits_processors:
-        x = [
-            float(v)
-            for v in processor(
-                list(output_token_ids), torch.tensor(x, dtype=torch.float32)
-            )
-        ]
-    if params.allowed_token_ids is not None:
-        allowed = set(params.allowed_token_ids)
-        x = [v if t in allowed else neg_inf for t, v in enumerate(x)]
-    forbidden = set(params.banned_token_ids)
-    if len(output_token_ids) < params.min_tokens:
-        forbidden |= set(params.stop_token_ids) | (
-            set() if params.ignore_eos else set(eos_token_ids)
-        )
-    x = [neg_inf if t in forbidden else v for t, v in enumerate(x)]
-    seen, counts = (
-        set(prompt_token_ids) | set(output_token_ids),
-        Counter(output_token_ids),
-    )
-    for t in range(vocab):
-        if t in seen:
-            x[t] = (
-                x[t] / params.repetition_penalty
-                if x[t] > 0
-                else x[t] * params.repetition_penalty
-            )
-        x[t] -= params.frequency_penalty * counts[t] + params.presence_penalty * (
-            counts[t] > 0
-        )
-    if params.temperature == 0:
-        # the first maximum, like torch.argmax
-        best = max(range(vocab), key=lambda t: x[t])
-        return [float(t == best) for t in range(vocab)]
-
-    def softmax(v):
-        m = max(v)
-        e = [math.exp(a - m) for a in v]
-        total = sum(e)
-        return [a / total for a in e]
-
-    x = [v / params.temperature for v in x]
-    if params.min_p > 0:
-        p = softmax(x)
-        threshold = params.min_p * max(p)
-        x = [v if p[t] >= threshold else neg_inf for t, v in enumerate(x)]
-    if params.top_k > 0:
-        kth_largest = sorted(x, reverse=True)[min(params.top_k, vocab) - 1]
-        x = [v if v >= kth_largest else neg_inf for v in x]
-    if params.top_p < 1:
-        p, keep, mass_above = softmax(x), set(), 0.0
-        for t in sorted(range(vocab), key=lambda t: -p[t]):  # most likely first
-            if mass_above >= params.top_p:
-                break
-            keep.add(t)
-            mass_above += p[t]
-        x = [v if t in keep else neg_inf for t, v in enumerate(x)]
-    return softmax(x)
-
-
-# %% chapters/06_sampler.md:1776
-def chi2_sf(x: float, dof: int) -> float:
-    """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma
-    Q(dof / 2, x / 2).
-    """
-    a, z = dof / 2, x / 2
-    if z <= 0:
-        return 1.0
-    log_prefactor = a * math.log(z) - z - math.lgamma(a)
-    if z < a + 1:  # series for the lower function P(a, z), then Q = 1 - P
-        term = total = 1 / a
-        n = 0
-        while abs(term) > 1e-16 * abs(total):
-            n += 1
-            term *= z / (a + n)
-            total += term
-        return max(0.0, 1 - math.exp(log_prefactor) * total)
-    tiny = 1e-300  # continued fraction for Q(a, z), modified Lentz
-    b = z + 1 - a
-    c, d = 1 / tiny, 1 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = 1 / (d if abs(d) > tiny else tiny)
-        c = b + an / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return math.exp(log_prefactor) * h
-
-
-def chi_square_test(
-    counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0
-) -> tuple[float, int, float]:
-    """Pearson's goodness-of-fit test of counts against probs: (statistic, degrees of
-    freedom, p-value).
-
-    Categories expected fewer than min_expected times are pooled into one bin. A count
-    in a category of probability 0 is impossible, not unlikely: the test then returns
-    p-value 0.
-    """
-    total = sum(counts)
-    if any(c > 0 and p == 0 for c, p in zip(counts, probs)):
-        return math.inf, len(counts) - 1, 0.0
-    bins, pooled_observed, pooled_expected = [], 0, 0.0
-    for c, p in zip(counts, probs):
-        if total * p >= min_expected:
-            bins.append([c, total * p])
-        elif p > 0:
-            pooled_observed, pooled_expected = (
-                pooled_observed + c,
-                pooled_expected + total * p,
-            )
-    if pooled_expected > 0:
-        if pooled_expected >= min_expected or not bins:
-            bins.append([pooled_observed, pooled_expected])
-        else:  # too small to stand alone: merge into the smallest bin
-            smallest = min(bins, key=lambda b: b[1])
-            smallest[0] += pooled_observed
-            smallest[1] += pooled_expected
-    statistic = sum((o - e) ** 2 / e for o, e in bins)
-    dof = len(bins) - 1
-    return statistic, dof, chi2_sf(statistic, dof) if dof > 0 else 1.0

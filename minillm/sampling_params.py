@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:377
+# %% chapters/06_sampler.md:381
 """Sampling parameters of one request (chapter 6, "The sampler").
 
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
@@ -32,6 +32,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
+# %% chapters/06_sampler.md:423
 class SamplingType(IntEnum):
     GREEDY = 0  # argmax: no random numbers at all
     RANDOM = 1  # drawn with the engine's shared generator
@@ -48,7 +49,7 @@ class SamplingParamsError(ValueError):
         self.field, self.value = field, value
 
 
-# %% chapters/06_sampler.md:429
+# %% chapters/06_sampler.md:444
 @dataclass
 class SamplingParams:
     """How to choose the tokens of one request. Names and defaults follow vLLM (and so
@@ -62,37 +63,27 @@ class SamplingParams:
 
     n: int = 1  # completions per prompt (the engine runs n sequences)
     temperature: float = 1.0  # >= 0; 0 is greedy
-    # (0, 1]: keep the smallest top set holding this much probability
-    top_p: float = 1.0
+    top_p: float = 1.0  # (0, 1]: the smallest top set holding this much mass
     top_k: int = 0  # >= 0: keep the k most likely tokens; 0 is off
     min_p: float = 0.0  # [0, 1]: keep tokens with p >= min_p * p_max
-    # > 0: in prompt or output -> logit / rp if > 0 else logit * rp
-    repetition_penalty: float = 1.0
-    # [-2, 2]: subtracted once per occurrence in the output
-    frequency_penalty: float = 0.0
-    # [-2, 2]: subtracted once if the token occurs in the output
-    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # > 0: seen tokens' logits / rp (* rp if < 0)
+    frequency_penalty: float = 0.0  # [-2, 2]: minus this per occurrence in the output
+    presence_penalty: float = 0.0  # [-2, 2]: minus this once if in the output
     seed: int | None = None  # the request's own random stream; None shares the engine's
-    # >= 1, or None: until the context is full (the engine's job)
-    max_tokens: int | None = 16
-    # EOS and stop_token_ids are masked until this many tokens exist
-    min_tokens: int = 0
-    # strings that end the output (the engine's job)
-    stop: list[str] | str | None = None
-    # tokens that end the output (the engine's job)
-    stop_token_ids: list[int] | None = None
-    # EOS does not end the output (nor is it masked by min_tokens)
-    ignore_eos: bool = False
+    max_tokens: int | None = 16  # >= 1, or None: until the context is full (engine)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many exist
+    stop: list[str] | str | None = None  # strings that end the output (engine)
+    stop_token_ids: list[int] | None = None  # tokens that end the output (engine)
+    ignore_eos: bool = False  # EOS neither ends the output nor is masked
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # for detokenization (chapter 7)
     logprobs: int | None = None  # None, or how many top logprobs to return per token
-    # None, or the only tokens that may be sampled
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None  # None, or the only tokens allowed
     banned_token_ids: list[int] | None = None  # tokens that may never be sampled
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
-    # the engine (chapter 7) reports every step, or "final_only": when done
-    output_kind: str = "cumulative"
+    output_kind: str = "cumulative"  # or "final_only": the engine reports when done
 
+    # %% chapters/06_sampler.md:488
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -123,6 +114,7 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
+    # %% chapters/06_sampler.md:527
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
@@ -143,116 +135,129 @@ class SamplingParams:
             )
 
 
-# %% chapters/06_sampler.md:530
-def _verify_args(params: SamplingParams) -> None:
-    """Raise SamplingParamsError for the first field of params that is out of range
-    (vLLM's _verify_args).
-    """
+# %% chapters/06_sampler.md:555
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
-    def integer(v):
-        return isinstance(v, int) and not isinstance(v, bool)
 
-    def real(v):
-        return (
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        )
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-    def token_ids(v):
-        return isinstance(v, list) and all(integer(t) and t >= 0 for t in v)
 
-    checks = [
-        ("n", integer(params.n) and params.n >= 1, "an integer >= 1"),
+def _is_token_ids(v) -> bool:
+    return isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v)
+
+
+# %% chapters/06_sampler.md:572
+def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
+    """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
+    return [
+        ("n", _is_int(p.n) and p.n >= 1, "an integer >= 1"),
         (
             "temperature",
-            real(params.temperature) and params.temperature >= 0,
+            _is_real(p.temperature) and p.temperature >= 0,
             "a number >= 0 (0 is greedy)",
         ),
-        ("top_p", real(params.top_p) and 0 < params.top_p <= 1, "in (0, 1] (1 is off)"),
+        ("top_p", _is_real(p.top_p) and 0 < p.top_p <= 1, "in (0, 1] (1 is off)"),
         (
             "top_k",
-            integer(params.top_k) and params.top_k >= 0,
+            _is_int(p.top_k) and p.top_k >= 0,
             "an integer >= 1, or 0 or -1 (off)",
         ),
-        (
-            "min_p",
-            real(params.min_p) and 0 <= params.min_p <= 1,
-            "in [0, 1] (0 is off)",
-        ),
+        ("min_p", _is_real(p.min_p) and 0 <= p.min_p <= 1, "in [0, 1] (0 is off)"),
         (
             "repetition_penalty",
-            real(params.repetition_penalty) and params.repetition_penalty > 0,
+            _is_real(p.repetition_penalty) and p.repetition_penalty > 0,
             "a number > 0 (1 is off)",
         ),
         (
             "frequency_penalty",
-            real(params.frequency_penalty) and -2 <= params.frequency_penalty <= 2,
+            _is_real(p.frequency_penalty) and -2 <= p.frequency_penalty <= 2,
             "in [-2, 2] (0 is off)",
         ),
         (
             "presence_penalty",
-            real(params.presence_penalty) and -2 <= params.presence_penalty <= 2,
+            _is_real(p.presence_penalty) and -2 <= p.presence_penalty <= 2,
             "in [-2, 2] (0 is off)",
         ),
-        ("seed", params.seed is None or integer(params.seed), "None or an integer"),
+    ]
+
+
+# %% chapters/06_sampler.md:611
+def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
+    """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
+    return [
+        ("seed", p.seed is None or _is_int(p.seed), "None or an integer"),
         (
             "max_tokens",
-            params.max_tokens is None
-            or (integer(params.max_tokens) and params.max_tokens >= 1),
+            p.max_tokens is None or (_is_int(p.max_tokens) and p.max_tokens >= 1),
             "None or an integer >= 1",
         ),
         (
             "min_tokens",
-            integer(params.min_tokens)
-            and 0 <= params.min_tokens
-            and (params.max_tokens is None or params.min_tokens <= params.max_tokens),
-            f"an integer in [0, max_tokens={params.max_tokens}]",
+            _is_int(p.min_tokens)
+            and 0 <= p.min_tokens
+            and (p.max_tokens is None or p.min_tokens <= p.max_tokens),
+            f"an integer in [0, max_tokens={p.max_tokens}]",
         ),
         (
             "logprobs",
-            params.logprobs is None
-            or (integer(params.logprobs) and params.logprobs >= 0),
+            p.logprobs is None or (_is_int(p.logprobs) and p.logprobs >= 0),
             "None or an integer >= 0",
         ),
         (
             "output_kind",
-            params.output_kind in ("cumulative", "final_only"),
+            p.output_kind in ("cumulative", "final_only"),
             "'cumulative' or 'final_only'",
         ),
+    ]
+
+
+# %% chapters/06_sampler.md:644
+def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
+    """(field, ok, allowed) for stop strings, token-id lists, processors, flags."""
+    return [
         (
             "stop",
-            isinstance(params.stop, list)
-            and all(isinstance(s, str) and s for s in params.stop),
+            isinstance(p.stop, list) and all(isinstance(s, str) and s for s in p.stop),
             "a string or a list of non-empty strings",
         ),
         (
             "stop_token_ids",
-            token_ids(params.stop_token_ids),
+            _is_token_ids(p.stop_token_ids),
             "a list of token ids (integers >= 0)",
         ),
         (
             "allowed_token_ids",
-            params.allowed_token_ids is None
-            or (
-                token_ids(params.allowed_token_ids)
-                and len(params.allowed_token_ids) > 0
-            ),
+            p.allowed_token_ids is None
+            or (_is_token_ids(p.allowed_token_ids) and len(p.allowed_token_ids) > 0),
             "None or a non-empty list of token ids",
         ),
         (
             "banned_token_ids",
-            token_ids(params.banned_token_ids),
+            _is_token_ids(p.banned_token_ids),
             "a list of token ids (integers >= 0)",
         ),
         (
             "logits_processors",
-            isinstance(params.logits_processors, list)
-            and all(callable(p) for p in params.logits_processors),
+            isinstance(p.logits_processors, list)
+            and all(callable(f) for f in p.logits_processors),
             "a list of callables (output_token_ids, logits) -> logits",
         ),
     ] + [
-        (name, isinstance(getattr(params, name), bool), "True or False")
+        (name, isinstance(getattr(p, name), bool), "True or False")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
     ]
+
+
+# %% chapters/06_sampler.md:686
+def _verify_args(params: SamplingParams) -> None:
+    """Raise SamplingParamsError for the first field of params that is out of range
+    (vLLM's _verify_args).
+    """
+    checks = (
+        _distribution_checks(params) + _length_checks(params) + _list_checks(params)
+    )
     for field, ok, allowed in checks:
         if not ok:
             raise SamplingParamsError(field, getattr(params, field), allowed)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:403
+# %% chapters/05_scheduler.md:476
 """Continuous batching with a token budget, chunked prefill and preemption (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. The design is vLLM v1's
@@ -19,6 +19,7 @@ from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from minillm.request import Request, RequestStatus
 
 
+# %% chapters/05_scheduler.md:500
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 32
@@ -48,7 +49,7 @@ class SchedulerConfig:
             )
 
 
-# %% chapters/05_scheduler.md:458
+# %% chapters/05_scheduler.md:539
 @dataclass
 class SchedulerOutput:
     scheduled_requests: list[Request]  # batch order
@@ -75,7 +76,7 @@ class SchedulerOutput:
         )
 
 
-# %% chapters/05_scheduler.md:519
+# %% chapters/05_scheduler.md:577
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (continuous batching).
 
@@ -101,6 +102,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
 
+    # %% chapters/05_scheduler.md:614
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -119,22 +121,34 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    # %% chapters/05_scheduler.md:572
+    # %% chapters/05_scheduler.md:659
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled: dict[str, int] = {}
+        """This step's batch: running requests first, then waiting ones, as far as the
+        token budget, the seats and the cache go.
+        """
+        scheduled: dict[str, int] = {}  # request id -> tokens to compute this step
         preempted: list[str] = []
+        budget = self._schedule_running(
+            self.config.max_num_batched_tokens, scheduled, preempted
+        )
+        if not preempted:
+            self._schedule_waiting(budget, scheduled)
+        batch = [r for r in self.running if r.request_id in scheduled]
+        output = SchedulerOutput(batch, scheduled, preempted, self.finished_req_ids)
+        self.finished_req_ids = set()
+        return output
 
-        # a placeholder (chapter 11) is a token to compute like any other
-        def to_go(r: Request) -> int:
-            return r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
-
-        # 1. Running requests, fewest tokens to go first (every decode before any prompt
-        # chunk).
-        for request in sorted(self.running, key=to_go):
+    # %% chapters/05_scheduler.md:691
+    def _schedule_running(
+        self, budget: int, scheduled: dict[str, int], preempted: list[str]
+    ) -> int:
+        """Pass 1: tokens for the running requests, fewest to go first; preempts the
+        newest while the cache is short. Returns the budget left.
+        """
+        for request in sorted(self.running, key=_tokens_to_go):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(to_go(request), budget)
+            num_new = min(_tokens_to_go(request), budget)
             if num_new == 0:
                 continue
             while True:
@@ -151,13 +165,13 @@ class Scheduler:
             if request.status is RequestStatus.RUNNING:
                 scheduled[request.request_id] = num_new
                 budget -= num_new
+        return budget
 
-        # 2. Waiting requests, first come first served, unless memory just ran short.
+    # %% chapters/05_scheduler.md:735
+    def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
+        """Pass 2: admit waiting requests, first come first served."""
         while (
-            self.waiting
-            and not preempted
-            and budget > 0
-            and len(self.running) < self.config.max_num_seqs
+            self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
             # a prefix cache (chapter 8) may already hold the start of the request: it
@@ -165,7 +179,7 @@ class Scheduler:
             computed_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(
                 request
             )
-            num_new = to_go(request) - num_cached
+            num_new = _tokens_to_go(request) - num_cached
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break
             num_new = min(num_new, budget)
@@ -182,11 +196,7 @@ class Scheduler:
             scheduled[request.request_id] = num_new
             budget -= num_new
 
-        batch = [r for r in self.running if r.request_id in scheduled]
-        output = SchedulerOutput(batch, scheduled, preempted, self.finished_req_ids)
-        self.finished_req_ids = set()
-        return output
-
+    # %% chapters/05_scheduler.md:778
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's cache and queue it to run again
         first.
@@ -201,7 +211,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    # %% chapters/05_scheduler.md:665
+    # %% chapters/05_scheduler.md:801
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
@@ -221,6 +231,7 @@ class Scheduler:
                 updated.append(request)
         return updated
 
+    # %% chapters/05_scheduler.md:830
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -244,3 +255,13 @@ class Scheduler:
             # a token in flight for it is thrown away (chapter 11)
             request.num_output_placeholders = 0
             self.finished_req_ids.add(request_id)
+
+
+# %% chapters/05_scheduler.md:648
+def _tokens_to_go(request: Request) -> int:
+    """Tokens of request not yet computed; a placeholder (chapter 11) counts as one."""
+    return (
+        request.num_tokens
+        + request.num_output_placeholders
+        - request.num_computed_tokens
+    )

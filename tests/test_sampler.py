@@ -1,5 +1,5 @@
-"""The sampler (minillm/sampler.py, minillm/sampling_params.py; chapter 6): the
-specification.
+"""The sampler (minillm/sampler.py, minillm/sampling_params.py,
+minillm/logits_processors.py; chapter 6): the specification.
 
 Parameters are validated with messages that name the field; greedy rows are exact
 argmax; seeded rows depend on nothing but their seed; every filter keeps what its
@@ -19,16 +19,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm.sampler import (
-    Sampler,
-    SamplingMetadata,
-    apply_penalties,
-    chi2_sf,
-    chi_square_test,
-    make_generator,
-    random_sample,
-    reference_probs,
-)
+from minillm.logits_processors import apply_penalties
+from minillm.sampler import Sampler, SamplingMetadata, make_generator, random_sample
+from minillm.sampler_reference import chi2_sf, chi_square_test, reference_probs
 from minillm.sampling_params import SamplingParams, SamplingParamsError, SamplingType
 
 EOS = 1
