@@ -12,6 +12,7 @@ RequestOutput            minillm.engine
 SamplingParams           minillm.sampling_params
 
 module                   chapter
+async_llm                chapters/16_server.md
 attention                chapters/04_paged_attention.md
 block_pool               chapters/03_block_allocator.md
 cuda_graph               chapters/11_cuda_graph.md
@@ -31,6 +32,9 @@ sampler                  chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
 scheduler                chapters/05_scheduler.md
 server                   chapters/16_server.md
+serving                  chapters/16_server.md
+serving_chat             chapters/16_server.md
+serving_completion       chapters/16_server.md
 swap                     chapters/09_swap.md
 tiny                     chapters/01_model.md
 tokenizer                chapters/01_model.md
