@@ -31,6 +31,25 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def fast_path():
+    """fast_path(engine): which of chapters 10-11's paths an engine runs, as a dict.
+
+    The one place the server tests read them (they are moving off LLMEngine).
+    """
+
+    def read(engine) -> dict:
+        return {
+            "attention_backend": engine.attention_backend,
+            "cuda_graphs": engine.cuda_graphs,
+            "persistent_batch": engine.persistent_batch,
+            "async_scheduling": engine.async_scheduling,
+            "stepper": engine.stepper,  # chapter 11's overlapped step loop, or None
+        }
+
+    return read
+
+
+@pytest.fixture(scope="session")
 def device():
     """Where device-aware tests run: $MINILLM_TEST_DEVICE (e.g. cuda on the GPU box),
     else cpu.
