@@ -12,6 +12,7 @@ RequestOutput            minillm.outputs
 SamplingParams           minillm.sampling_params
 
 module                   chapter
+async_llm                chapters/16_server.md
 async_scheduling         chapters/11_cuda_graph.md
 attention                chapters/04_paged_attention.md
 block_pool               chapters/03_block_allocator.md
@@ -43,6 +44,9 @@ sampler_reference        chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
 scheduler                chapters/05_scheduler.md
 server                   chapters/16_server.md
+serving                  chapters/16_server.md
+serving_chat             chapters/16_server.md
+serving_completion       chapters/16_server.md
 swap                     chapters/09_swap.md
 tiny                     chapters/01_model.md
 tokenizer                chapters/01_model.md

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:651
+# %% chapters/16_server.md:708
 """Prometheus metrics of the server, named like vLLM's with a `minillm:` prefix (chapter
 16).
 
@@ -16,113 +16,92 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from minillm.engine import LLMEngine, RequestOutput
+from minillm.engine import LLMEngine
+from minillm.outputs import RequestOutput
 
+# seconds: a request's latencies (TTFT, end to end, queueing) ...
 REQUEST_LATENCY_BUCKETS = [
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0),
+    *(2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
 ]
+# ... and the time between two of its tokens
 TOKEN_LATENCY_BUCKETS = [
-    0.001,
-    0.0025,
-    0.005,
-    0.0075,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
+    *(0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05),
+    *(0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
 ]
 
 
+# %% chapters/16_server.md:747
 class EngineMetrics:
     """The server's Prometheus metrics, in their own registry, for one served model."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
-        label = ["model_name"]
+        self._add_latency_histograms()
+        self._add_gauges_and_counters()
+        # request -> index -> (tokens, last time)
+        self._seen: dict[str, dict[int, tuple[int, float | None]]] = {}
+        # the manager's, last seen
+        self._prefix_counts = {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
 
-        def histogram(name: str, doc: str, buckets: list[float]):
-            return Histogram(
-                f"minillm:{name}", doc, label, buckets=buckets, registry=self.registry
-            ).labels(model_name)
+    def _labelled(self, kind, name: str, doc: str, **kwargs):
+        """A metric `minillm:{name}` of this registry, labelled with the model name."""
+        metric = kind(
+            f"minillm:{name}", doc, ["model_name"], registry=self.registry, **kwargs
+        )
+        return metric.labels(self.model_name)
 
-        def gauge(name: str, doc: str):
-            return Gauge(f"minillm:{name}", doc, label, registry=self.registry).labels(
-                model_name
-            )
-
-        def counter(name: str, doc: str):
-            return Counter(
-                f"minillm:{name}", doc, label, registry=self.registry
-            ).labels(model_name)
-
-        self.time_to_first_token = histogram(
+    # %% chapters/16_server.md:774
+    def _add_latency_histograms(self) -> None:
+        requests, tokens = REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+        self.time_to_first_token = self._labelled(
+            Histogram,
             "time_to_first_token_seconds",
             "Time to first token.",
-            REQUEST_LATENCY_BUCKETS,
+            buckets=requests,
         )
-        self.inter_token_latency = histogram(
+        self.inter_token_latency = self._labelled(
+            Histogram,
             "inter_token_latency_seconds",
             "Time between two output tokens.",
-            TOKEN_LATENCY_BUCKETS,
+            buckets=tokens,
         )
-        self.e2e_request_latency = histogram(
-            "e2e_request_latency_seconds", "Arrival to finish.", REQUEST_LATENCY_BUCKETS
+        self.e2e_request_latency = self._labelled(
+            Histogram,
+            "e2e_request_latency_seconds",
+            "Arrival to finish.",
+            buckets=requests,
         )
-        self.request_queue_time = histogram(
+        self.request_queue_time = self._labelled(
+            Histogram,
             "request_queue_time_seconds",
             "Arrival to first scheduled.",
-            REQUEST_LATENCY_BUCKETS,
+            buckets=requests,
         )
-        self.num_requests_running = gauge(
-            "num_requests_running", "Requests in the running queue."
+
+    # %% chapters/16_server.md:811
+    def _add_gauges_and_counters(self) -> None:
+        self.num_requests_running = self._labelled(
+            Gauge, "num_requests_running", "Requests in the running queue."
         )
-        self.num_requests_waiting = gauge(
-            "num_requests_waiting", "Requests waiting to be scheduled."
+        self.num_requests_waiting = self._labelled(
+            Gauge, "num_requests_waiting", "Requests waiting to be scheduled."
         )
-        self.kv_cache_usage = gauge(
-            "kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = 100%)."
+        self.kv_cache_usage = self._labelled(
+            Gauge, "kv_cache_usage_perc", "Share of KV-cache blocks in use (1 = 100%)."
         )
-        self.prompt_tokens = counter(
-            "prompt_tokens", "Prompt tokens of the requests that started."
+        self.prompt_tokens = self._labelled(
+            Counter, "prompt_tokens", "Prompt tokens of the requests that started."
         )
-        self.generation_tokens = counter("generation_tokens", "Generated tokens.")
-        self.prefix_cache_queries = counter(
-            "prefix_cache_queries", "Tokens looked up in the prefix cache."
+        self.generation_tokens = self._labelled(
+            Counter, "generation_tokens", "Generated tokens."
         )
-        self.prefix_cache_hits = counter(
-            "prefix_cache_hits", "Tokens found in the prefix cache."
+        self.prefix_cache_queries = self._labelled(
+            Counter, "prefix_cache_queries", "Tokens looked up in the prefix cache."
+        )
+        self.prefix_cache_hits = self._labelled(
+            Counter, "prefix_cache_hits", "Tokens found in the prefix cache."
         )
         self._request_success = Counter(
             "minillm:request_success",
@@ -131,14 +110,9 @@ class EngineMetrics:
             registry=self.registry,
         )
         for reason in ("stop", "length", "abort"):
-            # exported at 0 from the start
-            self._request_success.labels(model_name, reason)
-        # request -> index -> (tokens, last time)
-        self._seen: dict[str, dict[int, tuple[int, float | None]]] = {}
-        # the manager's, last seen
-        self._prefix_counts = {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
+            self._request_success.labels(self.model_name, reason)
 
-    # %% chapters/16_server.md:789
+    # %% chapters/16_server.md:850
     def record_step(self, outputs: list[RequestOutput], engine: LLMEngine) -> None:
         """Observe one step's outputs (engine thread), then refresh the gauges."""
         for output in outputs:
@@ -147,40 +121,35 @@ class EngineMetrics:
                 self.prompt_tokens.inc(len(output.prompt_token_ids))
             seen = self._seen[output.request_id]
             for completion in output.outputs:
-                num_before, last_before = seen.get(completion.index, (0, None))
-                num_new = len(completion.token_ids) - num_before
-                m = completion.metrics
-                if num_new > 0:
-                    self.generation_tokens.inc(num_new)
-                    if num_before == 0:
-                        self.time_to_first_token.observe(
-                            m.first_token_time - m.arrival_time
-                        )
-                        self.request_queue_time.observe(
-                            m.first_scheduled_time - m.arrival_time
-                        )
-                    elif last_before is not None:
-                        self.inter_token_latency.observe(
-                            (m.last_token_time - last_before) / num_new
-                        )
-                    seen[completion.index] = (
-                        len(completion.token_ids),
-                        m.last_token_time,
-                    )
-                if (
-                    completion.finished
-                    and seen.get(completion.index, (0, 0))[1] is not None
-                ):
-                    self._request_success.labels(
-                        self.model_name, completion.finish_reason
-                    ).inc()
-                    self.e2e_request_latency.observe(m.finished_time - m.arrival_time)
-                    # None: counted as finished
-                    seen[completion.index] = (len(completion.token_ids), None)
+                self._observe(completion, seen)
             if output.finished:
                 del self._seen[output.request_id]
         self.update_gauges(engine)
 
+    # %% chapters/16_server.md:875
+    def _observe(self, completion, seen: dict[int, tuple[int, float | None]]) -> None:
+        num_before, last_before = seen.get(completion.index, (0, None))
+        num_new = len(completion.token_ids) - num_before
+        m = completion.metrics
+        if num_new > 0:
+            self.generation_tokens.inc(num_new)
+            if num_before == 0:
+                self.time_to_first_token.observe(m.first_token_time - m.arrival_time)
+                self.request_queue_time.observe(m.first_scheduled_time - m.arrival_time)
+            elif last_before is not None:
+                self.inter_token_latency.observe(
+                    (m.last_token_time - last_before) / num_new
+                )
+            seen[completion.index] = (len(completion.token_ids), m.last_token_time)
+        if completion.finished and seen.get(completion.index, (0, 0))[1] is not None:
+            self._request_success.labels(
+                self.model_name, completion.finish_reason
+            ).inc()
+            self.e2e_request_latency.observe(m.finished_time - m.arrival_time)
+            # None: counted as finished
+            seen[completion.index] = (len(completion.token_ids), None)
+
+    # %% chapters/16_server.md:906
     def record_abort(
         self, request_id: str, num_completions: int, engine: LLMEngine
     ) -> None:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:215
+# %% chapters/16_server.md:212
 """OpenAI-compatible request and response models for the server (chapter 16, "The
 server").
 
@@ -37,6 +37,7 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
+# %% chapters/16_server.md:253
 class ErrorInfo(BaseModel):
     message: str
     type: str  # "BadRequestError", "NotFoundError", "InternalServerError"
@@ -60,7 +61,7 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False  # a last chunk with empty choices and the usage
 
 
-# %% chapters/16_server.md:274
+# %% chapters/16_server.md:283
 class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat requests share."""
 
@@ -88,6 +89,7 @@ class SamplingRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
+    # %% chapters/16_server.md:319
     def _check_supported(self) -> None:
         if (
             self.response_format is not None
@@ -105,6 +107,7 @@ class SamplingRequest(OpenAIBaseModel):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
+    # %% chapters/16_server.md:346
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None
     ) -> SamplingParams:
@@ -143,7 +146,7 @@ class SamplingRequest(OpenAIBaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# %% chapters/16_server.md:364
+# %% chapters/16_server.md:397
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
@@ -169,7 +172,7 @@ class CompletionRequest(SamplingRequest):
         return self._sampling_params(self.max_tokens, self.logprobs)
 
 
-# %% chapters/16_server.md:397
+# %% chapters/16_server.md:428
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -190,6 +193,7 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(parts)
 
 
+# %% chapters/16_server.md:455
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -214,7 +218,7 @@ class ChatCompletionRequest(SamplingRequest):
         )
 
 
-# %% chapters/16_server.md:450
+# %% chapters/16_server.md:488
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -248,6 +252,7 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
+# %% chapters/16_server.md:527
 class ChatCompletionLogProb(BaseModel):
     token: str
     logprob: float | None
@@ -284,6 +289,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
+# %% chapters/16_server.md:570
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
@@ -306,7 +312,7 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:546
+# %% chapters/16_server.md:597
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -321,6 +327,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+# %% chapters/16_server.md:617
 class TokenizeRequest(OpenAIBaseModel):
     """Either a prompt or chat messages (rendered with the chat template, as
     /v1/chat/completions does).

@@ -2,15 +2,13 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:927
-"""The OpenAI-compatible HTTP server around the engine (chapter 16, "The server").
+# %% chapters/16_server.md:2252
+"""The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
+server thread for notebooks and tests, and the `minillm serve` command.
 
-`AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
-engine is not thread-safe); HTTP handlers send it commands through a thread-safe queue
-and receive their outputs on an asyncio.Queue fed with `loop.call_soon_threadsafe`.
-`OpenAIServer` implements the endpoints with FastAPI; `create_app` builds the app;
-`main` is the `minillm serve` command. vLLM's counterparts: vllm/v1/engine/async_llm.py,
-vllm/entrypoints/openai/api_server.py, serving_completion.py and serving_chat.py.
+The engine thread is async_llm.py; the endpoints are serving.py, serving_completion.py
+and serving_chat.py. vLLM's counterparts: vllm/entrypoints/openai/api_server.py and
+vllm/entrypoints/cli/serve.py.
 """
 
 from __future__ import annotations
@@ -18,743 +16,44 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import queue
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
-import jinja2.sandbox
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from minillm.engine import EngineConfig, LLMEngine, RequestOutput
-from minillm.metrics import EngineMetrics
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
 from minillm.protocol import (
-    AssistantMessage,
-    ChatCompletionLogProb,
-    ChatCompletionLogProbs,
-    ChatCompletionLogProbsContent,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatCompletionResponseChoice,
-    ChatCompletionResponseStreamChoice,
-    ChatCompletionStreamResponse,
-    ChatMessage,
-    CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
-    CompletionResponseChoice,
-    DeltaMessage,
     DetokenizeRequest,
     DetokenizeResponse,
-    ErrorInfo,
-    ErrorResponse,
-    InvalidRequestError,
-    ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
-    UsageInfo,
-    random_id,
 )
-from minillm.sampler import SampleLogprobs
-from minillm.sampling_params import SamplingParams
+from minillm.serving import APIError, validation_error
+from minillm.serving_chat import OpenAIServingChat
+from minillm.serving_completion import OpenAIServingCompletion
 
 logger = logging.getLogger(__name__)
 
 
-class EngineStepError(RuntimeError):
-    """The engine failed while running a step; the requests in flight are aborted
-    (HTTP 500).
-    """
+# %% chapters/16_server.md:2299
+class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
+    """All the endpoints of one served model, over one AsyncLLM."""
 
 
-class EngineDeadError(RuntimeError):
-    """The engine thread has stopped; no request can be served (HTTP 500)."""
-
-
-class _Sink:
-    """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
-
-    def put(self, item) -> None:  # called from the engine thread
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-
-@dataclass
-class _Add:
-    # (request id, prompt, params)
-    requests: list[tuple[str, str | list[int], SamplingParams]]
-    sink: _Sink
-
-
-@dataclass
-class _Abort:
-    request_ids: list[str]
-
-
-_ACCEPTED = "accepted"
-_SHUTDOWN = "shutdown"
-
-
-# %% chapters/16_server.md:1044
-class AsyncLLM:
-    """Owns an LLMEngine in one background thread; the event loop talks to it through
-    queues.
-    """
-
-    def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None):
-        self.engine = engine  # touched only by the engine thread once started
-        self.metrics = metrics
-        self._commands: queue.Queue = queue.Queue()
-        self._sinks: dict[str, _Sink] = {}  # engine thread only
-        # engine thread only: n of each request
-        self._num_completions: dict[str, int] = {}
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="minillm-engine", daemon=True
-        )
-        self._thread.start()
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            self._commands.put(_SHUTDOWN)
-            self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while True:
-            idle = not self.engine.has_unfinished_requests()
-            try:
-                # an idle engine sleeps here: no busy loop
-                commands = [self._commands.get(block=idle)]
-            except queue.Empty:
-                commands = []
-            while not self._commands.empty():
-                commands.append(self._commands.get_nowait())
-            if any(command is _SHUTDOWN for command in commands):
-                self._fail_all(EngineDeadError("the server is shutting down"))
-                return
-            try:
-                for command in commands:
-                    self._handle(command)
-                if self.engine.has_unfinished_requests():
-                    self._step()
-            # a failed step or a bug: fail the requests in flight, keep serving
-            except Exception as e:
-                logger.exception("engine loop failed; aborting the requests in flight")
-                self._fail_all(
-                    EngineStepError(
-                        f"the engine failed during a step: {type(e).__name__}: {e}"
-                    )
-                )
-
-    # %% chapters/16_server.md:1102
-    def _handle(self, command: _Add | _Abort) -> None:
-        if isinstance(command, _Abort):
-            for request_id in command.request_ids:
-                if self._sinks.pop(request_id, None) is not None:
-                    self.engine.abort_request(request_id)  # frees its blocks now
-                    if self.metrics:
-                        self.metrics.record_abort(
-                            request_id,
-                            self._num_completions.pop(request_id),
-                            self.engine,
-                        )
-            return
-        added = []
-        try:
-            for request_id, prompt, params in command.requests:
-                self.engine.add_request(request_id, prompt, params)
-                added.append(request_id)
-        # a bad request changes nothing: undo the ones of this call already added
-        except Exception as e:
-            self.engine.abort_request(added)
-            command.sink.put(e)
-            return
-        for request_id, _, params in command.requests:
-            self._sinks[request_id] = command.sink
-            self._num_completions[request_id] = params.n
-        command.sink.put(_ACCEPTED)
-
-    def _step(self) -> None:
-        outputs = self.engine.step()
-        if self.metrics:
-            self.metrics.record_step(outputs, self.engine)
-        for output in outputs:
-            sink = self._sinks.get(output.request_id)
-            if sink is not None:
-                sink.put(output)
-            if output.finished:
-                self._sinks.pop(output.request_id, None)
-                self._num_completions.pop(output.request_id, None)
-
-    def _fail_all(self, error: Exception) -> None:
-        request_ids = list(self._sinks)
-        for request_id in request_ids:
-            self._sinks.pop(request_id).put(error)
-            # frees its blocks, whatever state the step left
-            self.engine.abort_request(request_id)
-            if self.metrics:
-                self.metrics.record_abort(
-                    request_id, self._num_completions.pop(request_id), self.engine
-                )
-
-    # %% chapters/16_server.md:1195
-    async def generate(
-        self, requests: list[tuple[str, str | list[int], SamplingParams]]
-    ) -> RequestStream:
-        """Submit requests (all or none); raises the engine's ValueError if it
-        rejects one.
-        """
-        if not self.is_alive():
-            raise EngineDeadError("the engine thread is not running")
-        sink = _Sink()
-        request_ids = [request_id for request_id, _, _ in requests]
-        self._commands.put(_Add(requests, sink))
-        try:
-            answer = await sink.queue.get()
-        # the client left before the engine answered: the abort follows the add
-        except asyncio.CancelledError:
-            self.abort(request_ids)
-            raise
-        if isinstance(answer, BaseException):
-            raise answer
-        return RequestStream(self, request_ids, sink)
-
-    def abort(self, request_ids: list[str]) -> None:
-        self._commands.put(_Abort(request_ids))
-
-
-# %% chapters/16_server.md:1164
-class RequestStream:
-    """The outputs of one call's requests, as they come; `abort()` stops the
-    unfinished ones.
-    """
-
-    def __init__(self, llm: AsyncLLM, request_ids: list[str], sink: _Sink):
-        self._llm, self._sink = llm, sink
-        self.pending = set(request_ids)
-
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if not self.pending:
-            raise StopAsyncIteration
-        item = await self._sink.queue.get()
-        if isinstance(item, BaseException):
-            self.pending.clear()  # the engine has already dropped them
-            raise item
-        if item.finished:
-            self.pending.discard(item.request_id)
-        return item
-
-    def abort(self) -> None:
-        if self.pending:
-            self._llm.abort(list(self.pending))
-            self.pending.clear()
-
-
-# %% chapters/16_server.md:1302
-class APIError(Exception):
-    """An error the client should see, with its HTTP status."""
-
-    TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
-
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-    def response(self) -> JSONResponse:
-        info = ErrorInfo(
-            message=self.message,
-            type=self.TYPES.get(self.status, "APIError"),
-            param=self.param,
-            code=self.status,
-        )
-        return JSONResponse(
-            ErrorResponse(error=info).model_dump(), status_code=self.status
-        )
-
-
-def bad_request(e: ValueError) -> APIError:
-    """A ValueError from the protocol or the engine (SamplingParamsError names its
-    field) as a 400.
-    """
-    return APIError(400, str(e), getattr(e, "param", None) or getattr(e, "field", None))
-
-
-def validation_error(e: RequestValidationError) -> APIError:
-    """FastAPI's 422 (pydantic's error list) as an OpenAI-style 400."""
-    problems, param = [], None
-    for err in e.errors():
-        # the body is not JSON at all: no parameter to blame
-        if err.get("type") == "json_invalid":
-            problems.append(
-                "the request body is not valid JSON "
-                f"({err.get('ctx', {}).get('error', 'parse error')})"
-            )
-            continue
-        loc = [str(part) for part in err.get("loc", ()) if part != "body"]
-        param = param or ".".join(loc) or None
-        problems.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
-    return APIError(400, "invalid request: " + "; ".join(problems), param)
-
-
-# %% chapters/16_server.md:1360
-# for models without one (the tiny model): "role: content" lines, then "assistant:"
-DEFAULT_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
-    "{{ message['content'] }}\n"
-    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
-)
-
-
-def _raise_exception(message: str):
-    raise jinja2.TemplateError(message)
-
-
-def compile_chat_template(template: str) -> jinja2.Template:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True
-    )
-    env.globals["raise_exception"] = _raise_exception
-    return env.from_string(template)
-
-
-# %% chapters/16_server.md:1382
-class OpenAIServer:
-    """The endpoints' shared state and logic: one served model, one AsyncLLM."""
-
-    def __init__(
-        self,
-        engine: LLMEngine,
-        served_model_name: str,
-        chat_template: str | None = None,
-        model_path: str | None = None,
-    ):
-        if engine.tokenizer is None:
-            raise ValueError("the server needs an engine with a tokenizer")
-        self.model_name = served_model_name
-        self.model_path = model_path
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.max_model_len
-        self.vocab_size = engine.vocab_size
-        self.metrics = EngineMetrics(served_model_name)
-        self.llm = AsyncLLM(engine, self.metrics)
-        self.chat_template = (
-            chat_template or self.tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
-        )
-        self._template = compile_chat_template(self.chat_template)
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(
-                404,
-                f"The model `{model}` does not exist; this server serves "
-                f"`{self.model_name}`.",
-                "model",
-            )
-
-    def render_chat(
-        self, messages: list[ChatMessage], add_generation_prompt: bool = True
-    ) -> list[int]:
-        """Chat messages -> prompt token ids, through the chat template."""
-        try:
-            text = self._template.render(
-                messages=[
-                    {
-                        "role": m.role,
-                        "content": m.text(),
-                        **({"name": m.name} if m.name else {}),
-                    }
-                    for m in messages
-                ],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.tokenizer.bos_token or "",
-                eos_token=self.tokenizer.eos_token or "",
-            )
-        except jinja2.TemplateError as e:
-            raise InvalidRequestError(
-                f"the chat template rejected the messages: {e}", "messages"
-            ) from e
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    # %% chapters/16_server.md:1453
-    def completion_logprobs(
-        self, logprobs: list[SampleLogprobs], num: int, offset: int
-    ) -> CompletionLogProbs:
-        """OpenAI's completions logprobs for these tokens; offset: characters of text
-        before the first.
-        """
-        result = CompletionLogProbs()
-        for lp in logprobs:
-            token = self.token_text(lp.token_id)
-            top = {self.token_text(t): v for t, v in lp.top_logprobs[:num]}
-            top.setdefault(token, lp.logprob)
-            result.tokens.append(token)
-            result.token_logprobs.append(lp.logprob)
-            result.top_logprobs.append(top)
-            result.text_offset.append(offset)
-            offset += len(token)
-        return result
-
-    def chat_logprobs(
-        self, logprobs: list[SampleLogprobs], num: int
-    ) -> ChatCompletionLogProbs:
-        def entry(token_id: int, logprob: float, cls=ChatCompletionLogProb, **extra):
-            token = self.token_text(token_id)
-            return cls(
-                token=token, logprob=logprob, bytes=list(token.encode("utf-8")), **extra
-            )
-
-        return ChatCompletionLogProbs(
-            content=[
-                entry(
-                    lp.token_id,
-                    lp.logprob,
-                    ChatCompletionLogProbsContent,
-                    top_logprobs=[entry(t, v) for t, v in lp.top_logprobs[:num]],
-                )
-                for lp in logprobs
-            ]
-        )
-
-    # %% chapters/16_server.md:1527
-    async def create_completion(
-        self, req: CompletionRequest
-    ) -> CompletionResponse | AsyncIterator[str]:
-        self.check_model(req.model)
-        try:
-            params = req.to_sampling_params()
-            prompts = req.prompts()
-        except ValueError as e:
-            raise bad_request(e) from e
-        request_id = random_id("cmpl")
-        ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        try:
-            stream = await self.llm.generate(
-                list(zip(ids, prompts, [params] * len(prompts)))
-            )
-        except ValueError as e:
-            raise bad_request(e) from e
-        index_of = {rid: i for i, rid in enumerate(ids)}
-        if req.stream:
-            return self._stream_completion(
-                req, request_id, stream, index_of, params.logprobs
-            )
-        try:
-            final: dict[str, RequestOutput] = {}
-            async for output in stream:
-                if output.finished:
-                    final[output.request_id] = output
-        finally:
-            stream.abort()
-        choices = [
-            CompletionResponseChoice(
-                index=index_of[rid] * req.n + c.index,
-                text=c.text,
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-                logprobs=None
-                if c.logprobs is None
-                else self.completion_logprobs(c.logprobs, params.logprobs, 0),
-            )
-            for rid in ids
-            for c in final[rid].outputs
-        ]
-        return CompletionResponse(
-            id=request_id,
-            model=self.model_name,
-            choices=choices,
-            usage=self._usage(final.values()),
-        )
-
-    @staticmethod
-    def _usage(outputs) -> UsageInfo:
-        prompt = sum(len(o.prompt_token_ids) for o in outputs)
-        completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-        return UsageInfo(
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            total_tokens=prompt + completion,
-        )
-
-    # %% chapters/16_server.md:1588
-    def _new_pieces(
-        self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
-    ):
-        """(choice index, new text, new logprobs, finish reason, stop reason, text
-        offset of the new tokens).
-        """
-        for c in output.outputs:
-            state = states.setdefault(base + c.index, _ChoiceState())
-            if state.finished:
-                continue
-            text = c.text[state.chars :]
-            logprobs = c.logprobs[state.tokens :] if c.logprobs is not None else None
-            if not text and not logprobs and not c.finished:
-                continue
-            # where the new tokens start, counted as the non-streamed logprobs count
-            offset = state.token_chars
-            state.token_chars += sum(
-                len(self.token_text(lp.token_id)) for lp in logprobs or ()
-            )
-            state.chars, state.tokens, state.finished = (
-                len(c.text),
-                len(c.token_ids),
-                c.finished,
-            )
-            yield base + c.index, text, logprobs, c.finish_reason, c.stop_reason, offset
-
-    async def _stream_completion(
-        self,
-        req: CompletionRequest,
-        request_id: str,
-        stream: RequestStream,
-        index_of: dict[str, int],
-        num_logprobs: int | None,
-    ) -> AsyncIterator[str]:
-        created, states, last = int(time.time()), {}, {}
-        try:
-            async for output in stream:
-                last[output.request_id] = output
-                for (
-                    index,
-                    text,
-                    logprobs,
-                    finish,
-                    stop_reason,
-                    offset,
-                ) in self._new_pieces(
-                    output, states, index_of[output.request_id] * req.n
-                ):
-                    choice = CompletionResponseChoice(
-                        index=index,
-                        text=text,
-                        finish_reason=finish,
-                        stop_reason=stop_reason,
-                        logprobs=None
-                        if logprobs is None
-                        else self.completion_logprobs(logprobs, num_logprobs, offset),
-                    )
-                    yield sse(
-                        CompletionResponse(
-                            id=request_id,
-                            created=created,
-                            model=self.model_name,
-                            choices=[choice],
-                        )
-                    )
-            if req.include_usage:
-                yield sse(
-                    CompletionResponse(
-                        id=request_id,
-                        created=created,
-                        model=self.model_name,
-                        choices=[],
-                        usage=self._usage(last.values()),
-                    )
-                )
-        # headers are sent: report the error in the stream, as vLLM does
-        except Exception as e:
-            logger.exception("error while streaming %s", request_id)
-            yield sse(
-                ErrorResponse(
-                    error=ErrorInfo(
-                        message=str(e), type="InternalServerError", code=500
-                    )
-                )
-            )
-        finally:
-            stream.abort()  # runs on a client disconnect too (the task is cancelled)
-        yield sse("[DONE]")
-
-    # %% chapters/16_server.md:1685
-    async def create_chat_completion(
-        self, req: ChatCompletionRequest
-    ) -> ChatCompletionResponse | AsyncIterator[str]:
-        self.check_model(req.model)
-        try:
-            params = req.to_sampling_params()
-            prompt_ids = self.render_chat(req.messages, req.add_generation_prompt)
-            request_id = random_id("chatcmpl")
-            stream = await self.llm.generate([(request_id, prompt_ids, params)])
-        except ValueError as e:
-            raise bad_request(e) from e
-        if req.stream:
-            return self._stream_chat(req, request_id, stream, params.logprobs)
-        try:
-            async for output in stream:
-                pass
-        finally:
-            stream.abort()
-        choices = [
-            ChatCompletionResponseChoice(
-                index=c.index,
-                message=AssistantMessage(content=c.text),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-                logprobs=None
-                if c.logprobs is None
-                else self.chat_logprobs(c.logprobs, params.logprobs),
-            )
-            for c in output.outputs
-        ]
-        return ChatCompletionResponse(
-            id=request_id,
-            model=self.model_name,
-            choices=choices,
-            usage=self._usage([output]),
-        )
-
-    async def _stream_chat(
-        self,
-        req: ChatCompletionRequest,
-        request_id: str,
-        stream: RequestStream,
-        num_logprobs: int | None,
-    ) -> AsyncIterator[str]:
-        created, states, output = int(time.time()), {}, None
-
-        def chunk(choices, usage=None):
-            return sse(
-                ChatCompletionStreamResponse(
-                    id=request_id,
-                    created=created,
-                    model=self.model_name,
-                    choices=choices,
-                    usage=usage,
-                )
-            )
-
-        try:
-            yield chunk(
-                [
-                    ChatCompletionResponseStreamChoice(
-                        index=i, delta=DeltaMessage(role="assistant", content="")
-                    )
-                    for i in range(req.n)
-                ]
-            )
-            async for output in stream:
-                for index, text, logprobs, finish, stop_reason, _ in self._new_pieces(
-                    output, states, 0
-                ):
-                    yield chunk(
-                        [
-                            ChatCompletionResponseStreamChoice(
-                                index=index,
-                                delta=DeltaMessage(content=text),
-                                finish_reason=finish,
-                                stop_reason=stop_reason,
-                                logprobs=None
-                                if logprobs is None
-                                else self.chat_logprobs(logprobs, num_logprobs),
-                            )
-                        ]
-                    )
-            if req.include_usage and output is not None:
-                yield chunk([], self._usage([output]))
-        except Exception as e:
-            logger.exception("error while streaming %s", request_id)
-            yield sse(
-                ErrorResponse(
-                    error=ErrorInfo(
-                        message=str(e), type="InternalServerError", code=500
-                    )
-                )
-            )
-        finally:
-            stream.abort()
-        yield sse("[DONE]")
-
-    # %% chapters/16_server.md:1791
-    def list_models(self) -> ModelList:
-        return ModelList(
-            data=[
-                ModelCard(
-                    id=self.model_name,
-                    root=self.model_path,
-                    max_model_len=self.max_model_len,
-                )
-            ]
-        )
-
-    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
-        self.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise APIError(400, "give exactly one of prompt and messages", "prompt")
-        try:
-            tokens = (
-                self.tokenizer.encode(
-                    req.prompt, add_special_tokens=req.add_special_tokens
-                )
-                if req.prompt is not None
-                else self.render_chat(req.messages, req.add_generation_prompt)
-            )
-        except ValueError as e:
-            raise bad_request(e) from e
-        return TokenizeResponse(
-            count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
-        )
-
-    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
-        self.check_model(req.model)
-        if any(not 0 <= t < self.vocab_size for t in req.tokens):
-            raise APIError(
-                400, f"token ids must be in [0, {self.vocab_size})", "tokens"
-            )
-        return DetokenizeResponse(
-            prompt=self.tokenizer.decode(req.tokens, skip_special_tokens=False)
-        )
-
-    def metrics_text(self) -> bytes:
-        return generate_latest(self.metrics.registry)
-
-
-# %% chapters/16_server.md:1507
-@dataclass
-class _ChoiceState:
-    """What has been sent of one choice of a streamed response."""
-
-    chars: int = 0  # characters of text sent
-    tokens: int = 0  # tokens whose logprobs were sent
-    token_chars: int = 0  # characters of those tokens' text (for text_offset)
-    finished: bool = False
-
-
-def sse(payload) -> str:
-    """One server-sent event carrying a pydantic model (or the final [DONE])."""
-    return (
-        "data: "
-        f"{payload if isinstance(payload, str) else payload.model_dump_json()}\n\n"
-    )
-
-
-# %% chapters/16_server.md:1842
+# %% chapters/16_server.md:2320
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -767,16 +66,92 @@ async def with_cancellation(raw: Request, coroutine):
 
     watcher = asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {task, watcher}, return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
+        if not task.done():
+            task.cancel()
+    if task not in done:
         return Response(status_code=499)  # nobody will read it
     return task.result()
 
 
-# %% chapters/16_server.md:1869
+# %% chapters/16_server.md:2353
+async def respond(raw: Request, coroutine) -> Response:
+    try:
+        result = await with_cancellation(raw, coroutine)
+    except APIError as e:
+        return e.response()
+    # an engine failure or a bug: a 500 here, and the server goes on
+    except Exception as e:
+        logger.exception("internal error")
+        return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
+    if isinstance(result, Response):
+        return result
+    if hasattr(result, "__aiter__"):
+        return StreamingResponse(result, media_type="text/event-stream")
+    return JSONResponse(result.model_dump())
+
+
+async def api_error(_, e: APIError) -> Response:
+    return e.response()
+
+
+async def invalid_request(_, e: RequestValidationError) -> Response:
+    return validation_error(e).response()
+
+
+async def internal_error(_, e: Exception) -> Response:  # the last resort
+    return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
+
+
+# %% chapters/16_server.md:2389
+router = APIRouter()
+
+
+def server_of(raw: Request) -> OpenAIServer:
+    return raw.app.state.server
+
+
+@router.post("/v1/completions", response_model=CompletionResponse)
+async def completions(req: CompletionRequest, raw: Request):
+    return await respond(raw, server_of(raw).create_completion(req))
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+async def chat_completions(req: ChatCompletionRequest, raw: Request):
+    return await respond(raw, server_of(raw).create_chat_completion(req))
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def models(raw: Request):
+    return server_of(raw).list_models()
+
+
+# %% chapters/16_server.md:2418
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(req: TokenizeRequest, raw: Request):
+    return server_of(raw).tokenize(req)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(req: DetokenizeRequest, raw: Request):
+    return server_of(raw).detokenize(req)
+
+
+@router.get("/health")
+async def health(raw: Request):
+    return Response(status_code=200 if server_of(raw).llm.is_alive() else 503)
+
+
+@router.get("/metrics")
+async def metrics(raw: Request):
+    return Response(server_of(raw).metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+
+# %% chapters/16_server.md:2444
 def create_app(
     engine: LLMEngine,
     served_model_name: str = "minillm-tiny",
@@ -800,73 +175,21 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.server = server
-
-    @app.exception_handler(APIError)
-    async def api_error(_, e: APIError):
-        return e.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_, e: RequestValidationError):
-        return validation_error(e).response()
-
-    @app.exception_handler(Exception)
-    # the last resort, for the small endpoints
-    async def internal_error(_, e: Exception):
-        return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
-
-    async def respond(raw: Request, coroutine) -> Response:
-        try:
-            result = await with_cancellation(raw, coroutine)
-        except APIError as e:
-            return e.response()
-        # an engine failure or a bug: a 500 here, and the server goes on
-        except Exception as e:
-            logger.exception("internal error")
-            return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
-        if isinstance(result, Response):
-            return result
-        if hasattr(result, "__aiter__"):
-            return StreamingResponse(result, media_type="text/event-stream")
-        return JSONResponse(result.model_dump())
-
-    @app.post("/v1/completions", response_model=CompletionResponse)
-    async def completions(req: CompletionRequest, raw: Request):
-        return await respond(raw, server.create_completion(req))
-
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
-    async def chat_completions(req: ChatCompletionRequest, raw: Request):
-        return await respond(raw, server.create_chat_completion(req))
-
-    @app.get("/v1/models", response_model=ModelList)
-    async def models():
-        return server.list_models()
-
-    @app.post("/tokenize", response_model=TokenizeResponse)
-    async def tokenize(req: TokenizeRequest):
-        return server.tokenize(req)
-
-    @app.post("/detokenize", response_model=DetokenizeResponse)
-    async def detokenize(req: DetokenizeRequest):
-        return server.detokenize(req)
-
-    @app.get("/health")
-    async def health():
-        return Response(status_code=200 if server.llm.is_alive() else 503)
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(server.metrics_text(), media_type=CONTENT_TYPE_LATEST)
-
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(Exception, internal_error)
+    app.include_router(router)
     return app
 
 
-# %% chapters/16_server.md:1959
+# %% chapters/16_server.md:2480
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
     """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        self.app = app
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))
@@ -885,6 +208,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    # %% chapters/16_server.md:2515
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -895,6 +219,9 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        server = getattr(self.app.state, "server", None)
+        if server is not None:  # an app of create_app: end its requests now
+            server.llm.shutdown(timeout)
         self.server.should_exit = True
         self.thread.join(timeout)
         self.socket.close()
@@ -906,11 +233,8 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:2390
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="minillm serve", description="An OpenAI-compatible server for minillm."
-    )
+# %% chapters/16_server.md:2927
+def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
@@ -922,8 +246,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the name clients use (default: minillm-tiny, or the model path)",
     )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template file (default: the model's)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--log-level", default="info")
+
+
+# %% chapters/16_server.md:2954
+def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
         type=int,
@@ -952,15 +286,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+
+
+# %% chapters/16_server.md:2991
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
     )
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument(
-        "--chat-template",
-        default=None,
-        help="a Jinja chat template file (default: the model's)",
-    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--prefix-cache-impl",
@@ -982,10 +315,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "vLLM's flag of that name; async scheduling, whose default follows CUDA "
         "graphs, is then off too",
     )
-    p.add_argument("--log-level", default="info")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="minillm serve", description="An OpenAI-compatible server for minillm."
+    )
+    _add_serving_flags(p)
+    _add_memory_flags(p)
+    _add_engine_flags(p)
     return p.parse_args(argv)
 
 
+# %% chapters/16_server.md:3036
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -1020,11 +362,11 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
             {"cuda_graphs": False, "torch_compile": False} if args.enforce_eager else {}
         ),
     )
-    return LLMEngine(
-        model, tokenizer, config
-    ), args.served_model_name or args.model or "minillm-tiny"
+    name = args.served_model_name or args.model or "minillm-tiny"
+    return LLMEngine(model, tokenizer, config), name
 
 
+# %% chapters/16_server.md:3079
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -1051,6 +393,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:2540
+# %% chapters/16_server.md:3111
 if __name__ == "__main__":
     main()

@@ -31,6 +31,25 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def fast_path():
+    """fast_path(engine): which of chapters 10-11's paths an engine runs, as a dict:
+    the parts it resolved (chapter 7's seam) and its runner's flags (chapter 11's).
+    """
+
+    def read(engine) -> dict:
+        runner = engine.model_runner
+        return {
+            "attention_backend": engine.parts["attention_backend"],
+            "persistent_batch": engine.parts["persistent_batch"],
+            "cuda_graphs": getattr(runner, "cuda_graphs", False),
+            "async_scheduling": getattr(runner, "async_scheduling", False),
+            "stepper": engine.stepper,  # chapter 11's overlapped step loop, or None
+        }
+
+    return read
+
+
+@pytest.fixture(scope="session")
 def device():
     """Where device-aware tests run: $MINILLM_TEST_DEVICE (e.g. cuda on the GPU box),
     else cpu.

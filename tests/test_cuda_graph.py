@@ -302,7 +302,8 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
     loop computes exactly the tokens chapter 7's loop computes: no step is spent on a
     request whose last token is pending.
     """
-    from minillm.engine import EngineConfig, LLMEngine
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
 
     model, tokenizer = tiny
     prompts = [[5, 6, 7], [8] * 20, [9, 10, 11, 12, 13], [14, 15] * 9]
@@ -345,7 +346,8 @@ def test_async_scheduling_streams_only_real_tokens(tiny):
     a prefix of chapter 7's final tokens, the final ones are chapter 7's, and every
     placeholder count returns to 0.
     """
-    from minillm.engine import EngineConfig, LLMEngine
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
 
     model, tokenizer = tiny
     late = [3, 4, 5, 6]
@@ -458,7 +460,8 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
     """
     import random
 
-    from minillm.engine import EngineConfig, LLMEngine
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
 
     model, tokenizer = tiny
     rng = random.Random(seed)
@@ -566,7 +569,8 @@ def test_async_scheduling_abort_in_flight(tiny):
     """Aborting a request whose token is being computed: it never reports, the others
     are unaffected.
     """
-    from minillm.engine import EngineConfig, LLMEngine
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
 
     model, tokenizer = tiny
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)

@@ -12,7 +12,9 @@ import transformers
 from hypothesis import given, settings
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from minillm.engine import EngineConfig, IncrementalDetokenizer, LLMEngine
+from minillm.config import EngineConfig
+from minillm.detokenizer import IncrementalDetokenizer
+from minillm.engine import LLMEngine
 from minillm.llm import LLM
 from minillm.model import generate
 from minillm.sampling_params import SamplingParams, SamplingParamsError
