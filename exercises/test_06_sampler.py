@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import minillm.logits_processors as logits_processors
 from _check import answer
 from minillm.logits_processors import apply_top_k_top_p
-from minillm.sampler import Sampler, SamplingMetadata
+from minillm.sampler import Sampler
+from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampler_reference import reference_probs
 from minillm.sampling_params import SamplingParams, SamplingParamsError
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1119
+# %% chapters/06_sampler.md:1102
 """Logits processors: the rules that reshape a batch's next-token logits (chapter 6,
 "The sampler").
 
@@ -15,18 +15,14 @@ constraints (processors, allowed / banned tokens, min_tokens), penalties
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
+from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS
 
-if TYPE_CHECKING:  # only for annotations: minillm.sampler imports this module
-    from minillm.sampler import SamplingMetadata
 
-
-# %% chapters/06_sampler.md:1154
+# %% chapters/06_sampler.md:1133
 def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     """Logits processors, allowed / banned tokens and min_tokens: -inf where a row
     may not go. In place.
@@ -49,7 +45,7 @@ def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     return logits
 
 
-# %% chapters/06_sampler.md:1203
+# %% chapters/06_sampler.md:1182
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     """(num_seqs, length) token ids padded with vocab_size -> (num_seqs, vocab_size)
     occurrence counts.
@@ -84,7 +80,7 @@ def apply_penalties(
     return logits
 
 
-# %% chapters/06_sampler.md:1273
+# %% chapters/06_sampler.md:1252
 def apply_temperature(logits: Tensor, temperature: Tensor, all_random: bool) -> Tensor:
     """Divide each row by its temperature (greedy rows, T = 0, by 1). In place."""
     if not all_random:
@@ -102,7 +98,7 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-# %% chapters/06_sampler.md:1311
+# %% chapters/06_sampler.md:1290
 def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Tensor:
     """Keep each row's k most likely tokens, then the smallest top set holding
     probability p.

@@ -24,7 +24,8 @@ from minillm.kv_cache import num_blocks_for_memory
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.model import CausalLM, build_attention_metadata
 from minillm.request import Request
-from minillm.sampler import Sampler, SampleLogprobs, SamplingMetadata, make_generator
+from minillm.sampler import Sampler, SampleLogprobs
+from minillm.sampling_metadata import SamplingMetadata, make_generator
 from minillm.scheduler import SchedulerOutput
 
 
@@ -55,7 +56,7 @@ class ModelRunner:
         # per request, made when it arrives
         self.generators: dict[str, torch.Generator | None] = {}
 
-    # %% chapters/07_engine.md:442
+    # %% chapters/07_engine.md:443
     @classmethod
     def num_reserved_blocks(cls, config: EngineConfig, parts: dict[str, Any]) -> int:
         """Cache blocks this runner keeps out of the pool (none here)."""
@@ -72,7 +73,7 @@ class ModelRunner:
     def remove_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    # %% chapters/07_engine.md:467
+    # %% chapters/07_engine.md:468
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -93,7 +94,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
 
-    # %% chapters/07_engine.md:497
+    # %% chapters/07_engine.md:498
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -133,7 +134,7 @@ class ModelRunner:
         return out.sampled_token_ids.tolist(), logprobs
 
 
-# %% chapters/07_engine.md:558
+# %% chapters/07_engine.md:559
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

@@ -2,21 +2,21 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:764
+# %% chapters/06_sampler.md:1361
 """The batched sampler: a batch's logits in, next tokens and logprobs out (chapter 6,
 "The sampler").
 
-Follows vLLM v1: vllm/v1/sample/sampler.py (the order of operations), metadata.py and
+Follows vLLM v1: vllm/v1/sample/sampler.py (the order of operations) and
 ops/topk_topp_sampler.py (the exponential-race draw). Each row of the batch is one
-request with its own SamplingParams; `SamplingMetadata.from_requests` turns them into
-per-row tensors once per step and `Sampler` applies them to all rows at once, with the
+request with its own SamplingParams, made into per-row tensors once per step by
+minillm/sampling_metadata.py; `Sampler` applies them to all rows at once, with the
 logits processors of minillm/logits_processors.py. minillm/sampler_reference.py holds
 the slow one-request oracle the tests compare with, and the chi-square test.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,223 +30,11 @@ from minillm.logits_processors import (
     apply_token_constraints,
     apply_top_k_top_p,
 )
-from minillm.sampling_params import (
-    SAMPLING_EPS,
-    LogitsProcessor,
-    SamplingParams,
-    SamplingType,
-)
+from minillm.sampling_metadata import SamplingMetadata, pad_token_ids
+from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:807
-def make_generator(
-    params: SamplingParams, device: torch.device | str = "cpu"
-) -> torch.Generator | None:
-    """A request's own generator: seeded for RANDOM_SEED requests, None for the others.
-
-    Made once, when the request arrives, and kept with it: every step continues its
-    stream.
-    """
-    if params.sampling_type != SamplingType.RANDOM_SEED:
-        return None
-    return torch.Generator(device).manual_seed(params.seed)
-
-
-def pad_token_ids(
-    rows: Sequence[Sequence[int]], pad: int, device: torch.device | str = "cpu"
-) -> Tensor:
-    """Token-id lists of different lengths -> (len(rows), longest) int64, padded with
-    pad.
-    """
-    width = max((len(r) for r in rows), default=0)
-    padded = [list(r) + [pad] * (width - len(r)) for r in rows]
-    return torch.tensor(padded, dtype=torch.int64, device=device).reshape(
-        len(rows), width
-    )
-
-
-# %% chapters/06_sampler.md:842
-@dataclass
-class SamplingMetadata:
-    """What the sampler needs to know about the requests of one batch; row i is request
-    i.
-
-    A feature that no row uses is None (or an empty dict), and the sampler skips it.
-    Rows that do not use a per-row setting carry its off value: top_k = vocab_size,
-    top_p = 1, min_p = 0.
-    """
-
-    temperature: Tensor  # (num_seqs,) float32; 0 for greedy rows
-    all_greedy: bool
-    all_random: bool
-    top_k: Tensor | None  # (num_seqs,) int64
-    top_p: Tensor | None  # (num_seqs,) float32
-    min_p: Tensor | None  # (num_seqs,) float32
-    # row -> the request's own generator (seeded, non-greedy rows)
-    generators: dict[int, torch.Generator]
-    no_penalties: bool
-    # (num_seqs, longest prompt) int64, padded with vocab_size
-    prompt_token_ids: Tensor | None
-    output_token_ids: list[list[int]]  # each row's generated tokens so far
-    frequency_penalties: Tensor  # (num_seqs,) float32
-    presence_penalties: Tensor  # (num_seqs,) float32
-    repetition_penalties: Tensor  # (num_seqs,) float32
-    # row -> (min_tokens, the token ids masked until then)
-    min_tokens: dict[int, tuple[int, list[int]]]
-    # (num_seqs, vocab) bool, True where a token is NOT allowed
-    allowed_token_ids_mask: Tensor | None
-    banned_token_ids: dict[int, list[int]]  # row -> token ids it may never sample
-    # row -> its processors, in order
-    logits_processors: dict[int, list[LogitsProcessor]]
-    # per row: None, or how many top logprobs it asked for
-    num_logprobs: list[int | None]
-    max_num_logprobs: int | None  # the largest of num_logprobs; None when no row asked
-
-    @property
-    def num_seqs(self) -> int:
-        return self.temperature.shape[0]
-
-    # %% chapters/06_sampler.md:1029
-    @classmethod
-    def from_requests(
-        cls,
-        params: Sequence[SamplingParams],
-        prompt_token_ids: Sequence[Sequence[int]],
-        output_token_ids: Sequence[list[int]],
-        vocab_size: int,
-        generators: Sequence[torch.Generator | None] | None = None,
-        eos_token_ids: Iterable[int] = (),
-        device: torch.device | str = "cpu",
-    ) -> SamplingMetadata:
-        """The batch's metadata; row i is the request with params[i], its prompt and
-        its output so far.
-        """
-        num_seqs = len(params)
-        if not len(prompt_token_ids) == len(output_token_ids) == num_seqs:
-            raise ValueError(
-                f"{num_seqs} params but {len(prompt_token_ids)} prompts and "
-                f"{len(output_token_ids)} outputs: one of each per row"
-            )
-        if generators is None:
-            generators = [make_generator(p, device) for p in params]
-        return cls(
-            **_sampling_fields(params, vocab_size, generators, device),
-            **_penalty_fields(
-                params, prompt_token_ids, output_token_ids, vocab_size, device
-            ),
-            **_constraint_fields(params, vocab_size, eos_token_ids, device),
-        )
-
-
-# %% chapters/06_sampler.md:899
-def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
-
-
-def _sampling_fields(
-    params: Sequence[SamplingParams],
-    vocab_size: int,
-    generators: Sequence[torch.Generator | None],
-    device: torch.device | str,
-) -> dict:
-    """temperature, the cutters, the generators of seeded rows, logprobs."""
-    greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
-    top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
-    num_logprobs = [p.logprobs for p in params]
-    return dict(
-        temperature=_per_row([p.temperature for p in params], device),
-        all_greedy=all(greedy),
-        all_random=not any(greedy),
-        top_k=_per_row(top_k, device, torch.int64)
-        if any(k < vocab_size for k in top_k)
-        else None,
-        top_p=_per_row([p.top_p for p in params], device)
-        if any(p.top_p < 1 for p in params)
-        else None,
-        min_p=_per_row([p.min_p for p in params], device)
-        if any(p.min_p > 0 for p in params)
-        else None,
-        generators={
-            row: g
-            for row, g in enumerate(generators)
-            if g is not None and not greedy[row]
-        },
-        num_logprobs=num_logprobs,
-        max_num_logprobs=max((n for n in num_logprobs if n is not None), default=None),
-    )
-
-
-# %% chapters/06_sampler.md:945
-def _penalty_fields(
-    params: Sequence[SamplingParams],
-    prompt_token_ids: Sequence[Sequence[int]],
-    output_token_ids: Sequence[list[int]],
-    vocab_size: int,
-    device: torch.device | str,
-) -> dict:
-    """The three penalties per row, and the token lists they count in."""
-    no_penalties = all(
-        p.repetition_penalty == 1
-        and p.frequency_penalty == 0
-        and p.presence_penalty == 0
-        for p in params
-    )
-    return dict(
-        no_penalties=no_penalties,
-        prompt_token_ids=None
-        if no_penalties
-        else pad_token_ids(prompt_token_ids, vocab_size, device),
-        # the requests' own lists, read during this step only
-        output_token_ids=list(output_token_ids),
-        frequency_penalties=_per_row([p.frequency_penalty for p in params], device),
-        presence_penalties=_per_row([p.presence_penalty for p in params], device),
-        repetition_penalties=_per_row([p.repetition_penalty for p in params], device),
-    )
-
-
-# %% chapters/06_sampler.md:980
-def _constraint_fields(
-    params: Sequence[SamplingParams],
-    vocab_size: int,
-    eos_token_ids: Iterable[int],
-    device: torch.device | str,
-) -> dict:
-    """min_tokens, the allowed-token mask, banned tokens, logits processors."""
-    eos = set(eos_token_ids)
-    allowed_mask = None
-    if any(p.allowed_token_ids is not None for p in params):
-        # (num_seqs, vocab)
-        allowed_mask = torch.zeros(
-            len(params), vocab_size, dtype=torch.bool, device=device
-        )
-        for row, p in enumerate(params):
-            if p.allowed_token_ids is not None:
-                allowed_mask[row] = True
-                allowed_mask[row, p.allowed_token_ids] = False
-    return dict(
-        min_tokens={
-            row: (
-                p.min_tokens,
-                sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else eos)),
-            )
-            for row, p in enumerate(params)
-            if p.min_tokens > 0
-        },
-        allowed_token_ids_mask=allowed_mask,
-        banned_token_ids={
-            row: list(p.banned_token_ids)
-            for row, p in enumerate(params)
-            if p.banned_token_ids
-        },
-        logits_processors={
-            row: list(p.logits_processors)
-            for row, p in enumerate(params)
-            if p.logits_processors
-        },
-    )
-
-
-# %% chapters/06_sampler.md:1378
+# %% chapters/06_sampler.md:1394
 def random_sample(
     probs: Tensor,
     generators: dict[int, torch.Generator],
@@ -266,7 +54,7 @@ def random_sample(
     return probs.div(noise).argmax(dim=-1)  # (num_seqs,)
 
 
-# %% chapters/06_sampler.md:1431
+# %% chapters/06_sampler.md:1447
 @dataclass
 class SampleLogprobs:
     """One request's logprobs for one sampled token."""
@@ -288,7 +76,7 @@ class LogprobsTensors:
     logprobs: Tensor  # (num_seqs, 1 + max_num_logprobs) float32
     sampled_token_ranks: Tensor  # (num_seqs,) int64
 
-    # %% chapters/06_sampler.md:1461
+    # %% chapters/06_sampler.md:1477
     def tolists(
         self, num_logprobs: Sequence[int | None]
     ) -> list[SampleLogprobs | None]:
@@ -313,7 +101,7 @@ class LogprobsTensors:
         ]
 
 
-# %% chapters/06_sampler.md:1498
+# %% chapters/06_sampler.md:1514
 def gather_logprobs(
     logprobs: Tensor, num_logprobs: int, token_ids: Tensor
 ) -> LogprobsTensors:
@@ -331,7 +119,7 @@ def gather_logprobs(
     )
 
 
-# %% chapters/06_sampler.md:1523
+# %% chapters/06_sampler.md:1539
 @dataclass
 class SamplerOutput:
     sampled_token_ids: Tensor  # (num_seqs,) int64
@@ -364,7 +152,7 @@ class Sampler(nn.Module):
             )
         self.logprobs_mode, self.generator = logprobs_mode, generator
 
-    # %% chapters/06_sampler.md:1569
+    # %% chapters/06_sampler.md:1585
     def forward(self, logits: Tensor, md: SamplingMetadata) -> SamplerOutput:
         # (num_seqs, vocab); the caller's tensor stays as it was
         logits = logits.to(torch.float32, copy=True)
@@ -383,7 +171,7 @@ class Sampler(nn.Module):
             logprobs_tensors = gather_logprobs(logprobs, md.max_num_logprobs, sampled)
         return SamplerOutput(sampled, logprobs_tensors)
 
-    # %% chapters/06_sampler.md:1596
+    # %% chapters/06_sampler.md:1612
     @staticmethod
     def apply_constraints_and_penalties(logits: Tensor, md: SamplingMetadata) -> Tensor:
         logits = apply_token_constraints(logits, md)
@@ -411,7 +199,7 @@ class Sampler(nn.Module):
             logits = apply_min_p(logits, md.min_p)
         return apply_top_k_top_p(logits, md.top_k, md.top_p)
 
-    # %% chapters/06_sampler.md:1635
+    # %% chapters/06_sampler.md:1651
     def sample(self, logits: Tensor, md: SamplingMetadata) -> tuple[Tensor, Tensor]:
         """(sampled token ids (num_seqs,), the logits they were drawn from (num_seqs,
         vocab)).

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm.logits_processors import apply_penalties
-from minillm.sampler import Sampler, SamplingMetadata, make_generator, random_sample
+from minillm.sampler import Sampler, random_sample
+from minillm.sampling_metadata import SamplingMetadata, make_generator
 from minillm.sampler_reference import chi2_sf, chi_square_test, reference_probs
 from minillm.sampling_params import SamplingParams, SamplingParamsError, SamplingType
 
