@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/08_prefix_cache.md:212
+# %% chapters/08_prefix_cache.md:217
 """Prefix caching by hash-chained full blocks, as vLLM v1 does it (chapter 8).
 
 Chapter 8 ("Prefix caching") explains this module. Names follow vLLM v1:
@@ -25,6 +25,7 @@ from minillm.request import Request
 HashFunction = Callable[[tuple], int]
 
 
+# %% chapters/08_prefix_cache.md:245
 def hash_block_tokens(
     parent_block_hash: int | None,
     token_ids: Sequence[int],
@@ -45,6 +46,7 @@ def hash_block_tokens(
     )
 
 
+# %% chapters/08_prefix_cache.md:279
 @dataclass(frozen=True, eq=False)
 class BlockHash:
     """What a cached block holds, kept on the block so that every hit can be re-checked.
@@ -60,7 +62,7 @@ class BlockHash:
     parent: BlockHash | None = field(default=None, repr=False)
 
 
-# %% chapters/08_prefix_cache.md:366
+# %% chapters/08_prefix_cache.md:392
 class PrefixCachingBlockPool(BlockPool):
     """A BlockPool whose full blocks keep their contents, findable by hash, until
     reused.
@@ -78,6 +80,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_collisions = 0
         self.num_evictions = 0  # cached blocks handed out for new content
 
+    # %% chapters/08_prefix_cache.md:422
     def get_cached_block(
         self,
         hash_value: int,
@@ -103,6 +106,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_collisions += 1
         return None
 
+    # %% chapters/08_prefix_cache.md:461
     def cache_full_blocks(
         self,
         blocks: list[KVCacheBlock],
@@ -133,6 +137,7 @@ class PrefixCachingBlockPool(BlockPool):
                 block.block_id
             ] = block
 
+    # %% chapters/08_prefix_cache.md:504
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
             candidates = self.cached_block_hash_to_block[block.block_hash.hash_value]
@@ -143,7 +148,7 @@ class PrefixCachingBlockPool(BlockPool):
         super()._evict(block)
 
 
-# %% chapters/08_prefix_cache.md:458
+# %% chapters/08_prefix_cache.md:526
 class PrefixCachingKVCacheManager(KVCacheManager):
     """KVCacheManager with vLLM's hash-based prefix cache.
 
@@ -172,6 +177,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             else None
         )
 
+    # %% chapters/08_prefix_cache.md:565
     def block_hashes(self, request: Request) -> list[int]:
         """The hash chain of request's full blocks, extended to its current tokens."""
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
@@ -187,6 +193,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             )
         return hashes
 
+    # %% chapters/08_prefix_cache.md:592
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         bs, hashes = self.block_size, self.block_hashes(request)
         computed: list[KVCacheBlock] = []
@@ -207,6 +214,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.prefix_cache_hits += len(computed) * bs
         return computed, len(computed) * bs
 
+    # %% chapters/08_prefix_cache.md:625
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         num_full = num_computed_tokens // self.block_size
         num_cached = self.num_cached_block.get(request.request_id, 0)
@@ -229,7 +237,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.req_to_block_hashes.pop(request.request_id, None)
 
 
-# %% chapters/08_prefix_cache.md:1228
+# %% chapters/08_prefix_cache.md:1421
 def make_kv_cache_manager(
     num_blocks: int, block_size: int, prefix_cache_impl: str | None
 ) -> KVCacheManager:
