@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/09_swap.md:184
+# %% chapters/09_swap.md:195
 """Preemption by swapping KV-cache blocks to CPU memory (chapter 9).
 
 Chapter 9 ("Swapping") explains this module. The design is vLLM v0's swap preemption
@@ -30,7 +30,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/09_swap.md:218
+# %% chapters/09_swap.md:229
 class SwapSpace:
     """Block accounting for the CPU swap space: which CPU blocks hold which swapped-out
     request.
@@ -72,7 +72,7 @@ class SwapSpace:
         return [b.block_id for b in blocks]
 
 
-# %% chapters/09_swap.md:287
+# %% chapters/09_swap.md:293
 def swap_blocks(
     src: Tensor, dst: Tensor, block_mapping: Iterable[tuple[int, int]]
 ) -> None:
@@ -94,6 +94,7 @@ def swap_blocks(
         dst[:, d : d + n].copy_(src[:, s : s + n], non_blocking=True)
 
 
+# %% chapters/09_swap.md:329
 class Swapper:
     """The CPU copy of the KV cache, and the copies a step asks for (vLLM v0's
     CacheEngine).
@@ -120,6 +121,7 @@ class Swapper:
         swap_blocks(self.key_cache, self.kv_cache.key_cache, block_mapping)
         swap_blocks(self.value_cache, self.kv_cache.value_cache, block_mapping)
 
+    # %% chapters/09_swap.md:364
     def execute(self, output: SchedulerOutput) -> None:
         # In first: a request swapped in and out again in one step must bring its data
         # back before it leaves,
@@ -129,7 +131,7 @@ class Swapper:
         self.swap_out(output.blocks_to_swap_out)
 
 
-# %% chapters/09_swap.md:376
+# %% chapters/09_swap.md:415
 class SwapScheduler(Scheduler):
     """A Scheduler whose preemption swaps a request's blocks to CPU memory instead of
     dropping them.
@@ -160,7 +162,7 @@ class SwapScheduler(Scheduler):
     def get_num_unfinished_requests(self) -> int:
         return super().get_num_unfinished_requests() + len(self.swapped)
 
-    # %% chapters/09_swap.md:418
+    # %% chapters/09_swap.md:457
     def _preempt(self, request: Request) -> None:
         """Swap preemption: copy the computed tokens' blocks to the swap space;
         recompute if it is full.
@@ -191,7 +193,7 @@ class SwapScheduler(Scheduler):
         self.swapped.append(request)
         self.num_swapped_out += 1
 
-    # %% chapters/09_swap.md:463
+    # %% chapters/09_swap.md:497
     def _swap_in(self) -> None:
         """Bring swapped requests back, oldest first, while the device has room for
         them to grow.
@@ -218,6 +220,7 @@ class SwapScheduler(Scheduler):
             self.running.append(request)
             self.num_swapped_in += 1
 
+    # %% chapters/09_swap.md:540
     def schedule(self) -> SchedulerOutput:
         self._swap_in_pairs, self._swap_out_pairs = [], []
         self._swap_in()
@@ -236,6 +239,7 @@ class SwapScheduler(Scheduler):
         )
         return output
 
+    # %% chapters/09_swap.md:570
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -251,7 +255,7 @@ class SwapScheduler(Scheduler):
         super().finish_requests(request_ids, status)
 
 
-# %% chapters/09_swap.md:531
+# %% chapters/09_swap.md:594
 def make_swap_scheduler(
     config: SchedulerConfig,
     kv_cache_manager: KVCacheManager,
