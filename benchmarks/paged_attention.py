@@ -32,11 +32,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
 from minillm.attention import paged_attention_ref  # noqa: E402
-from minillm.kernels.paged_attention import (
+from minillm.kernels.paged_decode import (  # noqa: E402
     DECODE_KERNEL_VERSION,
     decode_num_splits,
     paged_decode,
-)  # noqa: E402
+)
 from minillm.model import build_attention_metadata  # noqa: E402
 
 N_HEADS, N_KV, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -146,7 +146,7 @@ def prefill(max_tokens: int = 16384, seed: int = 0) -> dict:
 
     from triton.testing import do_bench_cudagraph
 
-    from minillm.kernels.paged_attention import paged_prefill
+    from minillm.kernels.paged_prefill import paged_prefill
 
     rng = random.Random(seed)
     lens = []

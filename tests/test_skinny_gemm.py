@@ -13,7 +13,7 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 
 from minillm.kernels import skinny_gemm  # noqa: E402
-from minillm.kernels.paged_attention import triton_reshape_and_cache  # noqa: E402
+from minillm.kernels.reshape_and_cache import triton_reshape_and_cache  # noqa: E402
 from minillm.kernels.skinny_gemm import default_config, linear, skinny_linear  # noqa: E402
 from minillm.kv_cache import reshape_and_cache  # noqa: E402
 

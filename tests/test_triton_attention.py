@@ -10,11 +10,9 @@ import torch
 triton = pytest.importorskip("triton")
 
 from minillm.attention import generate_paged, paged_attention_ref  # noqa: E402
-from minillm.kernels.paged_attention import (  # noqa: E402
-    paged_decode,
-    paged_prefill,
-    triton_paged_attention,
-)
+from minillm.kernels.paged_attention import triton_paged_attention  # noqa: E402
+from minillm.kernels.paged_decode import paged_decode  # noqa: E402
+from minillm.kernels.paged_prefill import paged_prefill  # noqa: E402
 from minillm.model import build_attention_metadata, generate  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -4,5 +4,8 @@
 
 module                   chapter
 paged_attention          chapters/10_triton_decode.md
+paged_decode             chapters/10_triton_decode.md
+paged_prefill            chapters/10_triton_decode.md
+reshape_and_cache        chapters/10_triton_decode.md
 skinny_gemm              chapters/10_triton_decode.md
 """

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1241
+# %% chapters/10_triton_decode.md:1723
 """A Triton matrix product for the few rows of a decode step (chapter 10, "Matrix
 products for a handful of rows").
 
@@ -28,7 +28,7 @@ from torch import Tensor
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:1268
+# %% chapters/10_triton_decode.md:1752
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -53,6 +53,7 @@ def _skinny_kernel(
     IEEE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
+    # (1) the program's band of W's rows and its slice of K
     # a band of BLOCK_N weight rows; a slice of K
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -63,6 +64,7 @@ def _skinny_kernel(
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     # y^T for this band: acc[n, m] = sum_k W[n, k] x[m, k]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    # (2) the stream: BLOCK_N runs of BLOCK_K contiguous weights per step
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         k_ok = k0 + k < K
         w = tl.load(
@@ -70,8 +72,9 @@ def _skinny_kernel(
             mask=n_ok[:, None] & k_ok[None, :],
             other=0.0,
         )  # (BLOCK_N, BLOCK_K): BLOCK_N runs of contiguous bytes
-        # tensor cores: x padded with zero rows to BLOCK_M = 16, W in the big operand's
-        # slot
+        # (3) the products: tensor cores from 3 rows of x, CUDA cores below
+        # tensor cores: x padded with zero rows to BLOCK_M = 16, W in the big
+        # operand's slot
         if USE_DOT:
             x = tl.load(
                 x_ptr + m[:, None] * stride_xm + (k0 + k)[None, :],
@@ -94,17 +97,17 @@ def _skinny_kernel(
                 col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
                 # rows r >= M are never stored
                 acc += tl.where(m[None, :] == r, col[:, None], 0.0)
+    # (4) without a split, the program's sums are y
     y_ptrs = y_ptr + m[None, :] * stride_ym + n[:, None]
     y_mask = n_ok[:, None] & m_ok[None, :]
     if not SPLIT:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
     else:
-        # Store this slice's partial sum, then announce it. The CTA barrier orders every
-        # thread's
-        # stores before the atomic; acq_rel at GPU scope makes them visible to the
-        # program that
-        # sees the count reach SPLIT_K - 1, which adds all slices and resets the count
-        # for the next call.
+        # (5) with a split, the last program of the band to arrive adds them up
+        # Store this slice's partial sum, then announce it. The CTA barrier orders
+        # every thread's stores before the atomic; acq_rel at GPU scope makes them
+        # visible to the program that sees the count reach SPLIT_K - 1, which adds
+        # all slices and resets the count for the next call.
         part = m[None, :] * N + n[:, None]
         tl.store(part_ptr + pid_k * M * N + part, acc, mask=y_mask)
         tl.debug_barrier()
@@ -123,7 +126,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:1372
+# %% chapters/10_triton_decode.md:1892
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -152,7 +155,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:1418
+# %% chapters/10_triton_decode.md:1927
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -171,6 +174,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
+# %% chapters/10_triton_decode.md:1955
 def skinny_linear(x: Tensor, weight: Tensor, **knobs) -> Tensor:
     """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
     override default_config (block_n, block_k, num_warps, num_stages, split_k,
@@ -198,34 +202,22 @@ def skinny_linear(x: Tensor, weight: Tensor, **knobs) -> Tensor:
         )
     else:
         part = count = y  # not read
+    # fmt: off
     _skinny_kernel[(n_blocks, splits)](
-        x,
-        weight,
-        y,
-        part,
-        count,
-        M,
-        N,
-        K,
-        steps_per_split * bk,
-        splits,
-        x.stride(0),
-        weight.stride(0),
-        y.stride(0),
+        x, weight, y, part, count,
+        M, N, K, steps_per_split * bk, splits,
+        x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=16 if cfg["use_dot"] else triton.next_power_of_2(M),
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        USE_DOT=cfg["use_dot"],
-        SPLIT=splits > 1,
+        BLOCK_N=bn, BLOCK_K=bk, USE_DOT=cfg["use_dot"], SPLIT=splits > 1,
         IEEE=x.dtype == torch.float32,
-        # stages: on the K loop
-        NUM_STAGES=cfg["num_stages"],
-        num_warps=cfg["num_warps"],
-        num_stages=1,
+        NUM_STAGES=cfg["num_stages"],  # stages: on the K loop
+        num_warps=cfg["num_warps"], num_stages=1,
     )
+    # fmt: on
     return y
 
 
+# %% chapters/10_triton_decode.md:2007
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
