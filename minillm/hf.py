@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1712
+# %% chapters/01_model.md:1713
 """Load Hugging Face Llama / Qwen2 / Qwen3 checkpoints from a local folder; save ours as
 Llama.
 
@@ -43,7 +43,7 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# %% chapters/01_model.md:1761
+# %% chapters/01_model.md:1762
 def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from the dict of a Hugging Face config.json."""
     arch = (hf.get("architectures") or [None])[0]
@@ -90,7 +90,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-# %% chapters/01_model.md:1819
+# %% chapters/01_model.md:1820
 def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     """A Hugging Face config.json dict for our model (as LlamaForCausalLM, the tiny
     model's format).
@@ -123,7 +123,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-# %% chapters/01_model.md:1857
+# %% chapters/01_model.md:1858
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -140,7 +140,7 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return [single]
 
 
-# %% chapters/01_model.md:1885
+# %% chapters/01_model.md:1886
 def load_model(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -187,7 +187,7 @@ def load_model(
     return model.eval()
 
 
-# %% chapters/01_model.md:1937
+# %% chapters/01_model.md:1938
 def load_pretrained(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -197,7 +197,7 @@ def load_pretrained(
     return load_model(folder, dtype, device), Tokenizer.from_pretrained(folder)
 
 
-# %% chapters/01_model.md:1951
+# %% chapters/01_model.md:1952
 def save_pretrained(
     model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
 ) -> None:

@@ -7,9 +7,9 @@
 cache").
 
 Keys and values of every layer live in `num_blocks` blocks of `block_size` token slots;
-per layer the layout is [num_blocks, block_size, num_kv_heads, head_dim], vLLM's
-FlashAttention layout. Token `pos` of a sequence lives in slot `block_table[pos //
-block_size] * block_size + pos % block_size`.
+per layer the layout is [num_blocks, block_size, num_kv_heads, head_dim], the shape of
+vLLM's FlashAttention key and value caches. Token `pos` of a sequence lives in slot
+`block_table[pos // block_size] * block_size + pos % block_size`.
 
 This module owns storage: sizing the pool from a memory budget, writing new K/V into
 their slots (`reshape_and_cache`), reading a sequence back, copying blocks
@@ -56,8 +56,8 @@ def kv_cache_block_bytes(
 def num_blocks_for_memory(
     config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int
 ) -> int:
-    """How many whole blocks fit in budget_bytes (vLLM: available_memory // page_size
-    // num_layers).
+    """How many whole blocks fit in budget_bytes (vLLM: available_memory //
+    bytes_per_block).
     """
     if budget_bytes < 0:
         raise ValueError(f"the memory budget must be >= 0 bytes, got {budget_bytes}")
@@ -183,13 +183,13 @@ class PagedKVCache:
     """K and V of every layer in num_blocks blocks of block_size token slots.
 
     key_cache, value_cache: (num_layers, num_blocks, block_size, num_kv_heads,
-    head_dim); layer l's view [num_blocks, block_size, n_kv, D] is vLLM's FlashAttention
-    layout, and slot s of a layer is (block s // block_size, offset s % block_size).
-    Which blocks a sequence owns is its block table in the attention metadata; the cache
-    keeps no per-sequence state. Attention over the blocks is `attn_backend(q,
-    key_cache[l], value_cache[l], attn_metadata)` (chapter 4 provides one). Writing is
-    `cache_writer`, with reshape_and_cache's signature (chapter 10 has a one-kernel
-    version).
+    head_dim); layer l's view [num_blocks, block_size, n_kv, D] has the shape of vLLM's
+    FlashAttention key and value caches, and slot s of a layer is (block s //
+    block_size, offset s % block_size). Which blocks a sequence owns is its block table
+    in the attention metadata; the cache keeps no per-sequence state. Attention over
+    the blocks is `attn_backend(q, key_cache[l], value_cache[l], attn_metadata)`
+    (chapter 4 provides one). Writing is `cache_writer`, with reshape_and_cache's
+    signature (chapter 10 has a one-kernel version).
     """
 
     def __init__(

@@ -334,7 +334,7 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden_states).float()
 
 
-# %% chapters/01_model.md:1024
+# %% chapters/01_model.md:1025
 @dataclass
 class AttentionMetadata:
     """How the flat batch of new tokens in one forward splits into sequences (names as
@@ -362,7 +362,7 @@ class AttentionMetadata:
         return self.slot_mapping.shape[0]
 
 
-# %% chapters/01_model.md:1073
+# %% chapters/01_model.md:1074
 def build_attention_metadata(
     query_lens: list[int],
     seq_lens: list[int],
@@ -406,7 +406,7 @@ def build_attention_metadata(
     return torch.tensor(positions, dtype=torch.int64, device=device), metadata
 
 
-# %% chapters/01_model.md:1146
+# %% chapters/01_model.md:1147
 def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention of the last n of L positions over all L: q (n, n_heads, D), k/v (L,
     n_kv_heads, D).
@@ -425,7 +425,7 @@ def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return out.transpose(0, 1)
 
 
-# %% chapters/01_model.md:1176
+# %% chapters/01_model.md:1177
 class DenseKVCache:
     """A contiguous KV cache: every sequence owns a row of max_len slots in every layer.
 
@@ -458,7 +458,7 @@ class DenseKVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    # %% chapters/01_model.md:1219
+    # %% chapters/01_model.md:1220
     def attend(
         self,
         layer_idx: int,
@@ -488,7 +488,7 @@ class DenseKVCache:
         return out
 
 
-# %% chapters/01_model.md:1278
+# %% chapters/01_model.md:1279
 def sample_next(
     logits: Tensor,
     temperature: float = 0.0,
@@ -507,7 +507,7 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
-# %% chapters/01_model.md:1307
+# %% chapters/01_model.md:1308
 @torch.inference_mode()
 def generate(
     model: CausalLM,
@@ -559,7 +559,7 @@ def generate(
     return outputs
 
 
-# %% chapters/01_model.md:1365
+# %% chapters/01_model.md:1366
 @torch.inference_mode()
 def generate_without_cache(
     model: CausalLM,

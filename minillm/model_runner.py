@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:380
+# %% chapters/07_engine.md:382
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
 vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 11 builds ours for GPUs
@@ -56,7 +56,7 @@ class ModelRunner:
         # per request, made when it arrives
         self.generators: dict[str, torch.Generator | None] = {}
 
-    # %% chapters/07_engine.md:443
+    # %% chapters/07_engine.md:445
     @classmethod
     def num_reserved_blocks(cls, config: EngineConfig, parts: dict[str, Any]) -> int:
         """Cache blocks this runner keeps out of the pool (none here)."""
@@ -73,7 +73,7 @@ class ModelRunner:
     def remove_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    # %% chapters/07_engine.md:468
+    # %% chapters/07_engine.md:470
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -94,7 +94,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
 
-    # %% chapters/07_engine.md:498
+    # %% chapters/07_engine.md:500
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -134,7 +134,7 @@ class ModelRunner:
         return out.sampled_token_ids.tolist(), logprobs
 
 
-# %% chapters/07_engine.md:559
+# %% chapters/07_engine.md:561
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

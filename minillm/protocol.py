@@ -2,15 +2,16 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:212
+# %% chapters/16_server.md:214
 """OpenAI-compatible request and response models for the server (chapter 16, "The
 server").
 
-Shaped like OpenAI's API and vLLM's `vllm/entrypoints/openai/protocol.py`: the requests
-carry OpenAI's sampling fields plus vLLM's extras (top_k, min_p, repetition_penalty,
-ignore_eos, min_tokens, stop_token_ids, include_stop_str_in_output,
-skip_special_tokens), and turn into chapter 6's `SamplingParams`. Errors use OpenAI's
-shape {"error": {message, type, param, code}}.
+Shaped like OpenAI's API and vLLM's vllm/entrypoints/openai/completion/protocol.py and
+vllm/entrypoints/openai/chat_completion/protocol.py: the requests carry OpenAI's
+sampling fields plus vLLM's extras (top_k, min_p, repetition_penalty, ignore_eos,
+min_tokens, stop_token_ids, include_stop_str_in_output, skip_special_tokens), and turn
+into chapter 6's `SamplingParams`. Errors use OpenAI's shape {"error": {message, type,
+param, code}}.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
-# %% chapters/16_server.md:253
+# %% chapters/16_server.md:256
 class ErrorInfo(BaseModel):
     message: str
     type: str  # "BadRequestError", "NotFoundError", "InternalServerError"
@@ -61,7 +62,7 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False  # a last chunk with empty choices and the usage
 
 
-# %% chapters/16_server.md:283
+# %% chapters/16_server.md:286
 class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat requests share."""
 
@@ -89,7 +90,7 @@ class SamplingRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
-    # %% chapters/16_server.md:319
+    # %% chapters/16_server.md:322
     def _check_supported(self) -> None:
         if (
             self.response_format is not None
@@ -107,7 +108,7 @@ class SamplingRequest(OpenAIBaseModel):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
-    # %% chapters/16_server.md:346
+    # %% chapters/16_server.md:349
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None
     ) -> SamplingParams:
@@ -146,7 +147,7 @@ class SamplingRequest(OpenAIBaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# %% chapters/16_server.md:397
+# %% chapters/16_server.md:400
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
@@ -172,7 +173,7 @@ class CompletionRequest(SamplingRequest):
         return self._sampling_params(self.max_tokens, self.logprobs)
 
 
-# %% chapters/16_server.md:428
+# %% chapters/16_server.md:431
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -193,7 +194,7 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(parts)
 
 
-# %% chapters/16_server.md:455
+# %% chapters/16_server.md:458
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -218,7 +219,7 @@ class ChatCompletionRequest(SamplingRequest):
         )
 
 
-# %% chapters/16_server.md:488
+# %% chapters/16_server.md:491
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -252,7 +253,7 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:527
+# %% chapters/16_server.md:530
 class ChatCompletionLogProb(BaseModel):
     token: str
     logprob: float | None
@@ -289,7 +290,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-# %% chapters/16_server.md:570
+# %% chapters/16_server.md:573
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
@@ -312,7 +313,7 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:597
+# %% chapters/16_server.md:600
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -327,7 +328,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# %% chapters/16_server.md:617
+# %% chapters/16_server.md:620
 class TokenizeRequest(OpenAIBaseModel):
     """Either a prompt or chat messages (rendered with the chat template, as
     /v1/chat/completions does).

@@ -2,14 +2,17 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1472
+# %% chapters/16_server.md:1475
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
 
 `OpenAIServing` is the base of `OpenAIServingCompletion` (serving_completion.py) and
-`OpenAIServingChat` (serving_chat.py). vLLM's counterparts:
-vllm/entrypoints/openai/serving_engine.py, serving_models.py, serving_tokenization.py.
+`OpenAIServingChat` (serving_chat.py). vLLM's counterparts: `BaseServing` in
+vllm/entrypoints/serve/engine/serving.py (with `GenerateBaseServing` in
+vllm/entrypoints/generate/base/serving.py for the endpoints that generate),
+vllm/entrypoints/openai/models/serving.py and
+vllm/entrypoints/serve/tokenize/serving.py.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from minillm.protocol import (
 from minillm.sampler import SampleLogprobs
 
 
-# %% chapters/16_server.md:1517
+# %% chapters/16_server.md:1523
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -65,7 +68,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1547
+# %% chapters/16_server.md:1553
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -90,7 +93,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1582
+# %% chapters/16_server.md:1588
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -111,7 +114,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1612
+# %% chapters/16_server.md:1618
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -145,7 +148,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1654
+    # %% chapters/16_server.md:1660
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -173,7 +176,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1689
+    # %% chapters/16_server.md:1695
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -203,7 +206,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1726
+    # %% chapters/16_server.md:1732
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -217,7 +220,7 @@ class OpenAIServing:
     def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:1802
+    # %% chapters/16_server.md:1808
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -251,7 +254,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1751
+# %% chapters/16_server.md:1757
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -266,7 +269,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1773
+# %% chapters/16_server.md:1779
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""
