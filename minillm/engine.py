@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1006
+# %% chapters/07_engine.md:1012
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -37,6 +37,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
+# %% chapters/07_engine.md:1054
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -54,7 +55,7 @@ MODEL_RUNNERS.register(False)(ModelRunner)
 SAMPLERS.register("torch")(Sampler)
 
 
-# %% chapters/07_engine.md:1068
+# %% chapters/07_engine.md:1082
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -77,17 +78,7 @@ class LLMEngine:
         for check in PART_CHECKS:
             check(config, self.parts)
         runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
-        if param.device.type == "cuda":
-            reclaim_gpu_memory()
-        if config.num_kv_blocks is not None:
-            num_blocks = config.num_kv_blocks
-        elif param.device.type == "cuda":
-            num_blocks = profile_num_blocks(model, config)
-        else:
-            block_size, budget = config.block_size, config.cpu_kv_cache_bytes
-            num_blocks = num_blocks_for_memory(
-                model.config, block_size, param.dtype, budget
-            )
+        num_blocks = self._num_kv_blocks()
         num_usable = num_blocks - runner_cls.num_reserved_blocks(config, self.parts)
         self.max_model_len = config.max_model_len or min(
             model.config.max_position_embeddings, 4096, num_usable * config.block_size
@@ -98,7 +89,21 @@ class LLMEngine:
         self.parents: dict[str, _Parent] = {}
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
 
-    # %% chapters/07_engine.md:1121
+    # %% chapters/07_engine.md:1124
+    def _num_kv_blocks(self) -> int:
+        config, param = self.config, next(self.model.parameters())
+        if param.device.type == "cuda":
+            reclaim_gpu_memory()
+        if config.num_kv_blocks is not None:
+            return config.num_kv_blocks
+        if param.device.type == "cuda":
+            return profile_num_blocks(self.model, config)
+        budget = config.cpu_kv_cache_bytes
+        return num_blocks_for_memory(
+            self.model.config, config.block_size, param.dtype, budget
+        )
+
+    # %% chapters/07_engine.md:1147
     def _build_cache(self, num_blocks: int, num_usable: int) -> PagedKVCache:
         model, config, parts = self.model, self.config, self.parts
         param = next(model.parameters())
@@ -126,7 +131,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1156
+    # %% chapters/07_engine.md:1182
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -150,7 +155,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1188
+    # %% chapters/07_engine.md:1214
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -180,7 +185,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1249
+    # %% chapters/07_engine.md:1275
     def add_request(
         self,
         request_id: str,
@@ -217,7 +222,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1291
+    # %% chapters/07_engine.md:1317
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -239,7 +244,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1323
+    # %% chapters/07_engine.md:1349
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -260,7 +265,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1353
+    # %% chapters/07_engine.md:1379
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -287,7 +292,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1387
+    # %% chapters/07_engine.md:1413
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -314,7 +319,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1420
+    # %% chapters/07_engine.md:1446
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -350,7 +355,7 @@ class LLMEngine:
         )
 
 
-# %% chapters/07_engine.md:1227
+# %% chapters/07_engine.md:1253
 @dataclass
 class _Sequence:
     request: Request

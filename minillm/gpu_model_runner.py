@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:447
+# %% chapters/11_cuda_graph.md:453
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -40,6 +40,7 @@ from minillm.sampling_params import SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
+# %% chapters/11_cuda_graph.md:495
 def is_plain_greedy(params: SamplingParams) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters."""
     return (
@@ -55,7 +56,7 @@ def is_plain_greedy(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/11_cuda_graph.md:509
+# %% chapters/11_cuda_graph.md:520
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -87,12 +88,10 @@ class GPUModelRunner(ModelRunner):
         self.plain_greedy: dict[str, bool] = {}
         self.graph_runner, self.num_graph_steps, self.num_eager_steps = None, 0, 0
         if self.cuda_graphs:  # "Capturing and replaying"
+            sizes = default_capture_sizes(max_num_seqs)
+            scratch = kv_cache.num_blocks - 1  # the engine kept it out of the pool
             self.graph_runner = CUDAGraphRunner(
-                model,
-                kv_cache,
-                default_capture_sizes(max_num_seqs),
-                max_model_len,
-                scratch_block=kv_cache.num_blocks - 1,
+                model, kv_cache, sizes, max_model_len, scratch_block=scratch
             )
             self.graph_runner.capture()
         self._init_async(max_num_seqs)  # "Overlapping the CPU and the GPU"
@@ -100,7 +99,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:559
+    # %% chapters/11_cuda_graph.md:568
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
@@ -117,7 +116,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:585
+    # %% chapters/11_cuda_graph.md:594
     def forward(
         self,
         output: SchedulerOutput,
@@ -149,7 +148,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:625
+    # %% chapters/11_cuda_graph.md:634
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -166,7 +165,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1318
+    # %% chapters/11_cuda_graph.md:1333
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -197,7 +196,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1360
+    # %% chapters/11_cuda_graph.md:1375
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -228,7 +227,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready)
         return self.previous
 
-    # %% chapters/11_cuda_graph.md:1702
+    # %% chapters/11_cuda_graph.md:1717
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -249,7 +248,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:1650
+# %% chapters/11_cuda_graph.md:1665
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -293,5 +292,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:1730
+# %% chapters/11_cuda_graph.md:1745
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

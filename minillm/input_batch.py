@@ -110,6 +110,7 @@ class StepInputs:
         return upload(self.input_ids, device), upload(self.positions, device), metadata
 
 
+# %% chapters/11_cuda_graph.md:384
 def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     """a on the device, copied without making the CPU wait for the GPU."""
     t = torch.as_tensor(a)
@@ -118,7 +119,7 @@ def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     return t.to(device, non_blocking=True)
 
 
-# %% chapters/11_cuda_graph.md:395
+# %% chapters/11_cuda_graph.md:401
 def prepare_inputs(
     batch: InputBatch, output: SchedulerOutput, kv_cache_manager: KVCacheManager
 ) -> StepInputs:

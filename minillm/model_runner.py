@@ -35,6 +35,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, SampleLogprobs]
 
 
+# %% chapters/07_engine.md:420
 class ModelRunner:
     """Runs one scheduled step: builds the flat batch, runs the model over the paged
     cache, samples.
@@ -56,7 +57,7 @@ class ModelRunner:
         # per request, made when it arrives
         self.generators: dict[str, torch.Generator | None] = {}
 
-    # %% chapters/07_engine.md:445
+    # %% chapters/07_engine.md:451
     @classmethod
     def num_reserved_blocks(cls, config: EngineConfig, parts: dict[str, Any]) -> int:
         """Cache blocks this runner keeps out of the pool (none here)."""
@@ -73,7 +74,7 @@ class ModelRunner:
     def remove_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    # %% chapters/07_engine.md:470
+    # %% chapters/07_engine.md:476
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -94,7 +95,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
 
-    # %% chapters/07_engine.md:500
+    # %% chapters/07_engine.md:506
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -134,7 +135,7 @@ class ModelRunner:
         return out.sampled_token_ids.tolist(), logprobs
 
 
-# %% chapters/07_engine.md:561
+# %% chapters/07_engine.md:567
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""
