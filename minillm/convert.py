@@ -152,12 +152,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("folder", nargs="?", help="where to write (default: the cache)")
     args = p.parse_args(argv)
     path = Path(args.model)
-    gguf_file = path if path.is_file() else packaged_model_path(args.model)
+    try:
+        gguf_file = path if path.is_file() else packaged_model_path(args.model)
+    except FileNotFoundError as e:
+        p.error(str(e))  # a usage error, not a traceback
     if args.folder:
         convert_gguf(gguf_file, args.folder)
     print(args.folder or gguf_model_path(gguf_file))
 
 
-# %% chapters/01_model.md:3187
+# %% chapters/01_model.md:3190
 if __name__ == "__main__":
     main()
