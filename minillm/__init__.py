@@ -18,10 +18,12 @@ attention                chapters/04_paged_attention.md
 block_pool               chapters/03_block_allocator.md
 compilation              chapters/11_cuda_graph.md
 config                   chapters/07_engine.md
+convert                  chapters/01_model.md
 cuda_graph               chapters/11_cuda_graph.md
 decode_linear            chapters/11_cuda_graph.md
 detokenizer              chapters/07_engine.md
 engine                   chapters/07_engine.md
+gguf_loader              chapters/01_model.md
 gpu_model_runner         chapters/11_cuda_graph.md
 hf                       chapters/01_model.md
 input_batch              chapters/11_cuda_graph.md

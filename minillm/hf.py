@@ -2,13 +2,15 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1713
+# %% chapters/01_model.md:1728
 """Load Hugging Face Llama / Qwen2 / Qwen3 checkpoints from a local folder; save ours as
 Llama.
 
 Chapter 1 ("The model") explains this module. Nothing here downloads: a folder is
 config.json + model.safetensors (or shards with model.safetensors.index.json) +
-tokenizer.json (+ tokenizer_config.json, generation_config.json).
+tokenizer.json (+ tokenizer_config.json, generation_config.json). A GGUF file, or the
+name of a model a package ships ("smollm2"), is converted to such a folder first
+(minillm/convert.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from minillm.model import CausalLM, ModelConfig, RotaryEmbedding, rope_inv_freq
+from minillm.convert import resolve_model
+from minillm.model import (
+    CausalLM,
+    ModelConfig,
+    RotaryEmbedding,
+    UnsupportedModelError,
+    rope_inv_freq,
+)
 from minillm.tokenizer import Tokenizer
 
 SUPPORTED_ARCHITECTURES = {
@@ -28,10 +37,6 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": {"attention_bias": True},
     "Qwen3ForCausalLM": {"qk_norm": True},
 }
-
-
-class UnsupportedModelError(ValueError):
-    """The checkpoint uses an architecture or a feature minillm does not implement."""
 
 
 def _read_json(path: Path) -> dict:
@@ -43,7 +48,7 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# %% chapters/01_model.md:1762
+# %% chapters/01_model.md:1782
 def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from the dict of a Hugging Face config.json."""
     arch = (hf.get("architectures") or [None])[0]
@@ -90,7 +95,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-# %% chapters/01_model.md:1820
+# %% chapters/01_model.md:1840
 def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     """A Hugging Face config.json dict for our model (as LlamaForCausalLM, the tiny
     model's format).
@@ -123,7 +128,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-# %% chapters/01_model.md:1858
+# %% chapters/01_model.md:1878
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -140,14 +145,16 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return [single]
 
 
-# %% chapters/01_model.md:1886
+# %% chapters/01_model.md:1906
 def load_model(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> CausalLM:
-    """A CausalLM with the weights of the Hugging Face checkpoint in folder."""
-    folder = Path(folder)
+    """A CausalLM with the weights of the Hugging Face checkpoint in folder (or of a
+    GGUF file, or a packaged model's name: see resolve_model).
+    """
+    folder = resolve_model(folder)  # a folder stays as it is
     hf = _read_json(folder / "config.json")
     config = config_from_hf(hf)
     generation = folder / "generation_config.json"
@@ -187,17 +194,20 @@ def load_model(
     return model.eval()
 
 
-# %% chapters/01_model.md:1938
+# %% chapters/01_model.md:1964
 def load_pretrained(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> tuple[CausalLM, Tokenizer]:
-    """Model and tokenizer from a local Hugging Face folder."""
+    """Model and tokenizer from a local Hugging Face folder (or a GGUF file, or a
+    packaged model's name).
+    """
+    folder = resolve_model(folder)
     return load_model(folder, dtype, device), Tokenizer.from_pretrained(folder)
 
 
-# %% chapters/01_model.md:1952
+# %% chapters/01_model.md:1981
 def save_pretrained(
     model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
 ) -> None:

@@ -233,13 +233,13 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:2934
+# %% chapters/16_server.md:2979
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="a local Hugging Face folder (Llama, Qwen2, Qwen3); "
-        "default: the course's tiny model",
+        help="a local Hugging Face folder (Llama, Qwen2, Qwen3), a .gguf file, or "
+        "a packaged model's name (smollm2); default: the course's tiny model",
     )
     p.add_argument(
         "--served-model-name",
@@ -256,7 +256,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info")
 
 
-# %% chapters/16_server.md:2961
+# %% chapters/16_server.md:3006
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -288,7 +288,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:2998
+# %% chapters/16_server.md:3043
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -327,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3043
+# %% chapters/16_server.md:3088
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -366,7 +366,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3086
+# %% chapters/16_server.md:3131
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -393,6 +393,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:3118
+# %% chapters/16_server.md:3163
 if __name__ == "__main__":
     main()

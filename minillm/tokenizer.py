@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:133
+# %% chapters/01_model.md:137
 """Byte-level BPE tokenizer: the course corpus, training, and loading tokenizer.json.
 
 Chapter 1 ("The model") explains this module. `Tokenizer` wraps a Hugging Face
@@ -24,7 +24,7 @@ BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
 
 
-# %% chapters/01_model.md:160
+# %% chapters/01_model.md:164
 def read_corpus() -> dict[str, str]:
     """The course corpus: {topic name: text}, from minillm/data/pydoc_topics.txt."""
     text = (
@@ -52,7 +52,7 @@ def split_corpus(
     return train, held_out
 
 
-# %% chapters/01_model.md:197
+# %% chapters/01_model.md:201
 class Tokenizer:
     """Text <-> token ids. Wraps a `tokenizers.Tokenizer` plus its special tokens."""
 
@@ -82,7 +82,7 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    # %% chapters/01_model.md:237
+    # %% chapters/01_model.md:241
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json and tokenizer_config.json, as a Hugging Face folder
         holds them.
@@ -101,7 +101,7 @@ class Tokenizer:
             json.dumps(config, indent=2) + "\n"
         )
 
-    # %% chapters/01_model.md:265
+    # %% chapters/01_model.md:269
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> "Tokenizer":
         """Load tokenizer.json (+ tokenizer_config.json for the special tokens) from
@@ -129,8 +129,28 @@ class Tokenizer:
             config.get("chat_template"),
         )
 
+    # %% chapters/01_model.md:2965
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text of a chat, rendered with the model's own template (as
+        transformers' apply_chat_template(..., tokenize=False))."""
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat template")
+        import jinja2.sandbox  # only chats need Jinja
 
-# %% chapters/01_model.md:302
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True
+        )
+        return env.from_string(self.chat_template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+
+# %% chapters/01_model.md:306
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE tokenizer with BOS/EOS special tokens on texts."""
     tok = _HFTokenizer(models.BPE())
