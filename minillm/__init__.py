@@ -27,6 +27,7 @@ gguf_loader              chapters/01_model.md
 gpu_model_runner         chapters/11_cuda_graph.md
 hf                       chapters/01_model.md
 input_batch              chapters/11_cuda_graph.md
+int4                     chapters/12_int4_gemm.md
 kv_cache                 chapters/02_paged_kv.md
 kv_cache_manager         chapters/05_scheduler.md
 llm                      chapters/07_engine.md
@@ -67,6 +68,7 @@ PLUGINS = (
     "minillm.swap",
     "minillm.kernels.paged_attention",
     "minillm.gpu_model_runner",
+    "minillm.int4",
 )
 
 # Imported on first use, so that `import minillm` stays cheap.

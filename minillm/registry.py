@@ -139,7 +139,7 @@ def load_plugins() -> None:
             FAILED[module] = str(e)
 
 
-# %% chapters/07_engine.md:806
+# %% chapters/07_engine.md:809
 # factory(num_blocks, block_size) -> KVCacheManager; None: chapter 5's manager
 KV_CACHE_MANAGERS = Registry("KV-cache manager", "prefix_cache_impl", fallback=None)
 # factory(scheduler_config, kv_cache_manager, kv_cache, config) -> Scheduler;
@@ -153,3 +153,5 @@ ATTENTION_BACKENDS = Registry(
 MODEL_RUNNERS = Registry("model runner", "persistent_batch", fallback=False, auto=None)
 # factory(generator) -> Sampler; "torch": chapter 6's
 SAMPLERS = Registry("sampler", "sampler", fallback="torch", auto="auto")
+# factory(model, config) -> None, rewrites the model in place; None: as loaded
+QUANTIZATION_METHODS = Registry("quantization method", "quantization", fallback=None)
