@@ -13,6 +13,8 @@ token is left out). Measured in the same run:
 
 - minillm eager: chapter 10's Triton attention, no CUDA graphs;
 - minillm with CUDA graphs (the same engine, `cuda_graphs=True`);
+- with --quantization NAME (chapter 12's int4, chapter 13's methods): the same engine
+  with CUDA graphs on weights quantized at load (written to latency_NAME-*.json);
 - Hugging Face transformers `generate` at batch 1, eager PyTorch (its default
   attention): (time of 256 new tokens - time of 1 new token) / 255;
 - the memory-bandwidth roofline: the bytes one decode step must read (every linear
@@ -25,6 +27,7 @@ token is left out). Measured in the same run:
     # on a GPU; writes benchmarks/results/latency-*.json
     python benchmarks/latency.py
     python benchmarks/latency.py --shapes qwen3-0.6b   # one shape
+    python benchmarks/latency.py --quantization int4   # and on 4-bit weights
     # a smoke test: tiny random shapes, float32, no graphs
     python benchmarks/latency.py --device cpu --quick
 """
@@ -218,10 +221,16 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "values": values}
 
 
-def run_minillm(folder: Path, prompt: list[int], cuda_graphs: bool, args) -> dict:
+def run_minillm(
+    folder: Path, prompt: list[int], cuda_graphs: bool, args, quantization=None
+) -> dict:
     # chapter 10's kernels need a GPU
     backend = "triton" if args.device == "cuda" else "torch"
     options = engine_options(attention_backend=backend, cuda_graphs=cuda_graphs)
+    if quantization:  # chapter 12's option
+        options.update(engine_options(quantization=quantization))
+        if args.quick and quantization == "int4":  # --quick's hidden size is 64
+            options.update(engine_options(int4_group_size=32))
     start = time.perf_counter()
     llm = LLM(
         folder,
@@ -355,6 +364,11 @@ def measure_shape(
     else:
         runs["minillm_cuda_graphs"] = run_minillm(folder, prompt, True, args)
         print(f"  {name}: minillm CUDA graphs done", flush=True)
+    if args.quantization:  # the same engine on quantized weights
+        graphs = args.device == "cuda" and "cuda_graphs" in ENGINE_FIELDS
+        key = f"minillm_{args.quantization}" + ("_cuda_graphs" if graphs else "")
+        runs[key] = run_minillm(folder, prompt, graphs, args, args.quantization)
+        print(f"  {name}: minillm {args.quantization} done", flush=True)
     if not args.skip_hf:
         runs["hf_transformers"] = run_hf(folder, prompt, args)
         print(f"  {name}: HF generate done", flush=True)
@@ -389,7 +403,7 @@ def print_table(shapes: list[dict], bandwidth: float) -> None:
             f"{r['min_time_per_output_token_s'] * 1e3:9.3f} {1:10.2f} "
             f"{bandwidth / 1e9:7.0f}  ({r['bytes'] / 1e9:.3f} GB per step)"
         )
-        for name in ("minillm_eager", "minillm_cuda_graphs", "hf_transformers"):
+        for name in [k for k in s if k.startswith(("minillm_", "hf_"))]:
             run = s.get(name)
             if run is None:
                 continue
@@ -425,6 +439,12 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument(
         "--skip-hf", action="store_true", help="leave out the HF generate baseline"
+    )
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        help="also run the engine with this quantization method (chapter 12: int4); "
+        "the results go to latency_NAME-*.json",
     )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument(
@@ -510,9 +530,9 @@ def main() -> None:
             )
     record["seconds"] = time.perf_counter() - begin
     print_table(record["shapes"], bandwidth)
-    path = save(
-        "latency", record, args.out or Path(__file__).resolve().parent / "results"
-    )
+    record["workload"]["quantization"] = args.quantization
+    name = f"latency_{args.quantization}" if args.quantization else "latency"
+    path = save(name, record, args.out or Path(__file__).resolve().parent / "results")
     print(f"\n{record['seconds']:.0f} s in all; wrote", path)
 
 

@@ -3,6 +3,7 @@
 """minillm.kernels: modules tangled from the course's chapters.
 
 module                   chapter
+int4_gemm                chapters/12_int4_gemm.md
 paged_attention          chapters/10_triton_decode.md
 paged_decode             chapters/10_triton_decode.md
 paged_prefill            chapters/10_triton_decode.md

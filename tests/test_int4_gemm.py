@@ -1,0 +1,128 @@
+"""Chapter 12's fused W4A16 kernel and its dequantize kernel against the reference
+(chapters/12_int4_gemm.md, "The kernel").
+
+On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at
+small sizes whose N is not a multiple of the tiles, so every mask is exercised; on a GPU
+also in bfloat16 at the projection shapes of Llama-3.1-8B, and through the engine with
+CUDA graphs and the persistent batch.
+"""
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from minillm.int4 import int4_linear_ref, quantize_rtn  # noqa: E402
+from minillm.kernels.int4_gemm import (  # noqa: E402
+    FUSED_MAX_M,
+    default_config,
+    dequantize_int4,
+    int4_linear,
+    int4_matmul,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to max |reference|
+on_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+
+
+def make(M, N, K, group, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
+    w = quantize_rtn((torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, dtype), group)
+    return x, w
+
+
+def check(y, x, w):
+    ref = x.double() @ w.dequantize(torch.float64).T  # the weights exactly
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+    assert err <= TOL[x.dtype], f"relative error {err:.2e}"
+
+
+# (M, N, K, group, knobs): split-K with more splits asked than K steps, a partial
+# last N tile, both unpacking ways, a row count over one M tile, groups of 32
+CONFIGS = [
+    (1, 45, 256, 128, dict(split_k=1)),
+    (3, 45, 256, 64, dict(split_k=8, block_k=64)),  # 4 K steps: 4 slices
+    (5, 70, 256, 32, dict(gather=False, block_k=32, block_n=32, split_k=2)),
+    (17, 33, 128, 128, dict(block_m=16, block_n=32, split_k=1)),  # two M tiles
+    (20, 64, 256, 128, dict(block_m=32, gather=False, split_k=2)),
+]
+
+
+@pytest.mark.parametrize("M,N,K,group,knobs", CONFIGS)
+def test_kernel_matches_reference(M, N, K, group, knobs):
+    x, w = make(M, N, K, group, seed=M)
+    check(int4_matmul(x, w, **knobs), x, w)
+
+
+def test_split_k_counters_are_reset_between_launches():
+    x, w = make(2, 40, 512, 128)
+    first = int4_matmul(x, w, split_k=4)
+    assert torch.equal(int4_matmul(x, w, split_k=4), first)
+
+
+def test_dequantize_kernel_is_exact():
+    _, w = make(1, 100, 256, 64)
+    assert torch.equal(dequantize_int4(w), w.dequantize().T)
+
+
+def test_bad_input_is_a_clear_error():
+    x, w = make(2, 32, 256, 128)
+    with pytest.raises(ValueError, match="does not fit"):
+        int4_matmul(x[:, :128], w)
+    with pytest.raises(ValueError, match="cast one"):
+        int4_matmul(x.double(), w)
+    with pytest.raises(ValueError, match="divide the group"):
+        int4_matmul(
+            x, quantize_rtn(torch.randn(32, 256, device=DEVICE), 32), block_k=64
+        )
+
+
+def test_default_config_splits_k_only_when_the_output_is_narrow():
+    narrow = default_config(1, 4096, 14336, 128)  # Llama-3.1-8B's down_proj
+    wide = default_config(256, 28672, 4096, 128)  # gate_up_proj at a big batch
+    assert narrow["split_k"] > 1 and wide["split_k"] == 1
+    assert default_config(1, 64, 256, 32)["block_k"] <= 32
+
+
+def test_int4_linear_picks_a_path_and_keeps_shapes():
+    x, w = make(6, 40, 256, 128)
+    bias = torch.randn(40, device=DEVICE)
+    y = int4_linear(x.reshape(2, 3, 256), w, bias)
+    assert y.shape == (2, 3, 40)
+    expected = int4_linear_ref(x, w, bias).reshape(2, 3, 40)
+    assert torch.allclose(y, expected, atol=1e-4)
+
+
+@on_gpu
+@pytest.mark.parametrize("M", [1, 4, 16, 64, FUSED_MAX_M + 1, 256])
+@pytest.mark.parametrize(
+    "N,K", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+)
+def test_llama_8b_shapes_in_bf16(M, N, K):
+    x, w = make(M, N, K, 128, dtype=torch.bfloat16, seed=M)
+    check(int4_linear(x, w), x, w)
+
+
+@on_gpu
+def test_cuda_graphs_and_persistent_batch_through_the_quantized_model(tiny):
+    from minillm.llm import LLM
+    from minillm.sampling_params import SamplingParams
+
+    common = dict(device="cuda", dtype=torch.float32, num_kv_blocks=256)
+    common.update(quantization="int4", attention_backend="triton")
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13], list(range(20, 60))]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    def ids(llm):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outs]
+
+    fast = LLM(**common, cuda_graphs=True, persistent_batch=True)
+    assert fast.engine.model_runner.num_graph_steps == 0
+    got = ids(fast)
+    assert fast.engine.model_runner.num_graph_steps > 0, "decode steps replayed"
+    plain = LLM(**common, cuda_graphs=False, persistent_batch=False)
+    assert got == ids(plain)
