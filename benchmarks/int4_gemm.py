@@ -266,7 +266,7 @@ def sweep(args, device, per_call_us, copy_bw) -> list[dict]:
                 best = min(timed, key=lambda r: r["us"])
                 us, knobs = best["us"], best["knobs"]
                 print(
-                    f"sweep {name} M {M}: {len(timed)} configs, best {us:.1f} us {knobs}"
+                    f"sweep {name} M {M}: {len(timed)} knobs, best {us:.1f} us {knobs}"
                 )
     return out
 
