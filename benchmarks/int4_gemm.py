@@ -7,6 +7,8 @@ bf16 activations, RTN weights with groups of 128. In the same run:
 
 - `cublas`: F.linear on the bf16 weight (the unquantized baseline);
 - `fused`: `int4_matmul` at its default knobs (the fused Triton kernel);
+- `fused_nofold`: the same with fold=False (scale and zero applied to every weight),
+  on the Llama-3.1-8B shapes;
 - `dequant_cublas`: `dequantize_int4` then cuBLAS on the dense weight;
 - `int4_linear`: what the engine runs (the path picked by M, FUSED_MAX_M);
 - `tinygemm`: `torch._weight_int4pack_mm` on the same codes, scales and zeros.
@@ -80,7 +82,14 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GROUP = 128
 ROTATE_BYTES = 200 << 20
 TOLERANCE = 2e-2  # max |y - reference| / max |reference| in bf16
-METHODS = ("cublas", "fused", "dequant_cublas", "int4_linear", "tinygemm")
+METHODS = (
+    "cublas",
+    "fused",
+    "fused_nofold",
+    "dequant_cublas",
+    "int4_linear",
+    "tinygemm",
+)
 
 # decode shapes (minillm ModelConfig fields); random weights
 LLAMA_3_2_1B = dict(
@@ -165,6 +174,8 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
             fns = {
                 "cublas": lambda w: F.linear(x, w),
                 "fused": lambda w: int4_matmul(x, w),
+                # scale and zero applied per weight (the fold's baseline), 8B only
+                "fused_nofold": lambda w: int4_matmul(x, w, fold=False),
                 "dequant_cublas": lambda w: x @ dequantize_int4(w),
                 "int4_linear": lambda w: int4_linear(x, w),
                 "tinygemm": lambda w: torch._weight_int4pack_mm(x, w[0], GROUP, w[1]),
@@ -176,6 +187,8 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
                 copies = dict(cublas=dense_copies, tinygemm=tiny_copies).get(
                     method, int4_copies
                 )
+                if method == "fused_nofold" and model != "Llama-3.1-8B":
+                    copies = None
                 if copies is None:
                     row[f"{method}_us"] = None
                     continue

@@ -22,7 +22,8 @@ from minillm.kernels.int4_gemm import (  # noqa: E402
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to max |reference|
+# relative to max |reference|
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 on_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
 
 
@@ -48,6 +49,8 @@ CONFIGS = [
     (5, 70, 256, 32, dict(gather=False, block_k=32, block_n=32, split_k=2)),
     (17, 33, 128, 128, dict(block_m=16, block_n=32, split_k=1)),  # two M tiles
     (20, 64, 256, 128, dict(block_m=32, gather=False, split_k=2)),
+    (4, 45, 256, 128, dict(fold=False, split_k=2)),  # scale and zero per weight
+    (4, 45, 256, 64, dict(fold=False, gather=True, block_k=64)),
 ]
 
 
@@ -55,6 +58,14 @@ CONFIGS = [
 def test_kernel_matches_reference(M, N, K, group, knobs):
     x, w = make(M, N, K, group, seed=M)
     check(int4_matmul(x, w, **knobs), x, w)
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_float16_and_its_magic_bits(fold):
+    """fp16 codes as 1024 + c from their bits (the interpreter runs float16; bf16's
+    128 + c is checked on the GPU)."""
+    x, w = make(3, 40, 256, 128, dtype=torch.float16)
+    check(int4_matmul(x, w, fold=fold), x, w)
 
 
 def test_split_k_counters_are_reset_between_launches():
@@ -111,7 +122,7 @@ def test_cuda_graphs_and_persistent_batch_through_the_quantized_model(tiny):
     from minillm.llm import LLM
     from minillm.sampling_params import SamplingParams
 
-    common = dict(device="cuda", dtype=torch.float32, num_kv_blocks=256)
+    common = dict(device="cuda", dtype=torch.float32, num_kv_blocks=256, max_num_seqs=4)
     common.update(quantization="int4", attention_backend="triton")
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13], list(range(20, 60))]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

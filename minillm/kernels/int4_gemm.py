@@ -30,36 +30,58 @@ from minillm.int4 import Int4Weight
 
 # %% chapters/12_int4_gemm.md:572
 @triton.jit
-def _weight_tile(qw_ptr, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr,
-                 dtype: tl.constexpr):  # fmt: skip
-    """The (BLOCK_K, BLOCK_N) tile of W.T at rows k0.., columns n, in dtype."""
+def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+           GATHER: tl.constexpr):  # fmt: skip
+    """The (BLOCK_K, BLOCK_N) int32 codes of W.T at rows k0.., columns n."""
     if GATHER:  # every word once per code it holds; the repeats hit the L1 cache
         k = k0 + tl.arange(0, BLOCK_K)
         words = tl.load(qw_ptr + (k // 8)[:, None] * N + n[None, :],
                         mask=n_ok[None, :], other=0)  # fmt: skip
-        codes = (words >> ((k % 8) * 4)[:, None]) & 0xF  # (BLOCK_K, BLOCK_N)
-    else:  # every word once, shifted eight ways, then reshaped
-        i = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(qw_ptr + i[:, None] * N + n[None, :],
-                        mask=n_ok[None, :], other=0)  # fmt: skip
-        shifts = tl.arange(0, 8) * 4
-        codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF  # (K/8, 8, N)
-        codes = tl.reshape(codes, [BLOCK_K, BLOCK_N])
+        return (words >> ((k % 8) * 4)[:, None]) & 0xF
+    i = k0 // 8 + tl.arange(0, BLOCK_K // 8)  # every word once, shifted 8 ways
+    words = tl.load(qw_ptr + i[:, None] * N + n[None, :], mask=n_ok[None, :],
+                    other=0)  # fmt: skip
+    codes = (words[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
+    return tl.reshape(codes, [BLOCK_K, BLOCK_N])  # (K/8, 8, N) -> (K, N)
+
+
+@triton.jit
+def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
+             dtype: tl.constexpr):  # fmt: skip
+    """(code - zero) * scale in dtype: exactly dequantize(dtype)'s weights."""
     g = k0 // GROUP  # one group for the whole tile
     scale = tl.load(s_ptr + g * N + n, mask=n_ok, other=0.0)  # (BLOCK_N,)
     zero = tl.load(z_ptr + g * N + n, mask=n_ok, other=0.0)
-    # code - zero is exact in dtype: the same weights as dequantize(dtype)
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:606
+# %% chapters/12_int4_gemm.md:618
+@triton.jit
+def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
+            MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """x @ ((codes - zero) * scale) as scale * (x @ codes - zero * sum(x))."""
+    g = k0 // GROUP
+    scale = tl.load(s_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    zero = tl.load(z_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    if MAGIC:  # bf16 or fp16 bits of (offset + code), no conversion
+        w = (codes | MAGIC).to(tl.int16).to(x.dtype, bitcast=True)
+        offset = 128.0 if MAGIC == 0x4300 else 1024.0  # bf16: 128 + c; fp16
+        part = tl.dot(x, w)
+    else:  # float32: converted
+        offset = 0.0
+        part = tl.dot(x, codes.to(x.dtype), input_precision="ieee" if IEEE else None)
+    x_sum = tl.sum(x.to(tl.float32), axis=1)  # (BLOCK_M,)
+    return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
+
+
+# %% chapters/12_int4_gemm.md:646
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      GATHER: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+                      GATHER: tl.constexpr, FOLD: tl.constexpr, MAGIC: tl.constexpr,
+                      SPLIT: tl.constexpr, IEEE: tl.constexpr,
                       NUM_STAGES: tl.constexpr):  # fmt: skip
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,12 +94,15 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
         k = k0 + tl.arange(0, BLOCK_K)  # K is a multiple of BLOCK_K: no mask
         x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :],
                     mask=m_ok[:, None], other=0.0)  # fmt: skip
-        w = _weight_tile(qw_ptr, s_ptr, z_ptr, k0, n, n_ok, N, GROUP, BLOCK_K,
-                         BLOCK_N, GATHER, x_ptr.dtype.element_ty)  # fmt: skip
-        if IEEE:  # float32: exact products (the tests compare at 1e-5)
-            acc += tl.dot(x, w, input_precision="ieee")
+        codes = _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K, BLOCK_N, GATHER)
+        if FOLD:  # x @ codes on the tensor cores; zero and scale per output
+            acc += _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP, MAGIC, IEEE)
         else:
-            acc += tl.dot(x, w)
+            w = _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP, x.dtype)
+            if IEEE:  # float32: exact products (the tests compare at 1e-5)
+                acc += tl.dot(x, w, input_precision="ieee")
+            else:
+                acc += tl.dot(x, w)
     y_ptrs = y_ptr + m[:, None] * stride_ym + n[None, :]
     y_mask = m_ok[:, None] & n_ok[None, :]
     if not SPLIT:
@@ -97,7 +122,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:664
+# %% chapters/12_int4_gemm.md:708
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -106,15 +131,17 @@ def num_sms(device: torch.device) -> int:
 
 
 def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
-    """The kernel's knobs for an (M, N, K) product with groups of `group`."""
+    """The kernel's knobs for an (M, N, K) product with groups of `group`; from the
+    sweep on the H200 (benchmarks/int4_gemm.py --sweep).
+    """
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-    cfg = dict(block_m=block_m, block_n=64, block_k=128, gather=True)
-    cfg.update(num_warps=4, num_stages=3)
-    cfg["block_k"] = min(cfg["block_k"], group)
+    cfg = dict(block_m=block_m, block_n=32 if N <= 4096 else 128, gather=False)
+    cfg.update(block_k=min(128, group), fold=True, num_warps=4, num_stages=3)
     tiles = triton.cdiv(N, cfg["block_n"]) * triton.cdiv(M, block_m)
-    # fewer tiles than multiprocessors: split K until there are enough programs
+    # a few programs per multiprocessor hide the latency of memory: split K up to
+    # 4 ways while the programs are fewer than 4 per multiprocessor
     split = 1
-    while tiles * split < sms and K // (cfg["block_k"] * split * 2) >= 4:
+    while split < 4 and tiles * split < 4 * sms and K // cfg["block_k"] >= 8 * split:
         split *= 2
     cfg["split_k"] = split
     return cfg
@@ -137,10 +164,14 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:705
+# %% chapters/12_int4_gemm.md:751
+# the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
+MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
+
+
 def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T, accumulated in float32; knobs override
-    default_config (block_m, block_n, block_k, gather, split_k, num_warps, ...).
+    default_config (block_m, block_n, block_k, gather, fold, split_k, num_warps, ...).
     """
     (M, K), (N, K_w) = x.shape, w.shape
     if K != K_w or M < 1:
@@ -166,7 +197,8 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
         x, w.qweight, w.scales, w.zeros, y, part, count,
         M, N, K, steps_per_split * bk, splits, x.stride(0), y.stride(0),
         GROUP=w.group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GATHER=cfg["gather"], SPLIT=splits > 1, IEEE=x.dtype == torch.float32,
+        GATHER=cfg["gather"], FOLD=cfg["fold"], MAGIC=MAGIC.get(x.dtype, 0),
+        SPLIT=splits > 1, IEEE=x.dtype == torch.float32,
         NUM_STAGES=cfg["num_stages"],
         num_warps=cfg["num_warps"], num_stages=1,
     )
@@ -174,7 +206,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:777
+# %% chapters/12_int4_gemm.md:828
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -183,8 +215,8 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, GROUP: tl.constexpr,
                     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     k0, n = tl.program_id(0) * BLOCK_K, tl.program_id(1) * BLOCK_N
     n = n + tl.arange(0, BLOCK_N)
-    w = _weight_tile(qw_ptr, s_ptr, z_ptr, k0, n, n < N, N, GROUP, BLOCK_K,
-                     BLOCK_N, True, out_ptr.dtype.element_ty)  # fmt: skip
+    codes = _codes(qw_ptr, k0, n, n < N, N, BLOCK_K, BLOCK_N, True)
+    w = _weights(codes, s_ptr, z_ptr, k0, n, n < N, N, GROUP, out_ptr.dtype.element_ty)
     k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + k[:, None] * N + n[None, :], w, mask=(n < N)[None, :])
 
@@ -201,7 +233,7 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:810
+# %% chapters/12_int4_gemm.md:861
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
