@@ -288,7 +288,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3043
+# %% chapters/16_server.md:3044
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -315,6 +315,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         "vLLM's flag of that name; async scheduling, whose default follows CUDA "
         "graphs, is then off too",
     )
+    p.add_argument(
+        "--quantization",
+        default=None,
+        help="quantize the weights at load, e.g. int4 (chapter 12); default: none",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -327,7 +332,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3088
+# %% chapters/16_server.md:3094
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -358,6 +363,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
         seed=args.seed,
         prefix_cache_impl=args.prefix_cache_impl,
         attention_backend=args.attention_backend,
+        quantization=args.quantization,
         **(
             {"cuda_graphs": False, "torch_compile": False} if args.enforce_eager else {}
         ),
@@ -366,7 +372,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3131
+# %% chapters/16_server.md:3138
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -393,6 +399,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:3163
+# %% chapters/16_server.md:3170
 if __name__ == "__main__":
     main()

@@ -186,3 +186,15 @@ def test_int4_engine_equals_dense_engine_on_dequantized_weights(tiny, group):
         ]
 
     assert ids(quantized) == ids(reference)
+
+
+def test_serve_quantization_flag_reaches_the_engine(tiny):
+    pytest.importorskip("fastapi")
+    from minillm.server import build_engine, parse_args
+
+    args = ["--quantization", "int4", "--num-kv-blocks", "64", "--device", "cpu"]
+    engine, _ = build_engine(parse_args(args))
+    assert engine.config.quantization == "int4"
+    assert any(isinstance(m, Int4Linear) for m in engine.model.modules())
+    plain, _ = build_engine(parse_args(["--num-kv-blocks", "64", "--device", "cpu"]))
+    assert not any(isinstance(m, Int4Linear) for m in plain.model.modules())

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:534
+# %% chapters/12_int4_gemm.md:737
 """A fused W4A16 matrix product in Triton (chapter 12, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -19,16 +19,32 @@ a GPU, set TRITON_INTERPRET=1 before importing this module.
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
+from typing import Protocol
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from minillm.int4 import Int4Weight
+
+class Int4Weight(Protocol):
+    """What the kernels read of a minillm.int4.Int4Weight (which imports this module
+    lazily, so this one cannot import it): qweight (K // 8, N) int32, scales and zeros
+    (K // group_size, N).
+    """
+
+    qweight: Tensor
+    scales: Tensor
+    zeros: Tensor
+    group_size: int
 
 
-# %% chapters/12_int4_gemm.md:572
+def _nk(w: Int4Weight) -> tuple[int, int]:
+    return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
+
+
+# %% chapters/12_int4_gemm.md:795
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -55,7 +71,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:618
+# %% chapters/12_int4_gemm.md:841
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -74,7 +90,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:646
+# %% chapters/12_int4_gemm.md:869
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -122,7 +138,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:708
+# %% chapters/12_int4_gemm.md:931
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -136,7 +152,8 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     cfg = dict(block_m=block_m, block_n=32 if N <= 4096 else 128, gather=False)
-    cfg.update(block_k=min(128, group), fold=True, num_warps=4, num_stages=3)
+    # the folded zero point pays from 64 rows on; below, it costs (measured)
+    cfg.update(block_k=min(128, group), fold=M >= 64, num_warps=4, num_stages=3)
     tiles = triton.cdiv(N, cfg["block_n"]) * triton.cdiv(M, block_m)
     # a few programs per multiprocessor hide the latency of memory: split K up to
     # 4 ways while the programs are fewer than 4 per multiprocessor
@@ -164,7 +181,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:751
+# %% chapters/12_int4_gemm.md:975
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -173,7 +190,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T, accumulated in float32; knobs override
     default_config (block_m, block_n, block_k, gather, fold, split_k, num_warps, ...).
     """
-    (M, K), (N, K_w) = x.shape, w.shape
+    (M, K), (N, K_w) = x.shape, _nk(w)
     if K != K_w or M < 1:
         raise ValueError(f"x {tuple(x.shape)} does not fit a ({N}, {K_w}) weight")
     if w.scales.dtype != x.dtype:
@@ -206,7 +223,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:828
+# %% chapters/12_int4_gemm.md:1052
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -223,7 +240,7 @@ def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, GROUP: tl.constexpr,
 
 def dequantize_int4(w: Int4Weight) -> Tensor:
     """w.dequantize(dtype of its scales).T, as a (K, N) tensor, in one kernel."""
-    N, K = w.shape
+    N, K = _nk(w)
     out = torch.empty(K, N, dtype=w.scales.dtype, device=w.qweight.device)
     bk = min(64, w.group_size & -w.group_size)  # a power of two dividing the group
     grid = (K // bk, triton.cdiv(N, 128))
@@ -233,12 +250,14 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:861
+# %% chapters/12_int4_gemm.md:1085
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
 ) -> Tensor:
-    w = Int4Weight(qweight, scales, zeros, group_size)
+    w = SimpleNamespace(
+        qweight=qweight, scales=scales, zeros=zeros, group_size=group_size
+    )
     if x.shape[0] > FUSED_MAX_M:
         return x @ dequantize_int4(w)  # (M, K) @ (K, N): cuBLAS
     return int4_matmul(x, w)
@@ -256,5 +275,5 @@ def int4_linear(x: Tensor, w: Int4Weight, bias: Tensor | None = None) -> Tensor:
     rows, K = x.numel() // x.shape[-1], x.shape[-1]
     x2 = x.reshape(rows, K)
     y = torch.ops.minillm.int4_mm(x2, w.qweight, w.scales, w.zeros, w.group_size)
-    y = y.reshape(*x.shape[:-1], w.shape[0])
+    y = y.reshape(*x.shape[:-1], _nk(w)[0])
     return y if bias is None else y + bias
