@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:737
+# %% chapters/12_int4_gemm.md:742
 """A fused W4A16 matrix product in Triton (chapter 12, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -44,7 +44,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:795
+# %% chapters/12_int4_gemm.md:800
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -71,7 +71,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:844
+# %% chapters/12_int4_gemm.md:849
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -90,7 +90,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:872
+# %% chapters/12_int4_gemm.md:877
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -138,7 +138,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:934
+# %% chapters/12_int4_gemm.md:939
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -181,7 +181,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:978
+# %% chapters/12_int4_gemm.md:983
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -223,7 +223,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1055
+# %% chapters/12_int4_gemm.md:1060
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -250,7 +250,7 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1088
+# %% chapters/12_int4_gemm.md:1093
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
