@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3076
+# %% chapters/15_structured_output.md:3097
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -14,6 +14,8 @@ the mask keeps only the tokens after which the document can still be finished.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits
@@ -21,14 +23,13 @@ from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3096
+# %% chapters/15_structured_output.md:3119
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
         self.dist = self._distances()
-        self.worst: dict[
-            int, int
-        ] = {}  # state -> the largest distance one token leads to
+        self.worst: dict[int, int] = {}  # state -> the largest distance after a token
+        self.walks: dict[int, tuple] = {}  # state -> (token ids, their end states)
 
     def _distances(self) -> np.ndarray:
         """(states + 1,) the fewest single-byte tokens from each state to the end of
@@ -54,16 +55,21 @@ class FinishBudget:
         """The fewest tokens that finish the document from here."""
         return min(int(self.dist[list(s)].sum()) for s in self.compiled.closure(stacks))
 
+    def token_walk(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens state g accepts inside its rule, and the state each ends in."""
+        if g not in self.walks:
+            c = self.compiled
+            accepted, _ = c.index.walk(c.grammar.table, g, c.events)
+            self.walks[g] = c.index.token_ids(accepted, with_states=True)
+        return self.walks[g]
+
     def worst_after(self, g: int) -> int:
         """The largest distance left after one token that stays in state g's rule."""
         if g not in self.worst:
-            c = self.compiled
-            accepted, _ = c.index.walk(c.grammar.table, g, c.events)
-            _, states = c.index.token_ids(accepted, with_states=True)
-            self.worst[g] = int(self.dist[states].max(initial=0))
+            self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3145
+    # %% chapters/15_structured_output.md:3172
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -78,8 +84,7 @@ class FinishBudget:
         words = np.zeros(c.num_words, np.uint32)
         for stack in closed:
             lower = int(self.dist[list(stack[:-1])].sum())
-            accepted, _ = c.index.walk(c.grammar.table, stack[-1], c.events)
-            ids, states = c.index.token_ids(accepted, with_states=True)
+            ids, states = self.token_walk(stack[-1])
             set_bits(words, ids[lower + self.dist[states] <= room])
         for t in unsure.tolist():
             after = c.advance(closed, c.index.token_bytes[t])
@@ -88,3 +93,10 @@ class FinishBudget:
         if c.is_complete(closed):
             set_bits(words, c.eos)
         return words
+
+
+# %% chapters/15_structured_output.md:3200
+@functools.lru_cache(maxsize=64)
+def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
+    """The budget of a compiled grammar, shared by all its requests."""
+    return FinishBudget(compiled)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.structured.dfa import DFA, coreachable, minimize, trim
+from minillm.structured.dfa import coreachable, minimize, trim
 from minillm.structured.fsm import determinize
 from minillm.structured.ir import GrammarError
 

@@ -61,6 +61,7 @@ class SchemaCompiler:
         self.comma, self.colon = seq(ws, lit(","), ws), seq(ws, lit(":"), ws)
 
     def rules(self) -> dict:
+        check_schema(self.schema)
         rules = {"root": self.value(self.schema, "#")}
         while self.pending:
             ref = self.pending.pop()
@@ -69,7 +70,7 @@ class SchemaCompiler:
                 rules[ref] = self.value(resolve_ref(self.schema, ref, ref), ref)
         return {**rules, **self.extra_rules}
 
-    # %% chapters/15_structured_output.md:2080
+    # %% chapters/15_structured_output.md:2081
     def value(self, schema, path: str):
         """The expression of the JSON values schema admits."""
         if schema is True or schema == {}:
@@ -111,7 +112,7 @@ class SchemaCompiler:
         finally:
             self.active.pop()
 
-    # %% chapters/15_structured_output.md:2130
+    # %% chapters/15_structured_output.md:2131
     def flatten(self, schemas: list, path: str, depth: int = 0) -> list:
         """allOf's members with their $refs and nested allOfs opened."""
         out = []
@@ -152,7 +153,7 @@ class SchemaCompiler:
         """schema without $ref or allOf at its top (for disjointness proofs)."""
         return self.merged(schema, "#") if isinstance(schema, dict) else schema
 
-    # %% chapters/15_structured_output.md:2174
+    # %% chapters/15_structured_output.md:2175
     def alternatives(self, schema: dict, path: str):
         """anyOf: any branch. oneOf: exactly one, so its branches must be disjoint."""
         key = "anyOf" if "anyOf" in schema else "oneOf"
@@ -199,7 +200,7 @@ class SchemaCompiler:
             )
         return dfa.matches(compact(value))
 
-    # %% chapters/15_structured_output.md:2228
+    # %% chapters/15_structured_output.md:2229
     def typed(self, t: str, schema: dict, path: str):
         """The values of type t that satisfy schema's keywords for that type."""
         if t == "null":
@@ -246,7 +247,7 @@ class SchemaCompiler:
             raise SchemaError(str(e), path, "pattern") from None
         return functools.reduce(And, parts)
 
-    # %% chapters/15_structured_output.md:2278
+    # %% chapters/15_structured_output.md:2279
     def _cap(self, bound: int | None) -> int | None:
         return None if bound is None else min(bound, self.options.max_repeat)
 
@@ -286,7 +287,7 @@ class SchemaCompiler:
         body = Graph(n + 2, tuple(edges), 0, tuple(finals))
         return seq(lit("["), self.ws, body, self.ws, lit("]"))
 
-    # %% chapters/15_structured_output.md:2325
+    # %% chapters/15_structured_output.md:2326
     def object(self, schema: dict, path: str):
         """{ the named properties in order (the required ones always), then any
         additional ones the schema allows }."""
@@ -331,7 +332,7 @@ class SchemaCompiler:
         body = Graph(2 * n + 2, tuple(edges), 1, (2 * n, 2 * n + 1))
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
-    # %% chapters/15_structured_output.md:2381
+    # %% chapters/15_structured_output.md:2382
     def _check_counts(self, schema, members, extra, path):
         if len([m for m in members if m[1]]) < schema.get("minProperties", 0):
             raise SchemaError(
@@ -372,7 +373,24 @@ class SchemaCompiler:
         return alt(*scalars, Call("any:object"), Call("any:array"))
 
 
-# %% chapters/15_structured_output.md:2424
+# %% chapters/15_structured_output.md:2425
+def check_schema(schema) -> None:
+    """SchemaError unless schema is a well-formed JSON Schema (draft 2020-12's
+    metaschema, checked by the jsonschema library): `"required": 5` is malformed,
+    not a constraint to guess at."""
+    import jsonschema  # the `structured` extra; only compiling a schema needs it
+
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(
+            jsonschema.Draft202012Validator.META_SCHEMA
+        ).iter_errors(schema)
+    )
+    if error is not None:
+        where = "#" + "".join(f"/{p}" for p in error.absolute_path)
+        keyword = str(error.absolute_path[-1]) if error.absolute_path else None
+        raise SchemaError(f"malformed schema: {error.message}", where, keyword)
+
+
 def _bound(schema: dict, inclusive: str, exclusive: str, tighter) -> tuple:
     """(bound, strict?) from e.g. minimum and exclusiveMinimum, the tighter of them."""
     a, b = schema.get(inclusive), schema.get(exclusive)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:2750
+# %% chapters/15_structured_output.md:2771
 """Token masks of a grammar: cached per DFA state, completed with the stack
 (chapter 15).
 
@@ -37,7 +37,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/15_structured_output.md:2790
+# %% chapters/15_structured_output.md:2811
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -72,7 +72,7 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:2834
+    # %% chapters/15_structured_output.md:2855
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -101,7 +101,7 @@ class CompiledGrammar:
         if len(cache) > self.cache_size:
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:2872
+    # %% chapters/15_structured_output.md:2893
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -144,13 +144,13 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:2925
+    # %% chapters/15_structured_output.md:2946
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
 
 
-# %% chapters/15_structured_output.md:2933
+# %% chapters/15_structured_output.md:2954
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     np.bitwise_or.at(
         words, tokens >> 5, (np.uint32(1) << (tokens & 31).astype(np.uint32))
@@ -163,7 +163,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:2947
+# %% chapters/15_structured_output.md:2968
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -206,7 +206,7 @@ class GrammarMatcher:
             return words
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:2997
+    # %% chapters/15_structured_output.md:3018
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)

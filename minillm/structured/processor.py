@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3242
+# %% chapters/15_structured_output.md:3276
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
 with caches, and the logits processor that masks a request's row (chapter 15).
 
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from minillm.structured.bitmask import apply_token_bitmask_inplace
-from minillm.structured.budget import FinishBudget
+from minillm.structured.budget import finish_budget
 from minillm.structured.charset import utf8
 from minillm.structured.grammar import Grammar
 from minillm.structured.ir import GrammarError, alt, lit
@@ -34,7 +34,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3275
+# %% chapters/15_structured_output.md:3309
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -54,13 +54,13 @@ class StructuredOutputsParams:
     def __post_init__(self):
         given = [k for k in KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(
+            raise GrammarError(
                 "structured outputs take exactly one of json, regex, choice, grammar, "
                 f"json_object, structural_tag; got {given or 'none'}"
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3303
+    # %% chapters/15_structured_output.md:3337
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -102,7 +102,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens)
 
 
-# %% chapters/15_structured_output.md:3352
+# %% chapters/15_structured_output.md:3386
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -133,7 +133,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:3389
+# %% chapters/15_structured_output.md:3423
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -149,7 +149,7 @@ class StructuredOutputLogitsProcessor:
         max_prefixes: int = 4096,
     ):
         self.compiled, self.max_tokens = compiled, max_tokens
-        self.budget = None if max_tokens is None else FinishBudget(compiled)
+        self.budget = None if max_tokens is None else finish_budget(compiled)
         self.prefixes: OrderedDict[tuple[int, ...], GrammarMatcher] = OrderedDict()
         self.max_prefixes = max_prefixes
 
@@ -170,7 +170,7 @@ class StructuredOutputLogitsProcessor:
         self.prefixes.move_to_end(key)
         return self.prefixes[key]
 
-    # %% chapters/15_structured_output.md:3428
+    # %% chapters/15_structured_output.md:3462
     def __call__(self, output_token_ids: list[int], logits: Tensor) -> Tensor:
         m = self.matcher(output_token_ids)
         if self.budget is None or m.terminated:
@@ -184,8 +184,38 @@ class StructuredOutputLogitsProcessor:
         return logits
 
 
-# %% chapters/15_structured_output.md:3444
+# %% chapters/15_structured_output.md:3478
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
+
+
+# %% chapters/15_structured_output.md:3502
+def structured_outputs_from_response_format(
+    structured_outputs: dict | None, response_format: dict | None
+) -> StructuredOutputsParams | None:
+    """The request's constraint, or None; GrammarError if it is malformed."""
+    kind = None if response_format is None else response_format.get("type")
+    if kind not in (None, "text", "json_object", "json_schema"):
+        raise GrammarError(
+            f"response_format type {kind!r} is not one of text, json_object, "
+            "json_schema"
+        )
+    fields = dict(structured_outputs or {})
+    unknown = set(fields) - set(StructuredOutputsParams.__dataclass_fields__)
+    if unknown:
+        raise GrammarError(f"structured_outputs: unknown field(s) {sorted(unknown)}")
+    if kind == "json_object" or kind == "json_schema":
+        for k in KINDS:
+            fields.pop(k, None)  # response_format overrides the constraint itself
+    if kind == "json_object":
+        fields["json_object"] = True
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError("response_format json_schema needs json_schema.schema, "
+                               "a JSON Schema object")  # fmt: skip
+        fields["json"] = schema
+    return StructuredOutputsParams(**fields) if fields else None
