@@ -240,3 +240,22 @@ def test_greedy_constrained_output_is_batch_invariant():
     )
     assert mixed[0].outputs[0].token_ids == alone.outputs[0].token_ids
     jsonschema.validate(json.loads(alone.outputs[0].text), schema)
+
+
+def test_tokens_that_split_a_utf8_character(compiler):
+    """Byte-level tokens may end inside a character: the grammar reads bytes, so a
+    token holding half of "é" is allowed exactly when the rest can follow."""
+    schema = {"type": "string", "pattern": "^[é漢]{2,4}$"}
+    compiled = compiler.compile(StructuredOutputsParams(json=schema))
+    m = GrammarMatcher(compiled)
+    (quote,) = [t for t, b in enumerate(compiler.index.token_bytes) if b == b'"']
+    assert m.accept_token(quote)
+    allowed = allowed_tokens(m.next_token_mask(), compiler.index.vocab_size)
+    first_bytes = {compiler.index.token_bytes[t][:1] for t in allowed.tolist()}
+    assert first_bytes <= {"é".encode()[:1], "漢".encode()[:1]}
+    halves = [t for t in allowed.tolist() if compiler.index.token_bytes[t] == b"\xc3"]
+    assert halves, "the first byte of é alone is a token of a byte-level vocabulary"
+    rng = random.Random(3)
+    for _ in range(5):
+        text = text_of(compiler, random_walk(compiler, {"json": schema}, rng, 40))
+        assert re.fullmatch("[é漢]{2,4}", json.loads(text))
