@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:711
+# %% chapters/16_server.md:705
 """Prometheus metrics of the server, named like vLLM's with a `minillm:` prefix (chapter
 16).
 
@@ -31,7 +31,7 @@ TOKEN_LATENCY_BUCKETS = [
 ]
 
 
-# %% chapters/16_server.md:750
+# %% chapters/16_server.md:744
 class EngineMetrics:
     """The server's Prometheus metrics, in their own registry, for one served model."""
 
@@ -52,7 +52,7 @@ class EngineMetrics:
         )
         return metric.labels(self.model_name)
 
-    # %% chapters/16_server.md:777
+    # %% chapters/16_server.md:771
     def _add_latency_histograms(self) -> None:
         requests, tokens = REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
         self.time_to_first_token = self._labelled(
@@ -80,7 +80,7 @@ class EngineMetrics:
             buckets=requests,
         )
 
-    # %% chapters/16_server.md:814
+    # %% chapters/16_server.md:808
     def _add_gauges_and_counters(self) -> None:
         self.num_requests_running = self._labelled(
             Gauge, "num_requests_running", "Requests in the running queue."
@@ -112,7 +112,7 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self._request_success.labels(self.model_name, reason)
 
-    # %% chapters/16_server.md:853
+    # %% chapters/16_server.md:847
     def record_step(self, outputs: list[RequestOutput], engine: LLMEngine) -> None:
         """Observe one step's outputs (engine thread), then refresh the gauges."""
         for output in outputs:
@@ -126,7 +126,7 @@ class EngineMetrics:
                 del self._seen[output.request_id]
         self.update_gauges(engine)
 
-    # %% chapters/16_server.md:878
+    # %% chapters/16_server.md:872
     def _observe(self, completion, seen: dict[int, tuple[int, float | None]]) -> None:
         num_before, last_before = seen.get(completion.index, (0, None))
         num_new = len(completion.token_ids) - num_before
@@ -149,7 +149,7 @@ class EngineMetrics:
             # None: counted as finished
             seen[completion.index] = (len(completion.token_ids), None)
 
-    # %% chapters/16_server.md:909
+    # %% chapters/16_server.md:903
     def record_abort(
         self, request_id: str, num_completions: int, engine: LLMEngine
     ) -> None:

@@ -77,7 +77,7 @@ class SamplingRequest(OpenAIBaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # rejected unless {"type": "text"}: chapter 15
+    # text, json_object or json_schema: chapter 15's constraints
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None  # rejected: not supported
     # vLLM's extra sampling parameters
@@ -89,18 +89,11 @@ class SamplingRequest(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's extra: StructuredOutputsParams' fields (json, regex, choice, ...)
+    structured_outputs: dict[str, Any] | None = None
 
-    # %% chapters/16_server.md:322
+    # %% chapters/16_server.md:325
     def _check_supported(self) -> None:
-        if (
-            self.response_format is not None
-            and self.response_format.get("type") != "text"
-        ):
-            raise InvalidRequestError(
-                "response_format is not supported yet: structured output (JSON, JSON "
-                "Schema) comes in chapter 15",
-                "response_format",
-            )
         if self.logit_bias:
             raise InvalidRequestError("logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -108,7 +101,7 @@ class SamplingRequest(OpenAIBaseModel):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
-    # %% chapters/16_server.md:349
+    # %% chapters/16_server.md:343
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None
     ) -> SamplingParams:
@@ -147,7 +140,7 @@ class SamplingRequest(OpenAIBaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# %% chapters/16_server.md:400
+# %% chapters/16_server.md:394
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
@@ -173,7 +166,7 @@ class CompletionRequest(SamplingRequest):
         return self._sampling_params(self.max_tokens, self.logprobs)
 
 
-# %% chapters/16_server.md:431
+# %% chapters/16_server.md:425
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -194,7 +187,7 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(parts)
 
 
-# %% chapters/16_server.md:458
+# %% chapters/16_server.md:452
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -219,7 +212,7 @@ class ChatCompletionRequest(SamplingRequest):
         )
 
 
-# %% chapters/16_server.md:491
+# %% chapters/16_server.md:485
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -253,7 +246,7 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:530
+# %% chapters/16_server.md:524
 class ChatCompletionLogProb(BaseModel):
     token: str
     logprob: float | None
@@ -290,7 +283,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-# %% chapters/16_server.md:573
+# %% chapters/16_server.md:567
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
@@ -313,7 +306,7 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:600
+# %% chapters/16_server.md:594
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -328,7 +321,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# %% chapters/16_server.md:620
+# %% chapters/16_server.md:614
 class TokenizeRequest(OpenAIBaseModel):
     """Either a prompt or chat messages (rendered with the chat template, as
     /v1/chat/completions does).

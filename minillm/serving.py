@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1475
+# %% chapters/16_server.md:1469
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -17,7 +17,7 @@ vllm/entrypoints/serve/tokenize/serving.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import jinja2
@@ -39,14 +39,16 @@ from minillm.protocol import (
     InvalidRequestError,
     ModelCard,
     ModelList,
+    SamplingRequest,
     TokenizeRequest,
     TokenizeResponse,
     UsageInfo,
 )
 from minillm.sampler import SampleLogprobs
+from minillm.sampling_params import SamplingParams
 
 
-# %% chapters/16_server.md:1523
+# %% chapters/16_server.md:1519
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -68,7 +70,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1553
+# %% chapters/16_server.md:1549
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -93,7 +95,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1588
+# %% chapters/16_server.md:1584
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -114,7 +116,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1618
+# %% chapters/16_server.md:1614
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -148,7 +150,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1660
+    # %% chapters/16_server.md:1656
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -176,7 +178,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1695
+    # %% chapters/16_server.md:1691
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -206,7 +208,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1732
+    # %% chapters/16_server.md:1728
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -220,7 +222,34 @@ class OpenAIServing:
     def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:1808
+    # %% chapters/16_server.md:1751
+    def constrain(self, req: SamplingRequest, params: SamplingParams) -> SamplingParams:
+        """params with the request's structured-output constraint (chapter 15)."""
+        if req.structured_outputs is None and req.response_format is None:
+            return params
+        # chapter 15's modules, imported by the first request that needs them
+        from minillm.structured.ir import GrammarError
+        from minillm.structured.processor import (
+            compiler_for,
+            structured_outputs_from_response_format,
+        )
+
+        field = "response_format" if req.response_format else "structured_outputs"
+        try:
+            so = structured_outputs_from_response_format(
+                req.structured_outputs, req.response_format
+            )
+            if so is None:
+                return params
+            processor = so.logits_processor(
+                compiler_for(self.tokenizer), params.max_tokens
+            )
+        except GrammarError as e:
+            raise InvalidRequestError(str(e), field) from e
+        processors = [*params.logits_processors, processor]
+        return replace(params, logits_processors=processors)
+
+    # %% chapters/16_server.md:1840
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -254,7 +283,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1757
+# %% chapters/16_server.md:1789
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -269,7 +298,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1779
+# %% chapters/16_server.md:1811
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

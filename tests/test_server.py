@@ -493,7 +493,7 @@ BAD_REQUESTS = [
     (
         "response_format",
         "/v1/completions",
-        {"prompt": "x", "response_format": {"type": "json_object"}},
+        {"prompt": "x", "response_format": {"type": "xml"}},
         400,
         "response_format",
     ),
@@ -903,3 +903,98 @@ def test_response_format_text_is_accepted(http):
         },
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "n": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["name", "n"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_json_schema_outputs_validate(client, stream):
+    """Chapter 15 through the server: every choice validates against the schema."""
+    import jsonschema
+
+    kwargs = dict(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=40,
+        n=2,
+        seed=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": SCHEMA},
+        },
+    )
+    if stream:
+        texts = ["", ""]
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for c in chunk.choices:
+                texts[c.index] += c.delta.content or ""
+    else:
+        reply = client.chat.completions.create(**kwargs)
+        texts = [c.message.content for c in reply.choices]
+    for text in texts:
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_completion_json_object_and_structured_outputs(client):
+    reply = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=30,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    assert isinstance(json.loads(reply.choices[0].text), dict)
+    reply = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert reply.choices[0].text in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "integer", "multipleOf": 3},
+                },
+            },
+            "multipleOf",
+        ),  # fmt: skip
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "required": 5},
+                },
+            },
+            "required",
+        ),  # fmt: skip
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema"),
+        ({"type": "yaml"}, "yaml"),
+    ],
+)
+def test_bad_schema_is_an_openai_400(client, live, body, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=4, response_format=body
+        )
+    err = e.value.response.json()["error"]
+    assert err["param"] == "response_format" and words in err["message"]
+    assert e.value.status_code == 400

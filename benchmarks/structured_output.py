@@ -1,0 +1,205 @@
+"""The cost of structured output in the engine: a batch of 32 requests decoding with
+and without a JSON Schema constraint each, on the same model in the same run.
+
+The workload: 32 requests, each a prompt of 64 random token ids (seed 0) and 128
+output tokens, greedy, ignore_eos (so every request writes exactly 128 tokens: a
+constrained one finishes its document within the budget, then writes EOS), on a
+SmolLM2-135M-shaped model (its config and its tokenizer, 49,152 tokens) with random
+bf16 weights. Request i is constrained by schema i % 6 of chapter 15's six. Measured
+in one run:
+
+- unconstrained: the same requests without constraints (the baseline);
+- constrained, cold: the first run, compiling each schema and computing each grammar
+  state's mask when it is first reached;
+- constrained, warm: the same again, the compiled grammars cached (as a server that
+  has seen the schemas before).
+
+Output tokens/s for each, the overhead against the baseline, and the time spent in the
+logits processors (mask computation and application, on the engine's thread).
+
+    # on a GPU, from the repository root; writes benchmarks/results/*.json
+    python benchmarks/structured_output.py --smollm2 PATH_TO_SMOLLM2_FOLDER
+    # a smoke test on the CPU: the tiny model, 4 requests, 24 tokens
+    python benchmarks/structured_output.py --device cpu --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import engine_settings, environment, save  # noqa: E402
+from minillm.llm import LLM  # noqa: E402
+from minillm.sampling_params import SamplingParams  # noqa: E402
+from minillm.structured.processor import (  # noqa: E402
+    StructuredOutputsParams,
+    compiler_for,
+)
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string"},
+     "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"city": {"type": "string"},
+     "population": {"type": "integer"}, "country": {"type": "string"}},
+     "required": ["city", "population", "country"]},
+    {"type": "object", "properties": {"title": {"type": "string"}, "tags": {
+     "type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3}},
+     "required": ["title", "tags"]},
+    {"type": "object", "properties": {"date": {"type": "string", "format": "date"},
+     "event": {"type": "string", "maxLength": 40}}, "required": ["date", "event"]},
+    {"type": "object", "properties": {"answer": {"enum": ["yes", "no", "maybe"]},
+     "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+     "required": ["answer", "confidence"]},
+    {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
+     "active": {"type": "boolean"}}, "required": ["id", "active"]},
+]  # fmt: skip
+
+
+class Timed:
+    """A logits processor that adds its time to a shared counter."""
+
+    def __init__(self, processor, clock: dict):
+        self.processor, self.clock = processor, clock
+
+    def __call__(self, output_token_ids, logits):
+        t0 = time.perf_counter()
+        out = self.processor(output_token_ids, logits)
+        self.clock["seconds"] += time.perf_counter() - t0
+        self.clock["calls"] += 1
+        return out
+
+
+def random_smollm2(smollm2: Path, folder: Path, device: str) -> None:
+    """SmolLM2-135M's config and tokenizer, random bf16 weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = json.loads((smollm2 / "config.json").read_text())
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2 / name, folder / name)
+
+
+def run(llm, prompts, max_tokens, constrained: bool, clock: dict) -> dict:
+    params = []
+    for i in range(len(prompts)):
+        processors = []
+        if constrained:
+            so = StructuredOutputsParams(json=SCHEMAS[i % len(SCHEMAS)])
+            proc = so.logits_processor(compiler_for(llm.tokenizer), max_tokens)
+            processors = [Timed(proc, clock)]
+        params.append(
+            SamplingParams(
+                temperature=0,
+                max_tokens=max_tokens,
+                ignore_eos=True,
+                logits_processors=processors,
+            )  # fmt: skip
+        )
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert produced == len(prompts) * max_tokens
+    valid = None
+    if constrained:
+        import jsonschema
+
+        valid = 0
+        for i, o in enumerate(outputs):
+            text = llm.tokenizer.decode(
+                o.outputs[0].token_ids, skip_special_tokens=True
+            )
+            try:
+                jsonschema.validate(json.loads(text), SCHEMAS[i % len(SCHEMAS)])
+                valid += 1
+            except (ValueError, jsonschema.ValidationError):
+                pass
+    return {"seconds": seconds, "output_tokens": produced,
+            "output_tokens_per_s": produced / seconds, "valid": valid}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smollm2", type=Path, help="SmolLM2's converted folder")
+    parser.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny model, CPU smoke test"
+    )
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    args = parser.parse_args()
+    rng = random.Random(0)
+    tmp = Path(tempfile.mkdtemp())
+    if args.quick:
+        llm, model_name = LLM(device=args.device, max_num_seqs=8), "tiny"
+        args.batch, args.max_tokens = 4, 24
+    else:
+        smollm2 = args.smollm2
+        if smollm2 is None:
+            from minillm.convert import resolve_model
+
+            smollm2 = resolve_model("smollm2")
+        random_smollm2(smollm2, tmp, args.device)
+        llm = LLM(tmp, device=args.device, dtype=torch.bfloat16, max_num_seqs=64)
+        model_name = "SmolLM2-135M-shaped, random bf16 weights"
+    vocab = llm.tokenizer.vocab_size
+    prompts = [
+        [rng.randrange(100, vocab) for _ in range(64)] for _ in range(args.batch)
+    ]
+    warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm.generate(prompts[:4], [warm] * 4, use_tqdm=False)  # warm-up, untimed
+    results, clocks = {}, {}
+    for name, constrained in (("unconstrained", False), ("constrained_cold", True),
+                              ("constrained_warm", True)):  # fmt: skip
+        clocks[name] = {"seconds": 0.0, "calls": 0}
+        results[name] = run(llm, prompts, args.max_tokens, constrained, clocks[name])
+        results[name]["processor_seconds"] = clocks[name]["seconds"]
+        results[name]["processor_calls"] = clocks[name]["calls"]
+        print(name, results[name], flush=True)
+    base = results["unconstrained"]["output_tokens_per_s"]
+    for name in ("constrained_cold", "constrained_warm"):
+        results[name]["overhead"] = 1 - results[name]["output_tokens_per_s"] / base
+    record = {
+        "benchmark": "structured_output",
+        "environment": environment(),
+        "workload": {
+            "model": model_name,
+            "batch": args.batch,
+            "prompt_tokens": 64,
+            "max_tokens": args.max_tokens,
+            "greedy": True,
+            "ignore_eos": True,
+            "schemas": SCHEMAS,
+            "vocab_size": vocab,
+        },  # fmt: skip
+        "engine": engine_settings(llm.engine),
+        "results": results,
+    }
+    if not args.quick:
+        path = save("structured_output", record, args.out or Path("benchmarks/results"))
+        print("wrote", path)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

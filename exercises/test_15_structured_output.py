@@ -1,0 +1,62 @@
+"""Checks for chapter 15's exercises (chapters/15_structured_output.md, "Exercises")."""
+
+import pytest
+from _check import answer
+
+from minillm.structured import budget, matcher, numbers
+from minillm.structured.fsm import determinize
+from minillm.structured.matcher import GrammarMatcher
+from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny):
+    return GrammarCompiler(tiny[1])
+
+
+def test_forced_fraction(compiler):
+    """15.1: the share of an output's bytes that the grammar forced."""
+    forced_fraction = answer(matcher, "forced_fraction", "15.1")
+    schema = {
+        "type": "object",
+        "properties": {"alpha": {"type": "boolean"}},
+        "required": ["alpha"],
+        "additionalProperties": False,
+    }
+    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    compiled = compiler.compile(params)
+    text = '{"alpha":true}'
+    ids = [t for t, b in enumerate(compiler.index.token_bytes) if b and len(b) == 1]
+    by_byte = {compiler.index.token_bytes[t]: t for t in ids}
+    tokens = [by_byte[bytes([c])] for c in text.encode()]
+    # every byte is forced but the choice of "t" (true) over "f" (false)
+    assert forced_fraction(compiled, tokens) == pytest.approx(
+        (len(text) - 1) / len(text)
+    )
+    assert GrammarMatcher(compiled).find_jump_forward_string() == b'{"alpha":'
+
+
+def test_multiple_of(compiler):
+    """15.2: multiple_of_expr(k) spells exactly the non-negative multiples of k."""
+    multiple_of_expr = answer(numbers, "multiple_of_expr", "15.2")
+    for k in (1, 3, 7, 10):
+        dfa = determinize(multiple_of_expr(k))
+        for n in range(0, 400):
+            assert dfa.matches(str(n).encode()) == (n % k == 0), (k, n)
+        assert not dfa.matches(b"03") and not dfa.matches(b"")
+
+
+def test_budget(compiler):
+    """15.3: the exact fewest tokens to finish never exceeds the single-byte bound."""
+    exact = answer(budget.FinishBudget, "exact_min_tokens", "15.3")
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    compiled = compiler.compile(params)
+    fb = budget.FinishBudget(compiled)
+    m = GrammarMatcher(compiled)
+    for token in (t for t, b in enumerate(compiler.index.token_bytes) if b == b"{"):
+        assert m.accept_token(token)
+        break
+    got = exact(fb, m.stacks)
+    assert 1 <= got <= fb.min_tokens(m.stacks)
+    assert exact(fb, compiled.initial) >= 1

@@ -1,0 +1,261 @@
+"""Chapter 15: grammars compiled to token masks. Every constrained output parses and
+validates; the cached masks equal the slow per-token check; bad schemas are refused by
+name; a constrained request's greedy output does not depend on its batch."""
+
+import json
+import random
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minillm.structured.bitmask import apply_token_bitmask_inplace
+from minillm.structured.matcher import GrammarMatcher, allowed_tokens
+from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
+from minillm.structured.schema_ops import SchemaError
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny):
+    return GrammarCompiler(tiny[1])
+
+
+def random_walk(compiler, params, rng, max_tokens=60):
+    """Sample uniformly among the allowed tokens (a random model) until EOS."""
+    proc = StructuredOutputsParams(**params).logits_processor(
+        compiler, max_tokens=max_tokens
+    )
+    eos = set(compiler.index.eos_token_ids)
+    out: list[int] = []
+    for _ in range(max_tokens + 1):
+        logits = torch.zeros(compiler.index.vocab_size)
+        proc(out, logits)
+        allowed = torch.nonzero(logits > float("-inf")).flatten().tolist()
+        assert allowed, f"the mask allows nothing after {out}"
+        token = rng.choice(allowed)
+        if token in eos:
+            return out
+        out.append(token)
+    raise AssertionError("max_tokens passed without EOS being allowed")
+
+
+def text_of(compiler, ids):
+    return b"".join(compiler.index.token_bytes[t] for t in ids).decode()
+
+
+# A strategy of JSON Schemas built from the keywords chapter 15 compiles.
+leaf = st.one_of(
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.builds(
+        lambda lo, n: {"type": "integer", "minimum": lo, "maximum": lo + n},
+        st.integers(-1000, 1000),
+        st.integers(0, 500),
+    ),
+    st.builds(
+        lambda lo, hi: {"type": "number", "minimum": lo, "exclusiveMaximum": hi + 1},
+        st.integers(-50, 50),
+        st.integers(50, 99),
+    ),
+    st.builds(
+        lambda a, b: {"type": "string", "minLength": a, "maxLength": a + b},
+        st.integers(0, 4),
+        st.integers(0, 6),
+    ),
+    st.sampled_from(
+        [{"type": "string", "format": f} for f in ("date", "time", "uuid", "email")]
+        + [{"type": "string", "pattern": "^[a-z]{2,5}[0-9]?$"}]
+    ),
+    st.builds(
+        lambda vs: {"enum": vs},
+        st.lists(st.text(max_size=4), min_size=1, max_size=3, unique=True),
+    ),
+    st.builds(lambda v: {"const": v}, st.integers(-5, 5) | st.text(max_size=3)),
+)
+
+
+def objects(children):
+    names = st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=3, unique=True)
+
+    def build(keys, values, required, extra):
+        props = dict(zip(keys, values))
+        req = [k for k, r in zip(keys, required) if r]
+        return {"type": "object", "properties": props, "required": req,
+                "additionalProperties": extra}  # fmt: skip
+
+    return st.builds(
+        build,
+        names,
+        st.lists(children, min_size=3, max_size=3),
+        st.lists(st.booleans(), min_size=3, max_size=3),
+        st.booleans(),
+    )
+
+
+schemas = st.recursive(
+    leaf,
+    lambda children: st.one_of(
+        objects(children),
+        st.builds(
+            lambda item, lo, n: {
+                "type": "array",
+                "items": item,
+                "minItems": lo,
+                "maxItems": lo + n,
+            },  # fmt: skip
+            children,
+            st.integers(0, 2),
+            st.integers(0, 2),
+        ),
+        st.builds(lambda a, b: {"anyOf": [a, b]}, children, children),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=schemas, seed=st.integers(0, 2**16))
+def test_every_constrained_output_validates(compiler, schema, seed):
+    ids = random_walk(compiler, {"json": schema}, random.Random(seed), max_tokens=80)
+    value = json.loads(text_of(compiler, ids))
+    jsonschema.validate(
+        value, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+
+
+def test_recursive_ref_validates(compiler):
+    node = {
+        "type": "object",
+        "properties": {
+            "v": {"type": "integer"},
+            "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+        },
+        "required": ["v", "kids"],
+        "additionalProperties": False,
+    }
+    tree = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
+    rng = random.Random(0)
+    for _ in range(5):
+        ids = random_walk(compiler, {"json": tree}, rng, max_tokens=120)
+        jsonschema.validate(json.loads(text_of(compiler, ids)), tree)
+
+
+def test_regex_outputs_fullmatch(compiler):
+    pattern = r"(\d{3}-){2}\d{4}|[A-Z][a-z]+ (is|was) [0-9]+"
+    rng = random.Random(1)
+    for _ in range(10):
+        ids = random_walk(compiler, {"regex": pattern}, rng)
+        assert re.fullmatch(pattern, text_of(compiler, ids))
+
+
+def test_cached_masks_equal_checking_every_token(compiler):
+    """The fast mask (per-state cache + context-dependent tokens on the stack) equals
+    the reference: try every token's bytes on the matcher's real stacks."""
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {
+        "$ref": "#"}}, "b": {"type": "string", "maxLength": 3}}}  # fmt: skip
+    compiled = compiler.compile(StructuredOutputsParams(json=schema))
+    m = GrammarMatcher(compiled)
+    rng = random.Random(2)
+    index = compiler.index
+    for _ in range(25):
+        fast = set(allowed_tokens(m.next_token_mask(), index.vocab_size).tolist())
+        slow = {t for t, b in enumerate(index.token_bytes)
+                if b and compiled.advance(m.stacks, b) is not None}  # fmt: skip
+        if compiled.is_complete(m.stacks):
+            slow |= set(index.eos_token_ids)
+        assert fast == slow
+        choices = sorted(fast - set(index.eos_token_ids))
+        if not choices:
+            break
+        assert m.accept_token(rng.choice(choices))
+
+
+def test_eos_only_when_complete(compiler):
+    compiled = compiler.compile(StructuredOutputsParams(json={"type": "integer"}))
+    m = GrammarMatcher(compiled)
+    eos = compiler.index.eos_token_ids[0]
+    assert not m.accept_token(eos)  # nothing written yet: the document is incomplete
+    (one,) = [t for t, b in enumerate(compiler.index.token_bytes) if b == b"7"]
+    assert m.accept_token(one) and m.accept_token(eos) and m.is_terminated()
+
+
+@pytest.mark.parametrize(
+    "schema, keyword",
+    [
+        ({"type": "object", "patternProperties": {"^a": {}}}, "patternProperties"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"type": "integer", "multipleOf": 7}, "multipleOf"),
+        ({"type": "strnig"}, "type"),
+        ({"$ref": "#/$defs/missing"}, "$ref"),
+    ],
+)
+def test_unsupported_keyword_is_named(compiler, schema, keyword):
+    with pytest.raises(SchemaError) as e:
+        compiler.compile(StructuredOutputsParams(json=schema))
+    assert keyword in str(e.value)
+
+
+def test_bitmask_equals_boolean_mask():
+    vocab = 100
+    g = torch.Generator().manual_seed(0)
+    allowed = torch.rand(3, vocab, generator=g) < 0.3  # (3, vocab)
+    bits = np.packbits(allowed.numpy(), axis=1, bitorder="little")  # (3, 13) uint8
+    words = np.zeros((3, 4 * 4), np.uint8)
+    words[:, : bits.shape[1]] = bits
+    bitmask = torch.from_numpy(words.view(np.int32))  # (3, 4)
+    logits = torch.randn(3, vocab, generator=g)
+    expected = logits.masked_fill(~allowed, float("-inf"))
+    assert torch.equal(apply_token_bitmask_inplace(logits.clone(), bitmask), expected)
+
+
+def test_greedy_constrained_output_is_batch_invariant():
+    from minillm import LLM, SamplingParams
+
+    llm = LLM(block_size=4, num_kv_blocks=256, max_num_seqs=8)
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        },
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+    so = StructuredOutputsParams(json=schema)
+
+    def constrained():
+        proc = so.logits_processor(llm.tokenizer, max_tokens=40)
+        return SamplingParams(temperature=0, max_tokens=40, logits_processors=[proc])
+
+    alone = llm.generate(["Once upon a time"], constrained(), use_tqdm=False)[0]
+    others = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)] * 3
+    mixed = llm.generate(
+        ["Once upon a time", "The dog", "A cat sat", "In the"],
+        [constrained(), *others],
+        use_tqdm=False,
+    )
+    assert mixed[0].outputs[0].token_ids == alone.outputs[0].token_ids
+    jsonschema.validate(json.loads(alone.outputs[0].text), schema)
+
+
+def test_tokens_that_split_a_utf8_character(compiler):
+    """Byte-level tokens may end inside a character: the grammar reads bytes, so a
+    token holding half of "é" is allowed exactly when the rest can follow."""
+    schema = {"type": "string", "pattern": "^[é漢]{2,4}$"}
+    compiled = compiler.compile(StructuredOutputsParams(json=schema))
+    m = GrammarMatcher(compiled)
+    (quote,) = [t for t, b in enumerate(compiler.index.token_bytes) if b == b'"']
+    assert m.accept_token(quote)
+    allowed = allowed_tokens(m.next_token_mask(), compiler.index.vocab_size)
+    first_bytes = {compiler.index.token_bytes[t][:1] for t in allowed.tolist()}
+    assert first_bytes <= {"é".encode()[:1], "漢".encode()[:1]}
+    halves = [t for t in allowed.tolist() if compiler.index.token_bytes[t] == b"\xc3"]
+    assert halves, "the first byte of é alone is a token of a byte-level vocabulary"
+    rng = random.Random(3)
+    for _ in range(5):
+        text = text_of(compiler, random_walk(compiler, {"json": schema}, rng, 40))
+        assert re.fullmatch("[é漢]{2,4}", json.loads(text))
