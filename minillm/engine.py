@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1019
+# %% chapters/07_engine.md:1027
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -29,7 +29,8 @@ from minillm.model_runner import ModelRunner, ModelRunnerOutput, profile_num_blo
 from minillm.model_runner import reclaim_gpu_memory
 from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
-from minillm.registry import PART_CHECKS, REGISTRIES, SAMPLERS, SCHEDULERS
+from minillm.registry import PART_CHECKS, REGISTRIES, RUNNER_EXTENSIONS, SAMPLERS
+from minillm.registry import SCHEDULERS
 from minillm.request import Request, RequestStatus
 from minillm.sampler import Sampler, SampleLogprobs
 from minillm.sampling_params import SamplingParams
@@ -37,7 +38,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1061
+# %% chapters/07_engine.md:1070
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -55,7 +56,7 @@ MODEL_RUNNERS.register(False)(ModelRunner)
 SAMPLERS.register("torch")(Sampler)
 
 
-# %% chapters/07_engine.md:1089
+# %% chapters/07_engine.md:1098
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -78,6 +79,8 @@ class LLMEngine:
         for check in PART_CHECKS:
             check(config, self.parts)
         runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
+        for extend in RUNNER_EXTENSIONS:
+            runner_cls = extend(runner_cls, config, self.parts)
         num_blocks = self._num_kv_blocks()
         num_usable = num_blocks - runner_cls.num_reserved_blocks(config, self.parts)
         self.max_model_len = config.max_model_len or min(
@@ -89,7 +92,7 @@ class LLMEngine:
         self.parents: dict[str, _Parent] = {}
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
 
-    # %% chapters/07_engine.md:1131
+    # %% chapters/07_engine.md:1142
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -103,7 +106,7 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1154
+    # %% chapters/07_engine.md:1165
     def _build_cache(self, num_blocks: int, num_usable: int) -> PagedKVCache:
         model, config, parts = self.model, self.config, self.parts
         param = next(model.parameters())
@@ -131,7 +134,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1189
+    # %% chapters/07_engine.md:1200
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -155,7 +158,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1221
+    # %% chapters/07_engine.md:1232
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -185,7 +188,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1282
+    # %% chapters/07_engine.md:1293
     def add_request(
         self,
         request_id: str,
@@ -222,7 +225,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1324
+    # %% chapters/07_engine.md:1335
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -244,7 +247,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1356
+    # %% chapters/07_engine.md:1367
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -265,7 +268,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1386
+    # %% chapters/07_engine.md:1397
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -292,12 +295,14 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1420
+    # %% chapters/07_engine.md:1431
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
         """Metrics, logprobs, text, stop conditions, outputs of new tokens."""
-        self.num_generated_tokens += len(updated)
+        self.num_generated_tokens += sum(
+            len(result.sampled_token_ids[r.request_id]) for r in updated
+        )
         now = time.monotonic()
         touched: dict[str, None] = {}
         for request in updated:
@@ -319,7 +324,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1453
+    # %% chapters/07_engine.md:1466
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -355,7 +360,7 @@ class LLMEngine:
         )
 
 
-# %% chapters/07_engine.md:1260
+# %% chapters/07_engine.md:1271
 @dataclass
 class _Sequence:
     request: Request

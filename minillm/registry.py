@@ -153,3 +153,6 @@ ATTENTION_BACKENDS = Registry(
 MODEL_RUNNERS = Registry("model runner", "persistent_batch", fallback=False, auto=None)
 # factory(generator) -> Sampler; "torch": chapter 6's
 SAMPLERS = Registry("sampler", "sampler", fallback="torch", auto="auto")
+# extend(runner_cls, config, parts) -> a runner class, in order: a later chapter's
+# addition to whichever runner was picked (chapter 14's speculative decoding)
+RUNNER_EXTENSIONS: list[Callable] = []
