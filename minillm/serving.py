@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1475
+# %% chapters/16_server.md:1518
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -46,7 +46,7 @@ from minillm.protocol import (
 from minillm.sampler import SampleLogprobs
 
 
-# %% chapters/16_server.md:1523
+# %% chapters/16_server.md:1566
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -68,7 +68,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1553
+# %% chapters/16_server.md:1596
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -93,7 +93,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1588
+# %% chapters/16_server.md:1631
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -114,7 +114,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1618
+# %% chapters/16_server.md:1661
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -148,7 +148,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1660
+    # %% chapters/16_server.md:1703
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -176,7 +176,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1695
+    # %% chapters/16_server.md:1738
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -206,7 +206,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1732
+    # %% chapters/16_server.md:1775
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -220,7 +220,7 @@ class OpenAIServing:
     def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:1808
+    # %% chapters/16_server.md:1851
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -254,7 +254,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1757
+# %% chapters/16_server.md:1800
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -269,7 +269,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1779
+# %% chapters/16_server.md:1822
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

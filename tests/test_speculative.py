@@ -92,7 +92,9 @@ def test_rejection_sample_matches_its_reference(k, vocab, full_q, seed):
     assert 1 <= len(fast) <= k + 1 and fast[:-1] == drafts[: len(fast) - 1]
     assert 0 not in fast  # never a token of target probability 0
     one_hot = torch.nn.functional.one_hot(p.argmax(-1), vocab).float()
-    assert greedy_accept(drafts, p.argmax(-1)) == rejection_sample(drafts, one_hot)
+    assert greedy_accept(drafts, p.argmax(-1).tolist()) == rejection_sample(
+        drafts, one_hot
+    )
 
 
 @pytest.mark.parametrize("point_mass", [True, False])
@@ -304,3 +306,48 @@ def test_speculation_refuses_the_persistent_batch(tiny):
     )
     with pytest.raises(ValueError, match="persistent_batch=False"):
         LLMEngine(model, tokenizer, config)
+
+
+def test_metrics_and_server_flag(tiny):
+    """/metrics carries the runner's counts under vLLM's names; the server's
+    --speculative-config builds a speculating engine."""
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from minillm.metrics import EngineMetrics
+    from minillm.server import build_engine, parse_args
+
+    model, tokenizer = tiny
+    engine = LLMEngine(
+        model, tokenizer, EngineConfig(num_kv_blocks=64, speculative_config=NGRAM)
+    )
+    metrics = EngineMetrics("tiny")
+    engine.add_request("a", ([5, 6, 7, 8] * 10)[:30], GREEDY)
+    while engine.has_unfinished_requests():
+        metrics.record_step(engine.step(), engine)
+    stats = engine.model_runner.spec_stats
+    assert stats.num_drafts > 0
+    text = generate_latest(metrics.registry).decode()
+    for name, value in [
+        ("num_drafts", stats.num_drafts),
+        ("num_draft_tokens", stats.num_draft_tokens),
+        ("num_accepted_tokens", stats.num_accepted_tokens),
+    ]:
+        assert (
+            f'minillm:spec_decode_{name}_total{{model_name="tiny"}} {value:.1f}' in text
+        )
+    first = stats.num_accepted_tokens_per_pos[0]
+    per_pos = 'minillm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny"'
+    assert f'{per_pos},position="0"}} {first:.1f}' in text
+    args = parse_args(
+        [
+            "--device",
+            "cpu",
+            "--num-kv-blocks",
+            "64",
+            "--speculative-config",
+            '{"method": "ngram"}',
+        ]
+    )
+    served, _ = build_engine(args)
+    assert hasattr(served.model_runner, "spec_stats")

@@ -18,18 +18,20 @@ from torch import Tensor
 from minillm.sampler import random_sample
 
 
-def greedy_accept(draft_token_ids: list[int], target_argmax: Tensor) -> list[int]:
+def greedy_accept(draft_token_ids: list[int], target_argmax: list[int]) -> list[int]:
     """The tokens greedy decoding keeps: the drafts up to the first that differs
     from the target's choice, then the target's own token there (or after the last
-    draft). target_argmax: (k + 1,) the target's greedy token at each row.
+    draft). target_argmax: the k + 1 target's greedy tokens, one per row.
     """
-    k = len(draft_token_ids)
-    drafts = torch.tensor(draft_token_ids, device=target_argmax.device)  # (k,)
-    num_accepted = int((drafts == target_argmax[:k]).cumprod(0).sum())
-    return target_argmax[: num_accepted + 1].tolist()
+    num_accepted = 0
+    for draft, target in zip(draft_token_ids, target_argmax):
+        if draft != target:
+            break
+        num_accepted += 1
+    return target_argmax[: num_accepted + 1]
 
 
-# %% chapters/14_speculative.md:263
+# %% chapters/14_speculative.md:265
 def rejection_sample(
     draft_token_ids: list[int],
     target_probs: Tensor,
@@ -64,7 +66,7 @@ def rejection_sample(
     return draft_token_ids[:n] + token.tolist()
 
 
-# %% chapters/14_speculative.md:308
+# %% chapters/14_speculative.md:310
 def rejection_sample_ref(
     draft_token_ids: list[int],
     target_probs: Tensor,

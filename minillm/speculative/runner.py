@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:540
+# %% chapters/14_speculative.md:544
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -60,7 +60,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:599
+# %% chapters/14_speculative.md:603
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -109,7 +109,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:665
+# %% chapters/14_speculative.md:669
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -132,7 +132,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:694
+# %% chapters/14_speculative.md:698
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -172,7 +172,7 @@ class SpeculativeRunnerMixin:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:741
+    # %% chapters/14_speculative.md:745
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -212,13 +212,13 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:797
+    # %% chapters/14_speculative.md:801
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
         md = self.row_metadata(verified, drafts, logits.shape[-1])
         processed = self.sampler.apply_constraints_and_penalties(logits.clone(), md)
-        argmax = processed.argmax(dim=-1)  # (num_rows,)
+        argmax = processed.argmax(dim=-1).tolist()  # num_rows, on the CPU
         probs = None
         if any(r.sampling_params.temperature >= SAMPLING_EPS for r in verified):
             probs = self.sampler.sampling_distribution(logits, md)  # (rows, vocab)
@@ -253,7 +253,7 @@ class SpeculativeRunnerMixin:
         )
 
 
-# %% chapters/14_speculative.md:844
+# %% chapters/14_speculative.md:848
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
