@@ -207,12 +207,10 @@ def test_tiny_model_is_unchanged_by_speculation(tiny, options):
     small["max_num_batched_tokens"] = options.pop("max_num_batched_tokens", 24)
     base = LLMEngine(model, tokenizer, EngineConfig(**small, **options))
     expected = [o.token_ids for o in generate(base, prompts, params)]
-    for k in (1, 4):
-        config = EngineConfig(
-            **small,
-            **options,
-            speculative_config={**NGRAM, "num_speculative_tokens": k},
-        )
+    runs = [("ngram", 1), ("ngram", 4), ("draft_model", 3)]
+    for method, k in runs if "prefix_cache_impl" in options else runs[1:]:
+        spec = {"method": method, "num_speculative_tokens": k}
+        config = EngineConfig(**small, **options, speculative_config=spec)
         engine = LLMEngine(model, tokenizer, config)
         outputs = generate(engine, prompts, params)
         assert [o.token_ids for o in outputs] == expected
@@ -351,3 +349,33 @@ def test_metrics_and_server_flag(tiny):
     )
     served, _ = build_engine(args)
     assert hasattr(served.model_runner, "spec_stats")
+
+
+def test_a_draft_equal_to_the_target_has_every_proposal_accepted(hf_checkpoint):
+    """The draft-model path at full acceptance: the target as its own draft."""
+    cls, config = LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=2)
+    reference, path = hf_checkpoint(cls, config)
+    prompts = repetitive_prompts(6, 384, seed=2)
+    common = dict(device="cpu", num_kv_blocks=40, block_size=4, max_num_seqs=4)
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(path)}
+    llm = LLM(path, **common, max_num_batched_tokens=24, speculative_config=spec)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    base = LLM(path, **common, max_num_batched_tokens=24)
+    expected = base.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [
+        o.outputs[0].token_ids for o in expected
+    ]
+    stats = llm.engine.model_runner.spec_stats
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+    assert all_blocks_free(llm.engine)
+    assert not llm.engine.model_runner.proposer.tokens  # forgotten with the requests
+
+
+def test_a_draft_with_another_vocabulary_is_refused(hf_checkpoint, tiny):
+    _, path = hf_checkpoint(LlamaForCausalLM, LlamaConfig(**SHAPE))
+    model, tokenizer = tiny
+    spec = {"method": "draft_model", "model": str(path)}
+    with pytest.raises(ValueError, match="another vocabulary"):
+        LLMEngine(
+            model, tokenizer, EngineConfig(num_kv_blocks=64, speculative_config=spec)
+        )

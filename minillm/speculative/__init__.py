@@ -3,6 +3,7 @@
 """minillm.speculative: modules tangled from the course's chapters.
 
 module                   chapter
+draft_model              chapters/14_speculative.md
 ngram                    chapters/14_speculative.md
 rejection                chapters/14_speculative.md
 runner                   chapters/14_speculative.md

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:230
+# %% chapters/14_speculative.md:232
 """Verifying proposed tokens: the greedy rule and rejection sampling (chapter 14).
 
 vLLM: vllm/v1/sample/rejection_sampler.py (`rejection_sample`, its greedy and random
@@ -31,7 +31,7 @@ def greedy_accept(draft_token_ids: list[int], target_argmax: list[int]) -> list[
     return target_argmax[: num_accepted + 1]
 
 
-# %% chapters/14_speculative.md:265
+# %% chapters/14_speculative.md:267
 def rejection_sample(
     draft_token_ids: list[int],
     target_probs: Tensor,
@@ -66,7 +66,7 @@ def rejection_sample(
     return draft_token_ids[:n] + token.tolist()
 
 
-# %% chapters/14_speculative.md:310
+# %% chapters/14_speculative.md:312
 def rejection_sample_ref(
     draft_token_ids: list[int],
     target_probs: Tensor,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:544
+# %% chapters/14_speculative.md:740
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -20,16 +20,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from minillm.hf import load_pretrained
 from minillm.model import build_attention_metadata
 from minillm.model_runner import ModelRunnerOutput
 from minillm.registry import RUNNER_EXTENSIONS, engine_options
 from minillm.request import Request
 from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS
+from minillm.speculative.draft_model import DraftModelProposer, draft_model_path
 from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
 
-METHODS = ("ngram",)  # the proposers built so far
+METHODS = ("ngram", "draft_model")  # the proposers built so far
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     # propose nothing after a step of at least this many requests (None: always)
     disable_by_batch_size: int | None = None
+    # draft_model: its folder; None: the course's draft of the tiny model
+    model: str | None = None
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> SpeculativeConfig:
@@ -60,7 +64,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:603
+# %% chapters/14_speculative.md:803
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -109,7 +113,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:669
+# %% chapters/14_speculative.md:869
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -132,7 +136,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:698
+# %% chapters/14_speculative.md:898
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -144,10 +148,30 @@ class SpeculativeRunnerMixin:
             model, kv_cache, sampler, eos_token_ids, config, max_model_len, parts
         )
         self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
-        spec = self.spec_config
-        self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        self.proposer = self.make_proposer(self.spec_config, kv_cache)
         self.max_model_len = max_model_len
-        self.spec_stats = SpecDecodingStats(spec.num_speculative_tokens)
+        self.spec_stats = SpecDecodingStats(self.spec_config.num_speculative_tokens)
+
+    def make_proposer(self, spec: SpeculativeConfig, kv_cache):
+        if spec.method == "ngram":
+            return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        param = next(self.model.parameters())
+        path = spec.model or draft_model_path()
+        draft, _ = load_pretrained(path, dtype=param.dtype, device=param.device)
+        if draft.config.vocab_size != self.model.config.vocab_size:
+            raise ValueError(
+                f"the draft model {path} has another vocabulary "
+                f"({draft.config.vocab_size} tokens, the target "
+                f"{self.model.config.vocab_size}): it needs the target's tokenizer"
+            )
+        return DraftModelProposer(
+            draft, kv_cache.num_blocks, kv_cache.block_size, kv_cache
+        )
+
+    def remove_request(self, request_id: str) -> None:
+        super().remove_request(request_id)
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.forget(request_id)
 
     @torch.inference_mode()
     def execute_model(self, output, kv_cache_manager) -> ModelRunnerOutput:
@@ -155,6 +179,7 @@ class SpeculativeRunnerMixin:
         query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
         seq_lens = [r.num_computed_tokens + n for r, n in zip(requests, query_lens)]
         tables = [kv_cache_manager.get_block_ids(r.request_id) for r in requests]
+        self.block_tables = {r.request_id: t for r, t in zip(requests, tables)}
         positions, metadata = build_attention_metadata(
             query_lens, seq_lens, tables, self.kv_cache.block_size, self.device
         )
@@ -172,7 +197,7 @@ class SpeculativeRunnerMixin:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:745
+    # %% chapters/14_speculative.md:966
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -192,14 +217,31 @@ class SpeculativeRunnerMixin:
         spec, k = self.spec_config, self.spec_config.num_speculative_tokens
         if len(requests) >= (spec.disable_by_batch_size or len(requests) + 1):
             k = 0  # a batch this large fills the step by itself
+        contexts, ks = [], []
         for r in chosen:
             new = sampled[r.request_id] = self.cut_at_stop(r, sampled[r.request_id])
-            n = num_to_propose(r, len(new), k, self.max_model_len)
-            r.spec_token_ids = self.propose(r, new, n) if n else []
+            contexts.append(r.all_token_ids + new)
+            ks.append(num_to_propose(r, len(new), k, self.max_model_len))
+        for r, proposal in zip(chosen, self.propose(chosen, contexts, ks)):
+            r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
 
-    def propose(self, request: Request, new_tokens: list[int], k: int) -> list[int]:
-        return self.proposer.propose(request.all_token_ids + new_tokens, k)
+    def propose(self, requests, contexts, ks) -> list[list[int]]:
+        """Up to ks[i] tokens to follow contexts[i], for each request."""
+        if isinstance(self.proposer, NgramProposer):
+            return [
+                self.proposer.propose(c, k) if k else [] for c, k in zip(contexts, ks)
+            ]
+        tables = [self.block_tables[r.request_id] for r in requests]
+        # a draft model writes K/V up to the last proposal but one: only as far
+        # as the blocks the request holds
+        size = self.kv_cache.block_size
+        ks = [
+            max(0, min(k, len(t) * size - len(c) + 1))
+            for k, t, c in zip(ks, tables, contexts)
+        ]
+        ids = [r.request_id for r in requests]
+        return self.proposer.propose(ids, contexts, ks, tables)
 
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
@@ -212,7 +254,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:801
+    # %% chapters/14_speculative.md:1039
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -253,7 +295,7 @@ class SpeculativeRunnerMixin:
         )
 
 
-# %% chapters/14_speculative.md:848
+# %% chapters/14_speculative.md:1086
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
