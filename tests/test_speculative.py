@@ -379,3 +379,27 @@ def test_a_draft_with_another_vocabulary_is_refused(hf_checkpoint, tiny):
         LLMEngine(
             model, tokenizer, EngineConfig(num_kv_blocks=64, speculative_config=spec)
         )
+
+
+def test_penalties_and_min_tokens_see_the_proposals_before_each_row(tiny):
+    """Each verified row is penalised with the output so far *and* the proposals
+    before it, as one-token-at-a-time decoding would have penalised it."""
+    model, tokenizer = tiny
+    loop = ([5, 6, 7, 8] * 10)[:30]
+    params = [
+        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, **extra)
+        for extra in (
+            dict(repetition_penalty=1.3),
+            dict(presence_penalty=0.8, frequency_penalty=0.4),
+        )
+    ]
+    params.append(SamplingParams(temperature=0, max_tokens=16, min_tokens=8))
+    spec = {**NGRAM, "prompt_lookup_min": 1}
+    engine = LLMEngine(
+        model, tokenizer, EngineConfig(num_kv_blocks=64, speculative_config=spec)
+    )
+    outputs = generate(engine, [loop] * 3, params)
+    base = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64))
+    expected = generate(base, [loop] * 3, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert engine.model_runner.spec_stats.num_drafts > 0
