@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:997
+# %% chapters/16_server.md:1040
 """The engine thread of the server (chapter 16, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -38,7 +38,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/16_server.md:1040
+# %% chapters/16_server.md:1083
 class _Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
@@ -69,7 +69,7 @@ _ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1083
+# %% chapters/16_server.md:1126
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -102,7 +102,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1125
+    # %% chapters/16_server.md:1168
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -130,7 +130,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1166
+    # %% chapters/16_server.md:1209
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -154,7 +154,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1199
+    # %% chapters/16_server.md:1242
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -182,7 +182,7 @@ class AsyncLLM:
             self._num_completions[request_id] = params.n
         command.sink.put(_ACCEPTED)
 
-    # %% chapters/16_server.md:1235
+    # %% chapters/16_server.md:1278
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -209,7 +209,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1311
+    # %% chapters/16_server.md:1354
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -241,7 +241,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1271
+# %% chapters/16_server.md:1314
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.

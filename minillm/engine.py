@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1024
+# %% chapters/07_engine.md:1032
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -30,7 +30,7 @@ from minillm.model_runner import reclaim_gpu_memory
 from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
 from minillm.registry import PART_CHECKS, QUANTIZATION_METHODS, REGISTRIES
-from minillm.registry import SAMPLERS, SCHEDULERS
+from minillm.registry import RUNNER_EXTENSIONS, SAMPLERS, SCHEDULERS
 from minillm.request import Request, RequestStatus
 from minillm.sampler import Sampler, SampleLogprobs
 from minillm.sampling_params import SamplingParams
@@ -38,7 +38,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1068
+# %% chapters/07_engine.md:1076
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -57,7 +57,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1097
+# %% chapters/07_engine.md:1105
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -82,6 +82,8 @@ class LLMEngine:
         # before the cache is sized: what the weights give back goes to the cache
         QUANTIZATION_METHODS[self.parts["quantization"]](model, config)
         runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
+        for extend in RUNNER_EXTENSIONS:
+            runner_cls = extend(runner_cls, config, self.parts)
         num_blocks = self._num_kv_blocks()
         num_usable = num_blocks - runner_cls.num_reserved_blocks(config, self.parts)
         self.max_model_len = config.max_model_len or min(
@@ -93,7 +95,7 @@ class LLMEngine:
         self.parents: dict[str, _Parent] = {}
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
 
-    # %% chapters/07_engine.md:1141
+    # %% chapters/07_engine.md:1151
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -107,7 +109,7 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1164
+    # %% chapters/07_engine.md:1174
     def _build_cache(self, num_blocks: int, num_usable: int) -> PagedKVCache:
         model, config, parts = self.model, self.config, self.parts
         param = next(model.parameters())
@@ -135,7 +137,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1199
+    # %% chapters/07_engine.md:1209
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -159,7 +161,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1231
+    # %% chapters/07_engine.md:1241
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -189,7 +191,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1292
+    # %% chapters/07_engine.md:1302
     def add_request(
         self,
         request_id: str,
@@ -226,7 +228,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1334
+    # %% chapters/07_engine.md:1344
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -248,7 +250,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1366
+    # %% chapters/07_engine.md:1376
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -269,7 +271,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1396
+    # %% chapters/07_engine.md:1406
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -296,12 +298,14 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1430
+    # %% chapters/07_engine.md:1440
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
         """Metrics, logprobs, text, stop conditions, outputs of new tokens."""
-        self.num_generated_tokens += len(updated)
+        self.num_generated_tokens += sum(
+            len(result.sampled_token_ids[r.request_id]) for r in updated
+        )
         now = time.monotonic()
         touched: dict[str, None] = {}
         for request in updated:
@@ -323,7 +327,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1463
+    # %% chapters/07_engine.md:1475
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -359,7 +363,7 @@ class LLMEngine:
         )
 
 
-# %% chapters/07_engine.md:1270
+# %% chapters/07_engine.md:1280
 @dataclass
 class _Sequence:
     request: Request

@@ -176,3 +176,35 @@ class EngineMetrics:
             total = getattr(manager, name, 0)
             counter.inc(max(0, total - self._prefix_counts[name]))
             self._prefix_counts[name] = total
+        stats = getattr(engine.model_runner, "spec_stats", None)  # chapter 14
+        if stats is not None:
+            self.update_spec_decoding(stats)
+
+    # %% chapters/16_server.md:945
+    def update_spec_decoding(self, stats) -> None:
+        if not hasattr(self, "_spec_counters"):
+            self._spec_seen = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+            self._spec_counters = {
+                key: self._labelled(Counter, f"spec_decode_num_{key}", doc)
+                for key, doc in (
+                    ("drafts", "Steps of a request with proposed tokens."),
+                    ("draft_tokens", "Proposed tokens."),
+                    ("accepted_tokens", "Proposed tokens the model accepted."),
+                )
+            }
+            self._spec_per_pos = Counter(
+                "minillm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per proposal position.",
+                ["model_name", "position"],
+                registry=self.registry,
+            )
+            self._spec_pos_seen = [0] * stats.num_spec_tokens
+        for key, counter in self._spec_counters.items():
+            total = getattr(stats, f"num_{key}")
+            counter.inc(total - self._spec_seen[key])
+            self._spec_seen[key] = total
+        for pos, total in enumerate(stats.num_accepted_tokens_per_pos):
+            self._spec_per_pos.labels(self.model_name, str(pos)).inc(
+                total - self._spec_pos_seen[pos]
+            )
+            self._spec_pos_seen[pos] = total

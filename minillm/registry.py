@@ -155,3 +155,6 @@ MODEL_RUNNERS = Registry("model runner", "persistent_batch", fallback=False, aut
 SAMPLERS = Registry("sampler", "sampler", fallback="torch", auto="auto")
 # factory(model, config) -> None, rewrites the model in place; None: as loaded
 QUANTIZATION_METHODS = Registry("quantization method", "quantization", fallback=None)
+# extend(runner_cls, config, parts) -> a runner class, in order: a later chapter's
+# addition to whichever runner was picked (chapter 14's speculative decoding)
+RUNNER_EXTENSIONS: list[Callable] = []

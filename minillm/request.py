@@ -58,6 +58,8 @@ class Request:
     # tokens sampled on the device that the CPU has not read yet (chapter 11)
     num_output_placeholders: int = 0
     num_preemptions: int = 0
+    # tokens proposed for it, computed (and checked) with its next step (chapter 14)
+    spec_token_ids: list[int] = field(default_factory=list)
     # prefix caching (chapter 8) shares cached blocks only between equal salts
     cache_salt: str | None = None
 
@@ -68,7 +70,7 @@ class Request:
             )
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
 
-    # %% chapters/05_scheduler.md:234
+    # %% chapters/05_scheduler.md:236
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

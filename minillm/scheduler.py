@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:476
+# %% chapters/05_scheduler.md:478
 """Continuous batching with a token budget, chunked prefill and preemption (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. The design is vLLM v1's
@@ -19,7 +19,7 @@ from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from minillm.request import Request, RequestStatus
 
 
-# %% chapters/05_scheduler.md:500
+# %% chapters/05_scheduler.md:502
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 32
@@ -49,7 +49,7 @@ class SchedulerConfig:
             )
 
 
-# %% chapters/05_scheduler.md:539
+# %% chapters/05_scheduler.md:541
 @dataclass
 class SchedulerOutput:
     scheduled_requests: list[Request]  # batch order
@@ -68,15 +68,15 @@ class SchedulerOutput:
 
     def samples(self, request: Request) -> bool:
         """Whether request gets a new token this step: its scheduled tokens reach the
-        end of what it has.
+        end of what it has (proposed tokens, chapter 14, may come after it).
         """
         return (
             request.num_computed_tokens + self.num_scheduled_tokens[request.request_id]
-            == request.num_tokens + request.num_output_placeholders
+            >= request.num_tokens + request.num_output_placeholders
         )
 
 
-# %% chapters/05_scheduler.md:577
+# %% chapters/05_scheduler.md:579
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (continuous batching).
 
@@ -102,7 +102,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
 
-    # %% chapters/05_scheduler.md:614
+    # %% chapters/05_scheduler.md:616
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -121,7 +121,7 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    # %% chapters/05_scheduler.md:659
+    # %% chapters/05_scheduler.md:663
     def schedule(self) -> SchedulerOutput:
         """This step's batch: running requests first, then waiting ones, as far as the
         token budget, the seats and the cache go.
@@ -138,7 +138,7 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    # %% chapters/05_scheduler.md:691
+    # %% chapters/05_scheduler.md:695
     def _schedule_running(
         self, budget: int, scheduled: dict[str, int], preempted: list[str]
     ) -> int:
@@ -167,7 +167,7 @@ class Scheduler:
                 budget -= num_new
         return budget
 
-    # %% chapters/05_scheduler.md:735
+    # %% chapters/05_scheduler.md:739
     def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
         """Pass 2: admit waiting requests, first come first served."""
         while (
@@ -196,7 +196,7 @@ class Scheduler:
             scheduled[request.request_id] = num_new
             budget -= num_new
 
-    # %% chapters/05_scheduler.md:778
+    # %% chapters/05_scheduler.md:782
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's cache and queue it to run again
         first.
@@ -211,7 +211,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    # %% chapters/05_scheduler.md:801
+    # %% chapters/05_scheduler.md:809
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
@@ -220,18 +220,24 @@ class Scheduler:
         for request in output.scheduled_requests:
             if request.status is not RequestStatus.RUNNING:
                 continue  # finished or aborted since the step was scheduled
+            num_before = request.num_tokens + request.num_output_placeholders
             request.num_computed_tokens += output.num_scheduled_tokens[
                 request.request_id
             ]
-            # chapter 8's hook
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
             new_tokens = sampled_token_ids.get(request.request_id)
             if new_tokens:
+                # proposed tokens past the end (chapter 14): the runner kept
+                # len(new_tokens) - 1 of them; the rejected ones are not computed
+                num_proposed = request.num_computed_tokens - num_before
+                if num_proposed > 0:
+                    request.num_computed_tokens -= num_proposed + 1 - len(new_tokens)
                 request.append_output_token_ids(new_tokens)
                 updated.append(request)
+            # chapter 8's hook
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         return updated
 
-    # %% chapters/05_scheduler.md:830
+    # %% chapters/05_scheduler.md:844
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -257,11 +263,13 @@ class Scheduler:
             self.finished_req_ids.add(request_id)
 
 
-# %% chapters/05_scheduler.md:648
+# %% chapters/05_scheduler.md:650
 def _tokens_to_go(request: Request) -> int:
-    """Tokens of request not yet computed; a placeholder (chapter 11) counts as one."""
+    """Tokens of request not yet computed; a placeholder (chapter 11) and a proposed
+    token (chapter 14) count as one each."""
     return (
         request.num_tokens
         + request.num_output_placeholders
+        + len(request.spec_token_ids)
         - request.num_computed_tokens
     )

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2290
+# %% chapters/16_server.md:2333
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import socket
 import threading
@@ -48,12 +49,12 @@ from minillm.serving_completion import OpenAIServingCompletion
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2337
+# %% chapters/16_server.md:2381
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:2358
+# %% chapters/16_server.md:2402
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -78,7 +79,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:2391
+# %% chapters/16_server.md:2435
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -107,7 +108,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:2428
+# %% chapters/16_server.md:2472
 router = APIRouter()
 
 
@@ -130,7 +131,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:2457
+# %% chapters/16_server.md:2501
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -151,7 +152,7 @@ async def metrics(raw: Request):
     return Response(server_of(raw).metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:2483
+# %% chapters/16_server.md:2527
 def create_app(
     engine: LLMEngine,
     served_model_name: str = "minillm-tiny",
@@ -182,7 +183,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:2519
+# %% chapters/16_server.md:2563
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -208,7 +209,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:2554
+    # %% chapters/16_server.md:2598
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -233,7 +234,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3019
+# %% chapters/16_server.md:3063
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -256,7 +257,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info")
 
 
-# %% chapters/16_server.md:3046
+# %% chapters/16_server.md:3090
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -288,7 +289,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3084
+# %% chapters/16_server.md:3128
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -307,6 +308,13 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         choices=["auto", "torch", "triton"],
         help="PyTorch reference (chapter 4) or Triton kernels (chapter 10); auto: "
         "Triton on a GPU",
+    )
+    p.add_argument(
+        "--speculative-config",
+        type=json.loads,
+        default=None,
+        help='speculative decoding (chapter 14), as JSON, e.g. \'{"method": "ngram", '
+        "\"num_speculative_tokens\": 3}'; it runs on chapter 7's runner",
     )
     p.add_argument(
         "--enforce-eager",
@@ -332,7 +340,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3134
+# %% chapters/16_server.md:3185
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -367,12 +375,17 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
         **(
             {"cuda_graphs": False, "torch_compile": False} if args.enforce_eager else {}
         ),
+        **(
+            {"speculative_config": spec, "persistent_batch": False}
+            if (spec := args.speculative_config)
+            else {}
+        ),
     )
     name = args.served_model_name or args.model or "minillm-tiny"
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3178
+# %% chapters/16_server.md:3234
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -399,6 +412,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:3210
+# %% chapters/16_server.md:3266
 if __name__ == "__main__":
     main()

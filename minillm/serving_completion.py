@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1885
+# %% chapters/16_server.md:1928
 """`/v1/completions` (chapter 16, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -29,7 +29,7 @@ from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:1920
+# %% chapters/16_server.md:1963
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -51,7 +51,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:1954
+    # %% chapters/16_server.md:1997
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -78,7 +78,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:1989
+    # %% chapters/16_server.md:2032
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -112,7 +112,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2029
+    # %% chapters/16_server.md:2072
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -150,7 +150,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2075
+    # %% chapters/16_server.md:2118
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:

@@ -1,0 +1,194 @@
+"""Speculative decoding (chapter 14): what a step costs per query token, and what the
+n-gram proposer buys at batch 1 to 128, against the same engine without it.
+
+Two measurements, in one run:
+
+1. Step time against the number of query tokens of one request (1, 2, 4, 8, 16) with
+   512 tokens cached: one forward pass plus the logits of every query row, on a
+   Qwen3-0.6B-shaped model with random weights (bf16 on a GPU; the time does not
+   depend on the weights), through the attention backend the engine picks (chapter
+   10's Triton kernels on a GPU). Median of 20 after 3 warm-ups.
+2. The chapter's two workloads (minillm/speculative/workloads.py: prompts from the
+   corpus's held-out topics, "repetitive" and "open") on the course's tiny trained
+   model (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32
+   and 128 (all requests submitted at once, max_num_seqs = batch): without
+   speculation, with the n-gram proposer (k = 3 and k = 5; lookup 2..4), and at
+   batch >= 32 with k = 3 and disable_by_batch_size = 32. All on chapter 7's runner
+   (speculation does not run on chapter 11's persistent batch yet), each after an
+   untimed warm-up run of the same configuration. Reported: output tokens/s, the
+   mean acceptance length tau, the speed-up over the run without speculation at the
+   same batch and workload, and whether the tokens equal that run's.
+
+    # on a GPU; writes benchmarks/results/speculative-*.json
+    python benchmarks/speculative.py
+    # a CPU smoke test: small sizes
+    python benchmarks/speculative.py --quick --out /tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.throughput import QWEN3_0_6B  # noqa: E402
+from minillm.config import EngineConfig  # noqa: E402
+from minillm.engine import LLMEngine  # noqa: E402
+from minillm.hf import config_from_hf  # noqa: E402
+from minillm.kv_cache import PagedKVCache  # noqa: E402
+from minillm.model import CausalLM, build_attention_metadata  # noqa: E402
+from minillm.registry import ATTENTION_BACKENDS, load_plugins  # noqa: E402
+from minillm.sampling_params import SamplingParams  # noqa: E402
+from minillm.speculative.workloads import held_out_prompts  # noqa: E402
+from minillm.tiny import tiny_model  # noqa: E402
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_vs_query_tokens(device: str, quick: bool) -> tuple[list[dict], str]:
+    load_plugins()
+    shape = dict(QWEN3_0_6B, architectures=["Qwen3ForCausalLM"])
+    if quick:
+        shape.update(num_hidden_layers=2, hidden_size=128, intermediate_size=256)
+        shape.update(num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+        shape.update(vocab_size=4096)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = CausalLM(config_from_hf(shape)).to(dtype).eval()
+    backend = ATTENTION_BACKENDS.resolve("auto", device)
+    attend, writer = ATTENTION_BACKENDS[backend]()
+    context, block_size, rows = 512, 16, []
+    for q in (1, 2, 4, 8, 16):
+        num_blocks = (context + q) // block_size + 1
+        cache = PagedKVCache(
+            model.config, num_blocks, block_size, attend, dtype, device,
+            cache_writer=writer,
+        )  # fmt: skip
+        table = list(range(num_blocks))
+        ids = torch.randint(0, model.config.vocab_size, (context + q,), device=device)
+        times = []
+        with torch.inference_mode():
+            pos, md = build_attention_metadata(
+                [context], [context], [table], 16, device
+            )
+            model(ids[:context], pos, md, cache)
+            pos, md = build_attention_metadata([q], [context + q], [table], 16, device)
+            for i in range(3 if quick else 23):
+                sync(device)
+                start = time.perf_counter()
+                model.compute_logits(model(ids[context:], pos, md, cache))
+                sync(device)
+                if i >= 3 or quick:
+                    times.append(1e3 * (time.perf_counter() - start))
+        rows.append({"query_tokens": q, "ms": statistics.median(times)})
+        print(f"step, {q:2} query tokens: {rows[-1]['ms']:.3f} ms", flush=True)
+    return rows, backend
+
+
+def run(model, tokenizer, prompts, spec, batch: int, max_tokens: int) -> dict:
+    config = EngineConfig(
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(1024, batch * 8),
+        num_kv_blocks=batch * 20 + 64,
+        persistent_batch=False,
+        speculative_config=spec,
+    )
+    engine = LLMEngine(model, tokenizer, config)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    tokens = {}
+    sync(model.lm_head.weight.device.type)
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                tokens[out.request_id] = out.outputs[0].token_ids
+    sync(model.lm_head.weight.device.type)
+    seconds = time.perf_counter() - start
+    stats = getattr(engine.model_runner, "spec_stats", None)
+    return {
+        "seconds": seconds,
+        "steps": engine.num_steps,
+        "output_tok_s": sum(map(len, tokens.values())) / seconds,
+        "tau": stats.mean_acceptance_length if stats else 1.0,
+        "num_drafts": stats.num_drafts if stats else 0,
+        "accepted_per_pos": stats.num_accepted_tokens_per_pos if stats else [],
+        "tokens": [tokens[str(i)] for i in range(len(prompts))],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="CPU smoke test, small sizes")
+    p.add_argument("--out", type=Path, default=None, help="folder for the JSON")
+    args = p.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    steps, backend = step_vs_query_tokens(device, args.quick)
+    model, tokenizer = tiny_model(device=device, dtype=torch.float32, progress=False)
+    batches, max_tokens = ((1, 4), 16) if args.quick else ((1, 8, 32, 128), 64)
+    methods = {"ngram k=3": 3, "ngram k=5": 5}
+    runs = []
+    for kind in ("repetitive", "open"):
+        for batch in batches:
+            prompts = held_out_prompts(tokenizer, kind, batch)
+            configs = {"none": None}
+            configs.update(
+                {m: {"method": "ngram", "num_speculative_tokens": k}
+                 for m, k in methods.items()}
+            )  # fmt: skip
+            if batch >= 32:
+                configs["ngram k=3, disable_by_batch_size=32"] = {
+                    "method": "ngram",
+                    "num_speculative_tokens": 3,
+                    "disable_by_batch_size": 32,
+                }
+            base_tokens = base_rate = None
+            for method, spec in configs.items():
+                run(model, tokenizer, prompts, spec, batch, max_tokens)  # warm-up
+                result = run(model, tokenizer, prompts, spec, batch, max_tokens)
+                tokens = result.pop("tokens")
+                if base_tokens is None:  # the first: without speculation
+                    base_tokens, base_rate = tokens, result["output_tok_s"]
+                same = sum(a == b for a, b in zip(tokens, base_tokens))
+                result.update(
+                    workload=kind,
+                    batch=batch,
+                    method=method,
+                    speedup=result["output_tok_s"] / base_rate,
+                    same_tokens_as_baseline=f"{same}/{len(tokens)}",
+                )
+                runs.append(result)
+                print(
+                    f"{kind:10} batch {batch:3} {method:36} tau {result['tau']:.2f} "
+                    f"{result['output_tok_s']:8.0f} tok/s {result['speedup']:.2f}x "
+                    f"same {same}/{len(tokens)}",
+                    flush=True,
+                )
+    record = {
+        "benchmark": "speculative",
+        "model": "Qwen3-0.6B shape" if not args.quick else "tiny Qwen3 shape",
+        "workload_model": "course tiny model (float32)",
+        "attention_backend": backend,
+        "runner": "chapter 7 ModelRunner (persistent_batch=False)",
+        "max_tokens": max_tokens,
+        "step_vs_query_tokens": steps,
+        "runs": runs,
+        "environment": environment(),
+    }
+    path = save("speculative", record, *([args.out] if args.out else []))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
