@@ -580,6 +580,7 @@ def serve_and_measure(
             *common,
             "--gpu-memory-utilization",
             "0.3",
+            "--no-enable-prefix-caching",
         ]
         env = vllm_env()
     else:
@@ -781,7 +782,11 @@ def run_all(args, site: Path) -> dict:
             LLM, SamplingParams, {**job, "llm_kwargs": ours_kwargs}, minillm_profile
         )
         print(f"{name}: vLLM", flush=True)
-        job["llm_kwargs"]["gpu_memory_utilization"] = 0.3
+        # vLLM caches prefixes by default; minillm does not (chapter 8's is opt-in):
+        # off, or repeated prompts would run from the cache on vLLM's side only
+        job["llm_kwargs"].update(
+            gpu_memory_utilization=0.3, enable_prefix_caching=False
+        )
         job_path.write_text(json.dumps(job))
         with open(workdir / f"vllm-{name}.log", "w") as log:
             start = time.perf_counter()
