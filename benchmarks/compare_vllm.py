@@ -16,22 +16,24 @@ need different installs of torch, so vLLM only ever runs in a subprocess of
    streamed load at a few concurrency levels (`minillm.loadgen`).
 4. The vLLM source the course cites: line counts of every path in
    tools/vllm_references.txt and that list's check against the installed package.
+5. examples/dropin.py, a script written for vLLM's offline API, on the tiny model
+   with each engine's python (only its import differs).
 
 Threads: minillm runs with torch.set_num_threads(THREADS) / OMP_NUM_THREADS; vLLM's
 CPU worker with VLLM_CPU_OMP_THREADS_BIND=0-(THREADS-1) (its OpenMP threads, pinned;
 its front end and engine-core processes share the same cores).
 
-    .venv/bin/python benchmarks/compare_vllm.py           # writes results/*.json
-    .venv/bin/python benchmarks/compare_vllm.py --quick   # fewer numbers (chapter 17's
-                                                          # live run), --out FILE
-    .venv/bin/python benchmarks/compare_vllm.py --source-only   # step 4 only, into
-                                                          # the latest stored result
+    .venv/bin/python benchmarks/compare_vllm.py            # everything: writes
+                                                           # results/compare_vllm-*.json
+    .venv/bin/python benchmarks/compare_vllm.py --quick --part offline --out F
+                                                           # one part (offline, server,
+                                                           # dropin, source), fewer
+                                                           # repeats; merged into F
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -373,6 +375,7 @@ def request_table(
         {"role": "user", "content": "What does a compiler do?"},
     ]
     m = dict(model=model)
+    greedy4 = dict(max_tokens=4, temperature=0)
     return [
         (
             "completion",
@@ -475,9 +478,23 @@ def request_table(
         ),
         ("bad: chat without messages", "chat", dict(m, messages=[])),
         (
+            "bad: presence_penalty 3",
+            "completion",
+            dict(m, prompt="x", presence_penalty=3),
+        ),
+        ("bad: top_k -5", "completion", dict(m, prompt="x", extra_body={"top_k": -5})),
+        ("bad: min_p 2", "completion", dict(m, prompt="x", extra_body={"min_p": 2})),
+        (
+            "bad: repetition_penalty 0",
+            "completion",
+            dict(m, prompt="x", extra_body={"repetition_penalty": 0}),
+        ),
+        ("bad: empty prompt", "completion", dict(m, prompt="", max_tokens=4)),
+        ("bad: body not JSON", "raw", dict(path="/v1/completions", body=b"{model:")),
+        (
             "chat, a role the template does not know",
             "chat",
-            dict(m, messages=[{"role": "wizard", "content": "hi"}], max_tokens=4),
+            dict(m, messages=[{"role": "wizard", "content": "hi"}], **greedy4),
         ),
         ("tokenize chat", "tokenize", dict(m, messages=q)),
         (
@@ -510,6 +527,15 @@ def run_requests(
         try:
             if kind == "models":
                 got = normalise(kind, client.models.list())
+            elif kind == "raw":  # a body the client would never send
+                reply = httpx.post(
+                    base_url + kwargs["path"],
+                    content=kwargs["body"],
+                    headers={"Content-Type": "application/json"},
+                    timeout=60,
+                )
+                reply.raise_for_status()
+                got = {"status": reply.status_code}
             elif kind == "tokenize":
                 got = normalise(
                     kind, httpx.post(base_url + "/tokenize", json=kwargs, timeout=60)
@@ -528,13 +554,14 @@ def run_requests(
                     if kind.endswith("stream")
                     else normalise(kind, reply)
                 )
-        except openai.APIStatusError as e:
+        except (openai.APIStatusError, httpx.HTTPStatusError) as e:
+            status = getattr(e, "status_code", None) or e.response.status_code
             try:
                 err = e.response.json()["error"]
             except (ValueError, KeyError, TypeError):
                 err = {"type": None, "message": e.response.text[:200]}
             got = {
-                "status": e.status_code,
+                "status": status,
                 "type": err.get("type"),
                 "message": str(err.get("message"))[:300],
             }
@@ -648,6 +675,39 @@ def compare_requests(ours: list[dict], theirs: list[dict]) -> list[dict]:
     return rows
 
 
+# --- one script, both engines (examples/dropin.py) -------------------------------
+
+
+def run_dropin(folder: Path, workdir: Path) -> dict:
+    """examples/dropin.py on the tiny model, once with each engine's python."""
+    import hashlib
+
+    script = ROOT / "examples" / "dropin.py"
+    out = {}
+    for engine, python, env in (
+        ("minillm", sys.executable, minillm_env()),
+        ("vllm", str(VLLM_PYTHON), vllm_env()),
+    ):
+        path = workdir / f"dropin-{engine}.json"
+        cmd = [python, str(script), "--engine", engine, "--model", str(folder)]
+        with open(workdir / f"dropin-{engine}.log", "w") as log:
+            start = time.perf_counter()
+            subprocess.run(
+                [*cmd, "--out", str(path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=True,
+            )
+        out[engine] = {
+            "seconds": time.perf_counter() - start,
+            "outputs": json.loads(path.read_text())["outputs"],
+        }
+    weights = (folder / "model.safetensors").read_bytes()
+    out["model_sha256"] = hashlib.sha256(weights).hexdigest()
+    return out
+
+
 # --- the vLLM source ---------------------------------------------------------------
 
 
@@ -688,42 +748,53 @@ def vllm_source(site: Path) -> dict:
 # --- the run -----------------------------------------------------------------------
 
 
+PARTS = ("offline", "server", "dropin", "source")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="fewer numbers, faster")
-    ap.add_argument("--source-only", action="store_true")
+    ap.add_argument(
+        "--part",
+        choices=PARTS,
+        action="append",
+        help="run only these parts (repeatable), merged into --out if it exists",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--skip-server", action="store_true")
     args = ap.parse_args()
     if args.worker:
         return vllm_worker(*args.worker)
+    sys.path.insert(0, str(ROOT))
     site = vllm_site_packages()
     if site is None:
         sys.exit("no .venv-vllm with vllm in it: run `make vllm` first")
-    if args.source_only:
-        latest = sorted(RESULTS.glob("compare_vllm-*.json"))[-1]
-        record = json.loads(latest.read_text())
-        record["vllm_source"] = vllm_source(site)
-        latest.write_text(json.dumps(record, indent=1) + "\n")
-        print("updated", latest)
-        return
-    record = run_all(args, site)
-    out = (
-        args.out
-        or RESULTS / f"compare_vllm-cpu-{record['environment']['date'][:10]}.json"
-    )
+    parts = args.part or list(PARTS)
+    new = run_parts(parts, args, site)
+    if args.out and args.out.exists() and args.part:
+        # a part run again: its results replace the old ones; the record keeps the
+        # machine and date of its first run, and notes each later part's
+        record = json.loads(args.out.read_text())
+        for key in ("offline", "vllm_versions", "server", "dropin", "vllm_source"):
+            if key in new:
+                record[key] = new[key]
+        runs = record.setdefault("part_runs", {})
+        for part in parts:
+            runs[part] = {
+                k: new[k] for k in ("date", "environment", "seconds", "quick")
+            }
+    else:
+        record = new
+    out = args.out or RESULTS / f"compare_vllm-cpu-{record['date'][:10]}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     print("wrote", out)
 
 
-def run_all(args, site: Path) -> dict:
+def run_parts(parts: list[str], args, site: Path) -> dict:
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from benchmarks.common import environment
-    from minillm import LLM, SamplingParams
     from minillm.hf import save_pretrained
     from minillm.tiny import tiny_model
     from minillm.tokenizer import Tokenizer, read_corpus
@@ -734,16 +805,52 @@ def run_all(args, site: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     folders = {"tiny": workdir / "tiny", "smollm2": workdir / "smollm2"}
     save_pretrained(*tiny_model(progress=False), folders["tiny"])
-    subprocess.run(
-        [sys.executable, "-m", "minillm.convert", "smollm2", str(folders["smollm2"])],
-        check=True,
-        env=minillm_env(),
-        stdout=subprocess.DEVNULL,
-    )
+    if "offline" in parts or "server" in parts:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "minillm.convert",
+                "smollm2",
+                str(folders["smollm2"]),
+            ],
+            check=True,
+            env=minillm_env(),
+            stdout=subprocess.DEVNULL,
+        )
     env = environment()
     env.update(cpu_model=cpu_model(), threads=THREADS, loadavg_before=os.getloadavg())
-    repeats = 1 if args.quick else 3
     corpus = "\n\n".join(read_corpus().values())
+    out: dict = {"benchmark": "compare_vllm", "quick": args.quick}
+    if "offline" in parts:
+        out["offline"], out["vllm_versions"] = offline_part(
+            args, folders, corpus, workdir
+        )
+    if "server" in parts:
+        out["server"] = server_part(args, folders, corpus, workdir, Tokenizer)
+    if "dropin" in parts:
+        out["dropin"] = run_dropin(folders["tiny"], workdir)
+    if "source" in parts:
+        out["vllm_source"] = vllm_source(site)
+    env.update(loadavg_after=os.getloadavg())
+    out["environment"] = env
+    out["models"] = {k: str(v.name) for k, v in folders.items()}
+    out["threads"] = {
+        "minillm": f"torch.set_num_threads({THREADS}), OMP_NUM_THREADS={THREADS}",
+        "vllm": f"VLLM_CPU_OMP_THREADS_BIND=0-{THREADS - 1} (so OMP_NUM_THREADS="
+        f"{THREADS} in its worker); its front end and engine core share the cores",
+    }
+    out["seconds"] = time.perf_counter() - started
+    out["date"] = env["date"]
+    return out
+
+
+def offline_part(args, folders: dict, corpus: str, workdir: Path):
+    """Per model: the same job through each engine's LLM.generate."""
+    from minillm import LLM, SamplingParams
+    from minillm.tokenizer import Tokenizer
+
+    repeats = 1 if args.quick else 3
     rng = random.Random(1)
     texts = []
     for _ in range(64):
@@ -859,61 +966,44 @@ def run_all(args, site: Path) -> dict:
             theirs["batch1_ms_per_token"],
             flush=True,
         )
-    versions = theirs["versions"]
-    server = None
-    if not args.skip_server:
-        tok = Tokenizer.from_pretrained(folders["smollm2"])
-        stream = tok.encode(corpus, add_special_tokens=False)
-        rng = random.Random(2)
-        load_prompts = []
-        for _ in range(32):
-            length = rng.randint(64, 128)
-            s = rng.randrange(len(stream) - length)
-            load_prompts.append(stream[s : s + length])
-        load = {
-            "concurrency": [1, 4] if args.quick else [1, 4, 16],
-            "min_requests": 4 if args.quick else 8,
-            "max_tokens": 32,
-            "prompts": load_prompts,
-        }
-        prompt_ids = tok.encode("The capital of France is", add_special_tokens=False)
-        sides = {}
-        for which in ("minillm", "vllm"):
-            sides[which] = serve_and_measure(
-                which, folders["smollm2"], workdir, load, prompt_ids
-            )
-        server = {
-            "model": "smollm2",
-            "max_model_len": SERVER_MAX_MODEL_LEN,
-            "stop_words": {w: s["stop_word"] for w, s in sides.items()},
-            "startup_seconds": {w: s["startup_seconds"] for w, s in sides.items()},
-            "requests": compare_requests(
-                sides["minillm"]["requests"], sides["vllm"]["requests"]
-            ),
-            "load": {w: s["load"] for w, s in sides.items()},
-            "load_workload": {k: v for k, v in load.items() if k != "prompts"}
-            | {"prompt_lens": [len(p) for p in load_prompts]},
-        }
-    env.update(loadavg_after=os.getloadavg())
-    return {
-        "benchmark": "compare_vllm",
-        "quick": args.quick,
-        "environment": env,
-        "vllm_versions": versions,
-        "threads": {
-            "minillm": f"torch.set_num_threads({THREADS}), OMP_NUM_THREADS={THREADS}",
-            "vllm": f"VLLM_CPU_OMP_THREADS_BIND=0-{THREADS - 1} (so OMP_NUM_THREADS="
-            f"{THREADS} in its worker); its front end and engine core share the cores",
-        },
-        "models": {k: str(v.name) for k, v in folders.items()},
-        "offline": offline,
-        "server": server,
-        "vllm_source": vllm_source(site),
-        "seconds": time.perf_counter() - started,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
+    return offline, theirs["versions"]
+
+
+def server_part(args, folders: dict, corpus: str, workdir: Path, Tokenizer) -> dict:
+    """Both servers on SmolLM2, one after the other, driven by the same code."""
+    tok = Tokenizer.from_pretrained(folders["smollm2"])
+    stream = tok.encode(corpus, add_special_tokens=False)
+    rng = random.Random(2)
+    load_prompts = []
+    for _ in range(32):
+        length = rng.randint(64, 128)
+        s = rng.randrange(len(stream) - length)
+        load_prompts.append(stream[s : s + length])
+    load = {
+        "concurrency": [1, 4] if args.quick else [1, 4, 16],
+        "min_requests": 4 if args.quick else 8,
+        "max_tokens": 32,
+        "prompts": load_prompts,
     }
+    prompt_ids = tok.encode("The capital of France is", add_special_tokens=False)
+    sides = {}
+    for which in ("minillm", "vllm"):
+        sides[which] = serve_and_measure(
+            which, folders["smollm2"], workdir, load, prompt_ids
+        )
+    server = {
+        "model": "smollm2",
+        "max_model_len": SERVER_MAX_MODEL_LEN,
+        "stop_words": {w: s["stop_word"] for w, s in sides.items()},
+        "startup_seconds": {w: s["startup_seconds"] for w, s in sides.items()},
+        "requests": compare_requests(
+            sides["minillm"]["requests"], sides["vllm"]["requests"]
+        ),
+        "load": {w: s["load"] for w, s in sides.items()},
+        "load_workload": {k: v for k, v in load.items() if k != "prompts"}
+        | {"prompt_lens": [len(p) for p in load_prompts]},
+    }
+    return server
 
 
 if __name__ == "__main__":
