@@ -12,8 +12,9 @@ need different installs of torch, so vLLM only ever runs in a subprocess of
    lengths (float32), the tokenization of 64 text prompts, throughput on a CPU-sized
    standard workload, batch-1 time per token, and a torch.profiler table.
 3. Both OpenAI servers on SmolLM2, one at a time, driven by the same client code: a
-   table of requests (completions, chat, streams, bad requests) side by side, then
-   streamed load at a few concurrency levels (`minillm.loadgen`).
+   table of requests (completions, chat, streams, bad requests) side by side (part
+   "server"), then
+   streamed load at a few concurrency levels (`minillm.loadgen`; part "load").
 4. The vLLM source the course cites: line counts of every path in
    tools/vllm_references.txt and that list's check against the installed package.
 5. examples/dropin.py, a script written for vLLM's offline API, on the tiny model
@@ -27,7 +28,7 @@ its front end and engine-core processes share the same cores).
                                                            # results/compare_vllm-*.json
     .venv/bin/python benchmarks/compare_vllm.py --quick --part offline --out F
                                                            # one part (offline, server,
-                                                           # dropin, source), fewer
+                                                           # load, dropin, source), fewer
                                                            # repeats; merged into F
 """
 
@@ -577,8 +578,10 @@ def stop_string_from(results: list[dict]) -> str | None:
 
 
 def serve_and_measure(
-    which: str, folder: Path, workdir: Path, load: dict, prompt_ids
+    which: str, folder: Path, workdir: Path, load: dict | None, prompt_ids
 ) -> dict:
+    """One server: the request table when prompt_ids is given, the load levels
+    when load is."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     common = [
@@ -632,13 +635,15 @@ def serve_and_measure(
         print(f"{which} server up in {startup:.0f} s", flush=True)
         # the stop string comes from this model's own first answer: a dry run of the
         # first request, then the table with the stop string filled in
-        first = run_requests(base, "smollm2", prompt_ids, "STOP", only=1)
-        stop_word = stop_string_from(first) or "STOP"
-        results = run_requests(base, "smollm2", prompt_ids, stop_word)
+        stop_word, results = None, None
+        if prompt_ids is not None:
+            first = run_requests(base, "smollm2", prompt_ids, "STOP", only=1)
+            stop_word = stop_string_from(first) or "STOP"
+            results = run_requests(base, "smollm2", prompt_ids, stop_word)
         from minillm.loadgen import run_load
 
         levels = []
-        for c in load["concurrency"]:
+        for c in load["concurrency"] if load else []:
             n = max(load["min_requests"], 2 * c)
             levels.append(
                 run_load(
@@ -748,7 +753,7 @@ def vllm_source(site: Path) -> dict:
 # --- the run -----------------------------------------------------------------------
 
 
-PARTS = ("offline", "server", "dropin", "source")
+PARTS = ("offline", "server", "load", "dropin", "source")
 
 
 def main() -> None:
@@ -776,7 +781,8 @@ def main() -> None:
         # a part run again: its results replace the old ones; the record keeps the
         # machine and date of its first run, and notes each later part's
         record = json.loads(args.out.read_text())
-        for key in ("offline", "vllm_versions", "server", "dropin", "vllm_source"):
+        keys = ("offline", "vllm_versions", "server", "server_load", "dropin")
+        for key in (*keys, "vllm_source"):
             if key in new:
                 record[key] = new[key]
         runs = record.setdefault("part_runs", {})
@@ -805,7 +811,7 @@ def run_parts(parts: list[str], args, site: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     folders = {"tiny": workdir / "tiny", "smollm2": workdir / "smollm2"}
     save_pretrained(*tiny_model(progress=False), folders["tiny"])
-    if "offline" in parts or "server" in parts:
+    if {"offline", "server", "load"} & set(parts):
         subprocess.run(
             [
                 sys.executable,
@@ -826,8 +832,8 @@ def run_parts(parts: list[str], args, site: Path) -> dict:
         out["offline"], out["vllm_versions"] = offline_part(
             args, folders, corpus, workdir
         )
-    if "server" in parts:
-        out["server"] = server_part(args, folders, corpus, workdir, Tokenizer)
+    if "server" in parts or "load" in parts:
+        out |= server_part(args, folders, corpus, workdir, Tokenizer, parts)
     if "dropin" in parts:
         out["dropin"] = run_dropin(folders["tiny"], workdir)
     if "source" in parts:
@@ -969,8 +975,11 @@ def offline_part(args, folders: dict, corpus: str, workdir: Path):
     return offline, theirs["versions"]
 
 
-def server_part(args, folders: dict, corpus: str, workdir: Path, Tokenizer) -> dict:
-    """Both servers on SmolLM2, one after the other, driven by the same code."""
+def server_part(
+    args, folders: dict, corpus: str, workdir: Path, Tokenizer, parts: list[str]
+) -> dict:
+    """Both servers on SmolLM2, one after the other, driven by the same code: the
+    request table (part "server") and streamed load (part "load")."""
     tok = Tokenizer.from_pretrained(folders["smollm2"])
     stream = tok.encode(corpus, add_special_tokens=False)
     rng = random.Random(2)
@@ -989,21 +998,33 @@ def server_part(args, folders: dict, corpus: str, workdir: Path, Tokenizer) -> d
     sides = {}
     for which in ("minillm", "vllm"):
         sides[which] = serve_and_measure(
-            which, folders["smollm2"], workdir, load, prompt_ids
+            which,
+            folders["smollm2"],
+            workdir,
+            load if "load" in parts else None,
+            prompt_ids if "server" in parts else None,
         )
-    server = {
-        "model": "smollm2",
-        "max_model_len": SERVER_MAX_MODEL_LEN,
-        "stop_words": {w: s["stop_word"] for w, s in sides.items()},
-        "startup_seconds": {w: s["startup_seconds"] for w, s in sides.items()},
-        "requests": compare_requests(
-            sides["minillm"]["requests"], sides["vllm"]["requests"]
-        ),
-        "load": {w: s["load"] for w, s in sides.items()},
-        "load_workload": {k: v for k, v in load.items() if k != "prompts"}
-        | {"prompt_lens": [len(p) for p in load_prompts]},
-    }
-    return server
+    startup = {w: s["startup_seconds"] for w, s in sides.items()}
+    out = {}
+    if "server" in parts:
+        out["server"] = {
+            "model": "smollm2",
+            "max_model_len": SERVER_MAX_MODEL_LEN,
+            "stop_words": {w: s["stop_word"] for w, s in sides.items()},
+            "startup_seconds": startup,
+            "requests": compare_requests(
+                sides["minillm"]["requests"], sides["vllm"]["requests"]
+            ),
+        }
+    if "load" in parts:
+        out["server_load"] = {
+            "model": "smollm2",
+            "startup_seconds": startup,
+            "load": {w: s["load"] for w, s in sides.items()},
+            "load_workload": {k: v for k, v in load.items() if k != "prompts"}
+            | {"prompt_lens": [len(p) for p in load_prompts]},
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -33,11 +33,15 @@ def prompt_of(prompt: str | list[int] | dict) -> str | list[int]:
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
             return list(prompt["prompt_token_ids"])
+        if "prompt" not in prompt:
+            raise ValueError(
+                f"a prompt dict needs 'prompt' or 'prompt_token_ids': {prompt}"
+            )
         return prompt["prompt"]
     return prompt
 
 
-# %% chapters/07_engine.md:1574
+# %% chapters/07_engine.md:1578
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -61,7 +65,10 @@ class LLM:
         device = device or default_device()
         on_gpu = torch.device(device).type == "cuda"
         if isinstance(dtype, str):  # vLLM's spelling: "float32", "bfloat16", "auto"
-            dtype = None if dtype == "auto" else getattr(torch, dtype)
+            named = None if dtype == "auto" else getattr(torch, dtype, None)
+            if dtype != "auto" and not isinstance(named, torch.dtype):
+                raise ValueError(f"dtype {dtype!r}: not a torch dtype name or 'auto'")
+            dtype = named
         dtype = dtype or (torch.bfloat16 if on_gpu else torch.float32)
         if model is None:
             net, tokenizer = tiny_model(device=device, dtype=dtype, progress=False)
@@ -73,7 +80,7 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:1620
+    # %% chapters/07_engine.md:1627
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
@@ -111,7 +118,7 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:1664
+    # %% chapters/07_engine.md:1671
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(

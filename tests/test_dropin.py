@@ -73,3 +73,35 @@ def test_the_script_gives_the_same_greedy_outputs_on_both_engines(tmp_path):
         r["token_ids"] for r in theirs[greedy]
     ]
     assert [r["text"] for r in ours[greedy]] == [r["text"] for r in theirs[greedy]]
+
+
+def test_llm_takes_vllms_dtype_names_and_prompt_dicts():
+    import torch
+
+    from minillm import LLM, SamplingParams
+
+    llm = LLM(dtype="float32", num_kv_blocks=64)
+    assert next(llm.engine.model.parameters()).dtype == torch.float32
+    ids = llm.engine.tokenizer.encode("A class")
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    plain = llm.generate([ids, "A class"], greedy, use_tqdm=False)
+    dicts = llm.generate(
+        [{"prompt_token_ids": ids}, {"prompt": "A class"}], greedy, use_tqdm=False
+    )
+    assert [o.outputs[0].token_ids for o in dicts] == [
+        o.outputs[0].token_ids for o in plain
+    ]
+    assert dicts[1].prompt == "A class" and dicts[0].prompt_token_ids == ids
+
+
+def test_a_bad_dtype_name_or_prompt_dict_is_a_clear_error():
+    from minillm import LLM
+
+    with pytest.raises(ValueError, match="not a torch dtype name"):
+        LLM(dtype="float33")
+    with pytest.raises(ValueError, match="not a torch dtype name"):
+        LLM(dtype="Tensor")  # an attribute of torch, not a dtype
+    llm = LLM(num_kv_blocks=64)
+    with pytest.raises(ValueError, match="'prompt' or 'prompt_token_ids'"):
+        llm.generate([{"text": "A class"}], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
