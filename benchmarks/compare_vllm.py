@@ -27,9 +27,8 @@ its front end and engine-core processes share the same cores).
     .venv/bin/python benchmarks/compare_vllm.py            # everything: writes
                                                            # results/compare_vllm-*.json
     .venv/bin/python benchmarks/compare_vllm.py --quick --part offline --out F
-                                                           # one part (offline, server,
-                                                           # load, dropin, source), fewer
-                                                           # repeats; merged into F
+        # one part (offline, server, load, dropin, source; repeatable), fewer
+        # repeats, merged into F; part_runs in F says when each part ran
 """
 
 from __future__ import annotations
@@ -777,21 +776,18 @@ def main() -> None:
         sys.exit("no .venv-vllm with vllm in it: run `make vllm` first")
     parts = args.part or list(PARTS)
     new = run_parts(parts, args, site)
+    record = new
     if args.out and args.out.exists() and args.part:
         # a part run again: its results replace the old ones; the record keeps the
-        # machine and date of its first run, and notes each later part's
+        # machine and date of its first run, and part_runs says where each part is from
         record = json.loads(args.out.read_text())
         keys = ("offline", "vllm_versions", "server", "server_load", "dropin")
         for key in (*keys, "vllm_source"):
             if key in new:
                 record[key] = new[key]
-        runs = record.setdefault("part_runs", {})
-        for part in parts:
-            runs[part] = {
-                k: new[k] for k in ("date", "environment", "seconds", "quick")
-            }
-    else:
-        record = new
+    runs = record.setdefault("part_runs", {})
+    for part in parts:
+        runs[part] = {k: new[k] for k in ("date", "environment", "seconds", "quick")}
     out = args.out or RESULTS / f"compare_vllm-cpu-{record['date'][:10]}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     print("wrote", out)
