@@ -863,7 +863,8 @@ def offline_part(args, folders: dict, corpus: str, workdir: Path):
         tok = Tokenizer.from_pretrained(folder)
         stream = tok.encode(corpus, add_special_tokens=False)
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-        t_prompts, t_outputs = throughput_workload(vocab)
+        # --quick (the chapter's live run): a quarter of the throughput workload
+        t_prompts, t_outputs = throughput_workload(vocab, n=8 if args.quick else 32)
         job = {
             "model": str(folder),
             "llm_kwargs": dict(
@@ -874,7 +875,7 @@ def offline_part(args, folders: dict, corpus: str, workdir: Path):
                 max_num_batched_tokens=4096,
             ),
             "equality": equality_prompts(stream),
-            "max_tokens": 32,
+            "max_tokens": 16 if args.quick else 32,
             "texts": texts,
             "throughput_prompts": t_prompts,
             "throughput_outputs": t_outputs,
