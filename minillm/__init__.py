@@ -31,6 +31,7 @@ int4                     chapters/12_int4_gemm.md
 kv_cache                 chapters/02_paged_kv.md
 kv_cache_manager         chapters/05_scheduler.md
 llm                      chapters/07_engine.md
+loadgen                  chapters/17_vllm_comparison.md
 logits_processors        chapters/06_sampler.md
 merged_projections       chapters/11_cuda_graph.md
 metrics                  chapters/16_server.md

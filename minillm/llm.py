@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1556
+# %% chapters/07_engine.md:1557
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -26,7 +26,22 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# %% chapters/07_engine.md:1584
+def prompt_of(prompt: str | list[int] | dict) -> str | list[int]:
+    """A prompt as the engine takes it: text or token ids, also in the dict forms
+    of vLLM's `TextPrompt` and `TokensPrompt` ({"prompt": ...}, {"prompt_token_ids":
+    ...}), so that code written for `vllm.LLM` runs here unchanged (chapter 17)."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" not in prompt:
+            raise ValueError(
+                f"a prompt dict needs 'prompt' or 'prompt_token_ids': {prompt}"
+            )
+        return prompt["prompt"]
+    return prompt
+
+
+# %% chapters/07_engine.md:1600
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -42,13 +57,18 @@ class LLM:
         model: str | Path | None = None,
         *,
         device: str | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         skip_tokenizer_init: bool = False,
         **engine_kwargs,
     ):
         config = EngineConfig(**engine_kwargs)  # a bad keyword fails before loading
         device = device or default_device()
         on_gpu = torch.device(device).type == "cuda"
+        if isinstance(dtype, str):  # vLLM's spelling: "float32", "bfloat16", "auto"
+            named = None if dtype == "auto" else getattr(torch, dtype, None)
+            if dtype != "auto" and not isinstance(named, torch.dtype):
+                raise ValueError(f"dtype {dtype!r}: not a torch dtype name or 'auto'")
+            dtype = named
         dtype = dtype or (torch.bfloat16 if on_gpu else torch.float32)
         if model is None:
             net, tokenizer = tiny_model(device=device, dtype=dtype, progress=False)
@@ -60,16 +80,20 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:1626
+    # %% chapters/07_engine.md:1649
     def generate(
         self,
-        prompts: str | list[str] | list[list[int]],
+        prompts: str | dict | list[str] | list[list[int]] | list[dict],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Outputs for prompts (strings or token-id lists), in the prompts' order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        """Outputs for prompts (strings, token-id lists, or vLLM's prompt dicts), in
+        the prompts' order."""
+        if isinstance(prompts, (str, dict)) or (
+            prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]
+        prompts = [prompt_of(p) for p in prompts]
         params = sampling_params
         if not isinstance(params, list):
             params = [params] * len(prompts)
@@ -94,7 +118,7 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:1666
+    # %% chapters/07_engine.md:1693
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
