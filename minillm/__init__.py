@@ -67,6 +67,7 @@ PLUGINS = (
     "minillm.swap",
     "minillm.kernels.paged_attention",
     "minillm.gpu_model_runner",
+    "minillm.parallel.executor",
 )
 
 # Imported on first use, so that `import minillm` stays cheap.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1019
+# %% chapters/07_engine.md:1032
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -29,7 +29,8 @@ from minillm.model_runner import ModelRunner, ModelRunnerOutput, profile_num_blo
 from minillm.model_runner import reclaim_gpu_memory
 from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
-from minillm.registry import PART_CHECKS, REGISTRIES, SAMPLERS, SCHEDULERS
+from minillm.registry import EXECUTOR_HOOKS, PART_CHECKS, REGISTRIES, SAMPLERS
+from minillm.registry import SCHEDULERS
 from minillm.request import Request, RequestStatus
 from minillm.sampler import Sampler, SampleLogprobs
 from minillm.sampling_params import SamplingParams
@@ -37,7 +38,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1061
+# %% chapters/07_engine.md:1075
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -55,7 +56,7 @@ MODEL_RUNNERS.register(False)(ModelRunner)
 SAMPLERS.register("torch")(Sampler)
 
 
-# %% chapters/07_engine.md:1089
+# %% chapters/07_engine.md:1103
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -78,18 +79,20 @@ class LLMEngine:
         for check in PART_CHECKS:
             check(config, self.parts)
         runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
+        for hook in EXECUTOR_HOOKS:  # e.g. chapter 18's worker processes
+            runner_cls = hook(config, self.parts) or runner_cls
         num_blocks = self._num_kv_blocks()
         num_usable = num_blocks - runner_cls.num_reserved_blocks(config, self.parts)
         self.max_model_len = config.max_model_len or min(
             model.config.max_position_embeddings, 4096, num_usable * config.block_size
         )
-        kv_cache = self._build_cache(num_blocks, num_usable)
+        kv_cache = self._build_cache(num_blocks, num_usable, runner_cls)
         self._build_runner(runner_cls, kv_cache)
         self.sequences: dict[str, _Sequence] = {}
         self.parents: dict[str, _Parent] = {}
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
 
-    # %% chapters/07_engine.md:1131
+    # %% chapters/07_engine.md:1147
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -103,8 +106,10 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1154
-    def _build_cache(self, num_blocks: int, num_usable: int) -> PagedKVCache:
+    # %% chapters/07_engine.md:1173
+    def _build_cache(
+        self, num_blocks: int, num_usable: int, runner_cls: type
+    ) -> PagedKVCache:
         model, config, parts = self.model, self.config, self.parts
         param = next(model.parameters())
         attend, write_cache = ATTENTION_BACKENDS[parts["attention_backend"]]()
@@ -114,7 +119,7 @@ class LLMEngine:
             config.block_size,
             attend,
             param.dtype,
-            param.device,
+            runner_cls.kv_cache_device or param.device,
             cache_writer=write_cache,
         )
         make_manager = KV_CACHE_MANAGERS[parts["prefix_cache_impl"]]
@@ -131,7 +136,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1189
+    # %% chapters/07_engine.md:1210
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -155,7 +160,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1221
+    # %% chapters/07_engine.md:1242
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -185,7 +190,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1282
+    # %% chapters/07_engine.md:1303
     def add_request(
         self,
         request_id: str,
@@ -222,7 +227,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1324
+    # %% chapters/07_engine.md:1345
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -244,7 +249,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1356
+    # %% chapters/07_engine.md:1377
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -265,7 +270,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1386
+    # %% chapters/07_engine.md:1407
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -292,7 +297,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1420
+    # %% chapters/07_engine.md:1441
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -319,7 +324,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1453
+    # %% chapters/07_engine.md:1474
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -355,7 +360,7 @@ class LLMEngine:
         )
 
 
-# %% chapters/07_engine.md:1260
+# %% chapters/07_engine.md:1281
 @dataclass
 class _Sequence:
     request: Request

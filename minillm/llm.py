@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1534
+# %% chapters/07_engine.md:1555
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# %% chapters/07_engine.md:1562
+# %% chapters/07_engine.md:1583
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -60,7 +60,7 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:1604
+    # %% chapters/07_engine.md:1625
     def generate(
         self,
         prompts: str | list[str] | list[list[int]],
@@ -94,7 +94,7 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:1644
+    # %% chapters/07_engine.md:1665
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
