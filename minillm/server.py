@@ -288,7 +288,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3043
+# %% chapters/16_server.md:3046
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -315,6 +315,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         "vLLM's flag of that name; async scheduling, whose default follows CUDA "
         "graphs, is then off too",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="worker processes, one per tensor-parallel rank (chapter 18)",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -327,7 +333,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3088
+# %% chapters/16_server.md:3097
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -361,12 +367,18 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
         **(
             {"cuda_graphs": False, "torch_compile": False} if args.enforce_eager else {}
         ),
+        # an option chapter 18 declares; passed only when asked for
+        **(
+            {"tensor_parallel_size": args.tensor_parallel_size}
+            if args.tensor_parallel_size != 1
+            else {}
+        ),
     )
     name = args.served_model_name or args.model or "minillm-tiny"
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3131
+# %% chapters/16_server.md:3146
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -393,6 +405,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:3163
+# %% chapters/16_server.md:3178
 if __name__ == "__main__":
     main()

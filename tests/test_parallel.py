@@ -216,3 +216,30 @@ def test_ctrl_c_in_the_engine_leaves_no_worker(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_serve_flag_starts_a_tensor_parallel_engine(tiny):
+    """minillm serve --tensor-parallel-size 2: a live server answers as TP=1 does."""
+    pytest.importorskip("fastapi")
+    from openai import OpenAI
+
+    from minillm.server import ServerThread, build_engine, create_app, parse_args
+
+    args = ["--tensor-parallel-size", "2", "--num-kv-blocks", "16", "--device", "cpu"]
+    engine, name = build_engine(parse_args(args))
+    executor = engine.model_runner
+    assert type(executor).__name__ == "TPExecutor" and len(executor.pids) == 2
+    one = LLMEngine(*tiny, EngineConfig(num_kv_blocks=16))
+    want = run(
+        one, [tiny[1].encode("The cat")], SamplingParams(max_tokens=8, temperature=0.0)
+    )
+    try:
+        with ServerThread(create_app(engine, name)) as server:
+            client = OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0)
+            out = client.completions.create(
+                model=name, prompt="The cat", max_tokens=8, temperature=0
+            )
+        assert out.choices[0].text == tiny[1].decode(want[0])
+    finally:
+        executor.shutdown()
+    assert wait_gone(executor.pids) == []

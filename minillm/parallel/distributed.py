@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:158
+# %% chapters/18_parallelism.md:176
 """Processes and process groups for chapter 18 ("Processes, groups, collectives").
 
 `launch` runs a function on N ranks (forked processes joined by torch.distributed,
@@ -39,7 +39,7 @@ class WorkerError(RuntimeError):
     """A rank raised, died or did not answer in time; every rank has been ended."""
 
 
-# %% chapters/18_parallelism.md:196
+# %% chapters/18_parallelism.md:214
 def context():
     """Processes are forked from a server that imported torch once (forkserver):
     a rank starts in milliseconds, not in the seconds an import of torch takes, and
@@ -63,7 +63,7 @@ def init_process(rank: int, world_size: int, init_file: str, backend: str) -> No
     )
 
 
-# %% chapters/18_parallelism.md:225
+# %% chapters/18_parallelism.md:243
 def spawn(target: Callable, world_size: int, args: tuple, per_rank: list) -> list:
     """Start world_size daemon processes, rank r running target(r, world_size,
     init_file, *args, per_rank[r]); daemons end with their parent's normal exit."""
@@ -95,7 +95,7 @@ def stop(procs: list, grace_s: float = 5.0) -> None:
             p.join()
 
 
-# %% chapters/18_parallelism.md:265
+# %% chapters/18_parallelism.md:283
 def _run_rank(rank, world_size, init_file, fn, backend, args, conn) -> None:
     try:
         init_process(rank, world_size, init_file, backend)
@@ -126,7 +126,7 @@ def _collect(pipes, procs, got: dict, timeout_s: float) -> None:
                 raise WorkerError(f"rank {rank} died with exit code {code}")
 
 
-# %% chapters/18_parallelism.md:297
+# %% chapters/18_parallelism.md:315
 def launch(
     fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_s=120.0
 ) -> list[Any]:
@@ -146,7 +146,7 @@ def launch(
     return [got[rank] for rank in range(world_size)]
 
 
-# %% chapters/18_parallelism.md:326
+# %% chapters/18_parallelism.md:344
 @dataclass
 class Group:
     """The ranks that one kind of parallelism spans; rank is this process's place
@@ -182,7 +182,7 @@ def world_group() -> Group:
     return Group(list(range(dist.get_world_size())), dist.get_rank())
 
 
-# %% chapters/18_parallelism.md:369
+# %% chapters/18_parallelism.md:387
 def model_parallel_groups(tp_size: int, pp_size: int) -> tuple[Group, Group]:
     """(this rank's tensor-parallel group, its pipeline group) in a world of
     tp_size * pp_size ranks: global rank = stage * tp_size + tp_rank."""

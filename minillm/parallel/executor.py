@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:1283
+# %% chapters/18_parallelism.md:1309
 """Tensor-parallel inference in the engine (chapter 18, "Tensor parallelism in the
 engine").
 
@@ -33,7 +33,7 @@ from minillm.registry import ATTENTION_BACKENDS, EXECUTOR_HOOKS, MODEL_RUNNERS
 from minillm.registry import SAMPLERS, engine_options, load_plugins
 
 
-# %% chapters/18_parallelism.md:1316
+# %% chapters/18_parallelism.md:1342
 @engine_options
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -63,7 +63,7 @@ class ParallelConfig:
             )
 
 
-# %% chapters/18_parallelism.md:1358
+# %% chapters/18_parallelism.md:1384
 @dataclass
 class WorkerSpec:
     """What a worker needs besides the model: the engine's choices."""
@@ -117,7 +117,7 @@ def build_worker(model, spec: WorkerSpec, device: torch.device):
     )
 
 
-# %% chapters/18_parallelism.md:1419
+# %% chapters/18_parallelism.md:1445
 def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None:
     """A worker's life: join the group, build, then run what the engine sends until
     it says shutdown or goes away (its pipe closes)."""
@@ -144,7 +144,7 @@ def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None
             dist.destroy_process_group()
 
 
-# %% chapters/18_parallelism.md:1453
+# %% chapters/18_parallelism.md:1479
 class TPExecutor:
     """Stands in for the engine's model runner and runs it in tensor_parallel_size
     worker processes. A worker's error or death, or a step that outlasts the
@@ -192,7 +192,7 @@ class TPExecutor:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    # %% chapters/18_parallelism.md:1511
+    # %% chapters/18_parallelism.md:1537
     def _send(self, method: str, *args) -> None:
         if self.failure:
             raise WorkerError(self.failure)
@@ -228,7 +228,7 @@ class TPExecutor:
                     )
         return [got[rank] for rank in range(self.world_size)]
 
-    # %% chapters/18_parallelism.md:1550
+    # %% chapters/18_parallelism.md:1576
     def _fail(self, message: str) -> None:
         self.failure = message + "; the engine's workers are shut down"
         self.shutdown()
@@ -254,7 +254,7 @@ class TPExecutor:
         return self._replies()[0]
 
 
-# %% chapters/18_parallelism.md:1578
+# %% chapters/18_parallelism.md:1604
 def _shutdown(conns, procs) -> None:
     for conn in conns:
         try:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:974
+# %% chapters/18_parallelism.md:992
 """Pipeline parallelism for training (chapter 18, "Pipeline parallelism").
 
 Each stage holds consecutive layers (the first also the embedding, the last the norm
@@ -42,7 +42,7 @@ def one_f_one_b_schedule(stage: int, num_stages: int, m: int) -> list[tuple[str,
 SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
 
 
-# %% chapters/18_parallelism.md:1030
+# %% chapters/18_parallelism.md:1048
 class PipelineStage(nn.Module):
     """Stage `stage` of num_stages of model: its run of layers; the others become
     placeholders, so parameter names stay the full model's."""
@@ -90,7 +90,7 @@ class PipelineStage(nn.Module):
         )
 
 
-# %% chapters/18_parallelism.md:1089
+# %% chapters/18_parallelism.md:1107
 def run_schedule(stage, pp: Group, order, windows: Tensor, hidden_size: int):
     """Forwards and backwards of micro-batches windows (m, b, T+1) in `order`,
     gradients accumulated in the stage's parameters. Returns the mean loss (last

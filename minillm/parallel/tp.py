@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:421
+# %% chapters/18_parallelism.md:439
 """Megatron-style tensor parallelism (chapter 18, "Tensor parallelism").
 
 Column-parallel linears split their output features across the ranks of a Group and
@@ -53,7 +53,7 @@ class ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-# %% chapters/18_parallelism.md:477
+# %% chapters/18_parallelism.md:495
 class ColumnParallelLinear(nn.Module):
     """y[..., rows] = x @ W[rows].T (+ b[rows]): this rank's rows of a full linear's
     weight, i.e. a slice of its output features; the input is whole on every rank."""
@@ -95,7 +95,7 @@ def shard_range(n: int, group: Group) -> tuple[int, int]:
     return group.rank * per, (group.rank + 1) * per
 
 
-# %% chapters/18_parallelism.md:530
+# %% chapters/18_parallelism.md:548
 def head_rows(first: int, count: int, head_dim: int) -> Tensor:
     """The weight rows of heads [first, first + count)."""
     return torch.arange(first * head_dim, (first + count) * head_dim)
@@ -128,7 +128,7 @@ def shard_mlp(mlp: MLP, group: Group) -> None:
     mlp.down_proj = RowParallelLinear(mlp.down_proj, cols, group)
 
 
-# %% chapters/18_parallelism.md:580
+# %% chapters/18_parallelism.md:598
 def vocab_shard(vocab_size: int, group: Group) -> tuple[int, int, int]:
     """(start, end, per): this rank holds token ids [start, end) in `per` rows, the
     vocabulary padded up to a multiple of the group's size (the padding is last)."""
@@ -160,7 +160,7 @@ class VocabParallelEmbedding(nn.Module):
         return ReduceFromTP.apply(rows, self.group)
 
 
-# %% chapters/18_parallelism.md:620
+# %% chapters/18_parallelism.md:638
 class ParallelLMHead(nn.Module):
     """The LM head split by vocabulary: local logits (..., per) for the vocab-parallel
     loss; called, the whole vocabulary's logits, gathered from every rank."""
@@ -188,7 +188,7 @@ class ParallelLMHead(nn.Module):
         return self.group.all_gather(self.local_logits(hidden))[..., : self.vocab_size]
 
 
-# %% chapters/18_parallelism.md:659
+# %% chapters/18_parallelism.md:677
 class VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy over logits split by vocabulary, without gathering them.
     Megatron: megatron/core/tensor_parallel/cross_entropy.py."""
@@ -228,7 +228,7 @@ def vocab_parallel_loss(model: CausalLM, windows: Tensor) -> Tensor:
     return losses.mean()
 
 
-# %% chapters/18_parallelism.md:709
+# %% chapters/18_parallelism.md:727
 def shard_model(model: CausalLM, group: Group) -> CausalLM:
     """Turn model, in place, into this rank's tensor-parallel share of its weights;
     model.config then describes the shard (its heads and MLP width; the vocabulary
@@ -251,7 +251,7 @@ def shard_model(model: CausalLM, group: Group) -> CausalLM:
     return model
 
 
-# %% chapters/18_parallelism.md:738
+# %% chapters/18_parallelism.md:756
 def sync_replicated_grads(model: CausalLM) -> None:
     """After backward: give each replica of a KV head the sum of its gradients."""
     group = model.tp_group
