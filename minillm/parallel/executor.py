@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:1309
+# %% chapters/18_parallelism.md:1325
 """Tensor-parallel inference in the engine (chapter 18, "Tensor parallelism in the
 engine").
 
@@ -33,7 +33,7 @@ from minillm.registry import ATTENTION_BACKENDS, EXECUTOR_HOOKS, MODEL_RUNNERS
 from minillm.registry import SAMPLERS, engine_options, load_plugins
 
 
-# %% chapters/18_parallelism.md:1342
+# %% chapters/18_parallelism.md:1358
 @engine_options
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -63,7 +63,7 @@ class ParallelConfig:
             )
 
 
-# %% chapters/18_parallelism.md:1384
+# %% chapters/18_parallelism.md:1400
 @dataclass
 class WorkerSpec:
     """What a worker needs besides the model: the engine's choices."""
@@ -88,6 +88,7 @@ class BlockTables:
         return self.tables[request_id]
 
 
+# %% chapters/18_parallelism.md:1429
 def build_worker(model, spec: WorkerSpec, device: torch.device):
     """This rank's runner: its shard of the weights and its share of the cache,
     built as chapter 7's engine builds its own."""
@@ -117,7 +118,7 @@ def build_worker(model, spec: WorkerSpec, device: torch.device):
     )
 
 
-# %% chapters/18_parallelism.md:1445
+# %% chapters/18_parallelism.md:1466
 def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None:
     """A worker's life: join the group, build, then run what the engine sends until
     it says shutdown or goes away (its pipe closes)."""
@@ -144,7 +145,7 @@ def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None
             dist.destroy_process_group()
 
 
-# %% chapters/18_parallelism.md:1479
+# %% chapters/18_parallelism.md:1500
 class TPExecutor:
     """Stands in for the engine's model runner and runs it in tensor_parallel_size
     worker processes. A worker's error or death, or a step that outlasts the
@@ -176,10 +177,13 @@ class TPExecutor:
             [child for _, child in pipes],
         )
         self.conns = [conn for conn, _ in pipes]
+        for _, child in pipes:
+            child.close()  # the worker has its end: a death now reads as EOF
         self.failure: str | None = None
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         self._replies()  # every worker "ready"
 
+    # %% chapters/18_parallelism.md:1543
     @classmethod
     def num_reserved_blocks(cls, config, parts) -> int:
         inner = MODEL_RUNNERS[parts["persistent_batch"]]
@@ -192,7 +196,7 @@ class TPExecutor:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    # %% chapters/18_parallelism.md:1537
+    # %% chapters/18_parallelism.md:1567
     def _send(self, method: str, *args) -> None:
         if self.failure:
             raise WorkerError(self.failure)
@@ -218,17 +222,32 @@ class TPExecutor:
                     except (EOFError, OSError):
                         continue  # its process died: its sentinel says so
                     if status == "error":
+                        wait(sentinels, 1.0)  # a peer's death is the likelier cause
+                        self._fail_if_dead({**got, rank: value})
                         self._fail(f"tensor-parallel worker {rank} raised:\n{value}")
                     got[rank] = value
-            for rank, p in enumerate(self.procs):
-                if rank not in got and not p.is_alive():
-                    self._fail(
-                        f"tensor-parallel worker {rank} (pid {p.pid}) died "
-                        f"with exit code {p.exitcode}"
-                    )
+            self._fail_if_dead(got)
         return [got[rank] for rank in range(self.world_size)]
 
-    # %% chapters/18_parallelism.md:1576
+    def _fail_if_dead(self, answered: dict) -> None:
+        """Fail with the first ended worker's last word, or its death."""
+        for rank, p in enumerate(self.procs):
+            if rank in answered or p.is_alive():
+                continue
+            status = value = None
+            try:  # a worker that raised said why before it exited
+                if self.conns[rank].poll():
+                    status, value = self.conns[rank].recv()
+            except (EOFError, OSError):
+                pass
+            if status == "error":
+                self._fail(f"tensor-parallel worker {rank} raised:\n{value}")
+            self._fail(
+                f"tensor-parallel worker {rank} (pid {p.pid}) died with exit code "
+                f"{p.exitcode}"
+            )
+
+    # %% chapters/18_parallelism.md:1621
     def _fail(self, message: str) -> None:
         self.failure = message + "; the engine's workers are shut down"
         self.shutdown()
@@ -254,7 +273,7 @@ class TPExecutor:
         return self._replies()[0]
 
 
-# %% chapters/18_parallelism.md:1604
+# %% chapters/18_parallelism.md:1649
 def _shutdown(conns, procs) -> None:
     for conn in conns:
         try:
