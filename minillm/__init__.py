@@ -71,6 +71,7 @@ PLUGINS = (
     "minillm.gpu_model_runner",
     "minillm.int4",
     "minillm.speculative.runner",
+    "minillm.parallel.executor",
 )
 
 # Imported on first use, so that `import minillm` stays cheap.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1032
+# %% chapters/07_engine.md:1044
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -29,8 +29,8 @@ from minillm.model_runner import ModelRunner, ModelRunnerOutput, profile_num_blo
 from minillm.model_runner import reclaim_gpu_memory
 from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
-from minillm.registry import PART_CHECKS, QUANTIZATION_METHODS, REGISTRIES
-from minillm.registry import RUNNER_EXTENSIONS, SAMPLERS, SCHEDULERS
+from minillm.registry import EXECUTOR_HOOKS, PART_CHECKS, QUANTIZATION_METHODS
+from minillm.registry import REGISTRIES, RUNNER_EXTENSIONS, SAMPLERS, SCHEDULERS
 from minillm.request import Request, RequestStatus
 from minillm.sampler import Sampler, SampleLogprobs
 from minillm.sampling_params import SamplingParams
@@ -38,7 +38,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1076
+# %% chapters/07_engine.md:1088
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -57,7 +57,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1105
+# %% chapters/07_engine.md:1117
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -84,18 +84,20 @@ class LLMEngine:
         runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
         for extend in RUNNER_EXTENSIONS:
             runner_cls = extend(runner_cls, config, self.parts)
+        for hook in EXECUTOR_HOOKS:  # e.g. chapter 18's worker processes
+            runner_cls = hook(config, self.parts) or runner_cls
         num_blocks = self._num_kv_blocks()
         num_usable = num_blocks - runner_cls.num_reserved_blocks(config, self.parts)
         self.max_model_len = config.max_model_len or min(
             model.config.max_position_embeddings, 4096, num_usable * config.block_size
         )
-        kv_cache = self._build_cache(num_blocks, num_usable)
+        kv_cache = self._build_cache(num_blocks, num_usable, runner_cls)
         self._build_runner(runner_cls, kv_cache)
         self.sequences: dict[str, _Sequence] = {}
         self.parents: dict[str, _Parent] = {}
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
 
-    # %% chapters/07_engine.md:1151
+    # %% chapters/07_engine.md:1165
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -109,8 +111,10 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1174
-    def _build_cache(self, num_blocks: int, num_usable: int) -> PagedKVCache:
+    # %% chapters/07_engine.md:1191
+    def _build_cache(
+        self, num_blocks: int, num_usable: int, runner_cls: type
+    ) -> PagedKVCache:
         model, config, parts = self.model, self.config, self.parts
         param = next(model.parameters())
         attend, write_cache = ATTENTION_BACKENDS[parts["attention_backend"]]()
@@ -120,7 +124,7 @@ class LLMEngine:
             config.block_size,
             attend,
             param.dtype,
-            param.device,
+            runner_cls.kv_cache_device or param.device,
             cache_writer=write_cache,
         )
         make_manager = KV_CACHE_MANAGERS[parts["prefix_cache_impl"]]
@@ -137,7 +141,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1209
+    # %% chapters/07_engine.md:1228
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -161,7 +165,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1241
+    # %% chapters/07_engine.md:1260
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -191,7 +195,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1302
+    # %% chapters/07_engine.md:1321
     def add_request(
         self,
         request_id: str,
@@ -228,7 +232,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1344
+    # %% chapters/07_engine.md:1363
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -250,7 +254,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1376
+    # %% chapters/07_engine.md:1395
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -271,7 +275,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1406
+    # %% chapters/07_engine.md:1425
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -298,7 +302,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1440
+    # %% chapters/07_engine.md:1459
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -327,7 +331,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1475
+    # %% chapters/07_engine.md:1494
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -363,7 +367,7 @@ class LLMEngine:
         )
 
 
-# %% chapters/07_engine.md:1280
+# %% chapters/07_engine.md:1299
 @dataclass
 class _Sequence:
     request: Request

@@ -58,6 +58,10 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator | None] = {}
 
     # %% chapters/07_engine.md:451
+    # None: the cache lives on the model's device; chapter 18's executor says "meta"
+    # (its workers hold the cache, the engine keeps only the shape)
+    kv_cache_device: str | None = None
+
     @classmethod
     def num_reserved_blocks(cls, config: EngineConfig, parts: dict[str, Any]) -> int:
         """Cache blocks this runner keeps out of the pool (none here)."""
@@ -74,7 +78,7 @@ class ModelRunner:
     def remove_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    # %% chapters/07_engine.md:476
+    # %% chapters/07_engine.md:480
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -95,7 +99,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
 
-    # %% chapters/07_engine.md:506
+    # %% chapters/07_engine.md:510
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -135,7 +139,7 @@ class ModelRunner:
         return out.sampled_token_ids.tolist(), logprobs
 
 
-# %% chapters/07_engine.md:567
+# %% chapters/07_engine.md:571
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

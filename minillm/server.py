@@ -289,7 +289,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3128
+# %% chapters/16_server.md:3131
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -328,6 +328,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="quantize the weights at load, e.g. int4 (chapter 12); default: none",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="worker processes, one per tensor-parallel rank (chapter 18)",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -340,7 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3185
+# %% chapters/16_server.md:3194
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -380,12 +386,18 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
             if (spec := args.speculative_config)
             else {}
         ),
+        # an option chapter 18 declares; passed only when asked for
+        **(
+            {"tensor_parallel_size": args.tensor_parallel_size}
+            if args.tensor_parallel_size != 1
+            else {}
+        ),
     )
     name = args.served_model_name or args.model or "minillm-tiny"
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3234
+# %% chapters/16_server.md:3249
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -412,6 +424,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:3266
+# %% chapters/16_server.md:3281
 if __name__ == "__main__":
     main()
