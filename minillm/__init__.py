@@ -69,6 +69,7 @@ PLUGINS = (
     "minillm.kernels.paged_attention",
     "minillm.gpu_model_runner",
     "minillm.int4",
+    "minillm.quantization.methods",
 )
 
 # Imported on first use, so that `import minillm` stays cheap.
