@@ -86,7 +86,7 @@ def apply_scales(model: nn.Module, group: ScalingGroup, s: Tensor) -> None:
         group.fold(s)
 
 
-# %% chapters/13_quantization.md:1055
+# %% chapters/13_quantization.md:1074
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
@@ -120,7 +120,7 @@ def int4_codes(
     return out
 
 
-# %% chapters/13_quantization.md:1097
+# %% chapters/13_quantization.md:1116
 def int4_layers(model: nn.Module, codes: dict[str, Codes]) -> list[str]:
     """Replace each projection named in codes by chapter 12's Int4Linear."""
 
