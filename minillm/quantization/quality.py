@@ -14,7 +14,9 @@ import argparse
 import fcntl
 import hashlib
 import json
+import shutil
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +48,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(torch.exp(torch.tensor(nll / count))), torch.cat(top1)
 
 
-# %% chapters/13_quantization.md:1705
+# %% chapters/13_quantization.md:1707
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -73,12 +75,14 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:1737
+# %% chapters/13_quantization.md:1739
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256), held_out: tuple[int, int] = (8, 256),
-    group_size: int = 128,
+    group_size: int = 128, stored: str | Path | None = None,
 ) -> dict:  # fmt: skip
-    """{"rows": [{label, ppl, agreement, seconds}], ...} for the model called name."""
+    """{"rows": [{label, ppl, agreement, seconds}], ...} for the model called name;
+    from the cache, else from a table of the same key stored in the folder stored
+    (the repository's benchmarks/results), else computed."""
     folder = tiny_model_path(progress=False) if name == "tiny" else resolve_model(name)
     weights = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
     spec = [QUALITY_VERSION, weights, calib, held_out, group_size]
@@ -87,13 +91,15 @@ def quality_table(
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{path}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits for the first
+        copy = Path(stored) / path.name if stored else None
+        if not path.is_file() and copy is not None and copy.is_file():
+            table = json.loads(copy.read_text())
+            return table | {"source": f"stored {copy.name}", "key": key}
         if not path.is_file():
-            path.write_text(
-                json.dumps(build_table(name, folder, calib, held_out, group_size))
-                + "\n"
-            )
-            return json.loads(path.read_text()) | {"cached": False}
-    return json.loads(path.read_text()) | {"cached": True}
+            table = build_table(name, folder, calib, held_out, group_size)
+            path.write_text(json.dumps(table, indent=1) + "\n")
+            return table | {"source": "computed now", "key": key}
+    return json.loads(path.read_text()) | {"source": "cache", "key": key}
 
 
 def build_table(name, folder, calib, held_out, group_size) -> dict:
@@ -102,7 +108,10 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
     windows = token_windows(tokenizer, "held_out", *held_out)
     t0 = time.perf_counter()
     stats = capture(model, token_windows(tokenizer, "train", *calib))
-    table = {"model": name, "calib": calib, "held_out": held_out, "rows": [],
+    env = {"torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
+           "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
+    table = {"model": name, "environment": env, "calib": calib,
+             "held_out": held_out, "rows": [],
              "calibration_s": time.perf_counter() - t0}  # fmt: skip
     reference = None
     for label, method, settings in configurations(group_size):
@@ -122,11 +131,21 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="print the quality table of a model")
     p.add_argument("model", help='"tiny", "smollm2", or a model folder')
     p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--calib", type=int, nargs=2, default=(32, 256))
+    p.add_argument("--held-out", type=int, nargs=2, default=(8, 256))
+    p.add_argument("--store", type=Path, help="also copy the table into this folder")
     args = p.parse_args(argv)
-    for row in quality_table(args.model, group_size=args.group_size)["rows"]:
+    sizes = dict(calib=tuple(args.calib), held_out=tuple(args.held_out))
+    table = quality_table(args.model, group_size=args.group_size, **sizes)
+    if args.store:
+        key = table["key"]
+        shutil.copy(
+            default_cache_dir() / "quantized" / f"quality-{key}.json", args.store
+        )
+    for row in table["rows"]:
         print(f"{row['label']:28} ppl {row['ppl']:8.3f}  agree {row['agreement']:.1%}")
 
 
-# %% chapters/13_quantization.md:1792
+# %% chapters/13_quantization.md:1811
 if __name__ == "__main__":
     main()
