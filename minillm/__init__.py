@@ -70,6 +70,7 @@ PLUGINS = (
     "minillm.kernels.paged_attention",
     "minillm.gpu_model_runner",
     "minillm.int4",
+    "minillm.quantization.methods",
     "minillm.speculative.runner",
     "minillm.parallel.executor",
 )

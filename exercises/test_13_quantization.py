@@ -1,0 +1,54 @@
+"""Checks for chapter 13's exercises (chapters/13_quantization.md, "Exercises")."""
+
+import torch
+from _check import answer
+
+from minillm.quantization import apply, awq, w8a8
+from minillm.quantization.calibration import capture, token_windows
+from minillm.quantization.rtn import fake_quantize, output_error
+
+
+def _stats(tiny):
+    model, tokenizer = tiny
+    return capture(model, token_windows(tokenizer, "train", 8, 64))
+
+
+def test_clip(tiny):
+    """13.1: clipping before RTN never raises the output error, and lowers it
+    somewhere."""
+    awq_clip = answer(awq, "awq_clip", "13.1")
+    stats = _stats(tiny)
+    model = tiny[0]
+    gains = []
+    for name in ["model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj"]:
+        w = model.get_submodule(name).weight.detach()
+        h = stats[name].hessian
+        clipped = awq_clip(w, h, bits=4, group_size=128, grid=10)
+        assert clipped.shape == w.shape
+        assert (clipped.abs() <= w.abs().amax() + 1e-6).all()
+        rtn = output_error(w, fake_quantize(w, 4, 128), h)
+        err = output_error(w, fake_quantize(clipped, 4, 128), h)
+        assert err <= rtn * (1 + 1e-6)
+        gains.append(err / rtn)
+    assert min(gains) < 1
+
+
+def test_static(tiny):
+    """13.2: one given scale for the whole tensor; error at most half a step."""
+    quantize_int8_static = answer(w8a8, "quantize_int8_static", "13.2")
+    x = torch.randn(16, 64) * torch.linspace(0.1, 3, 16)[:, None]
+    scale = float(x.abs().max()) / 127
+    codes = quantize_int8_static(x, scale)
+    assert codes.dtype == torch.int8 and codes.abs().max() <= 127
+    assert ((codes.float() * scale - x).abs() <= scale / 2 + 1e-6).all()
+    per_token, s = w8a8.quantize_int8(x)
+    assert (per_token.float() * s - x).norm() < (codes.float() * scale - x).norm()
+
+
+def test_three_bits(tiny):
+    """13.3: GPTQ beats RTN at three bits and at four."""
+    gptq_gain = answer(apply, "gptq_gain", "13.3")
+    stats = _stats(tiny)
+    three, four = gptq_gain(tiny[0], stats, 3), gptq_gain(tiny[0], stats, 4)
+    assert 0 < three < 1 and 0 < four < 1
+    print(f"GPTQ / RTN output error: 3 bits {three:.2f}, 4 bits {four:.2f}")
