@@ -11,6 +11,8 @@ them in registers, and multiplies on the tensor cores; for the few rows of a dec
 step, K is split across programs and the last to finish adds the partial sums (split-K
 in one launch, as chapter 10's skinny kernel). `dequantize_int4(w)` writes the dense
 (K, N) weight with one kernel, for the big batches where cuBLAS on it wins.
+`int4_gemv(x, w)` is the same product for a few rows on the CUDA cores, without
+tl.dot (off by default: measured slower, GEMV_MAX_M = 0).
 `int4_linear` picks between them by the number of rows; `torch.ops.minillm.int4_mm` is
 the same as an operator torch.compile treats as one opaque call. On a machine without
 a GPU, set TRITON_INTERPRET=1 before importing this module.
@@ -44,7 +46,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:800
+# %% chapters/12_int4_gemm.md:802
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -71,7 +73,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:849
+# %% chapters/12_int4_gemm.md:851
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -90,7 +92,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:877
+# %% chapters/12_int4_gemm.md:879
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -138,7 +140,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:939
+# %% chapters/12_int4_gemm.md:941
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -181,7 +183,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:983
+# %% chapters/12_int4_gemm.md:985
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -223,7 +225,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1060
+# %% chapters/12_int4_gemm.md:1062
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -250,8 +252,8 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1115
-GEMV_MAX_M = 4  # up to this many rows: int4_gemv (CUDA cores, no tl.dot)
+# %% chapters/12_int4_gemm.md:1119
+GEMV_MAX_M = 0  # up to this many rows: int4_gemv; off, measured slower (below)
 
 
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
@@ -306,7 +308,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/12_int4_gemm.md:1180
+# %% chapters/12_int4_gemm.md:1184
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     block_m = triton.next_power_of_2(M)
@@ -355,7 +357,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1252
+# %% chapters/12_int4_gemm.md:1256
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
