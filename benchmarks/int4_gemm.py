@@ -9,6 +9,7 @@ bf16 activations, RTN weights with groups of 128. In the same run:
 - `fused`: `int4_matmul` at its default knobs (the fused Triton kernel);
 - `fused_nofold`: the same with fold=False (scale and zero applied to every weight),
   on the Llama-3.1-8B shapes;
+- `gemv`: `int4_gemv` at its default knobs (the CUDA-core GEMV), up to 16 rows;
 - `dequant_cublas`: `dequantize_int4` then cuBLAS on the dense weight;
 - `int4_linear`: what the engine runs (the path picked by M, FUSED_MAX_M);
 - `tinygemm`: `torch._weight_int4pack_mm` on the same codes, scales and zeros.
@@ -23,6 +24,8 @@ the same run.
 
 --sweep: a grid of the fused kernel's knobs on Llama-3.1-8B's down_proj and
 gate_up_proj at M = 1, 16, 64, 256 (where default_config's knobs come from).
+--gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1, 4, 16.
+--models, --rows: time only these models' shapes and these row counts.
 
 --decode: batch-1 decode time per output token through LLMEngine with CUDA graphs
 (prompt 128 random token ids, 128 output tokens, greedy, ignore_eos, median of 3), on
@@ -55,8 +58,11 @@ from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
 from minillm.int4 import Int4Weight, quantize_rtn  # noqa: E402
 from minillm.kernels.int4_gemm import (  # noqa: E402
     FUSED_MAX_M,
+    GEMV_MAX_M,
     default_config,
     dequantize_int4,
+    gemv_config,
+    int4_gemv,
     int4_linear,
     int4_matmul,
     num_sms,
@@ -86,6 +92,7 @@ METHODS = (
     "cublas",
     "fused",
     "fused_nofold",
+    "gemv",
     "dequant_cublas",
     "int4_linear",
     "tinygemm",
@@ -152,6 +159,8 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
     rows, shapes = [], QUICK_SHAPES if args.quick else SHAPES
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     for (model, name), (N, K) in shapes.items():
+        if args.models and model not in args.models:
+            continue
         g = torch.Generator().manual_seed(N + K)
         w0 = (torch.randn(N, K, generator=g) / K**0.5).to(device, dtype)
         qw = quantize_rtn(w0, GROUP)
@@ -168,7 +177,7 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
                 tiny_copies = [tinygemm_weight(w) for w in int4_copies]
             except RuntimeError as e:
                 print(f"tinygemm unavailable: {e}", file=sys.stderr)
-        for M in (1, 4, 16) if args.quick else ROWS:
+        for M in (1, 4, 16) if args.quick else args.rows or ROWS:
             x = torch.randn(M, K, generator=g).to(device, dtype)
             ref = F.linear(x, dense)
             fns = {
@@ -176,6 +185,7 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
                 "fused": lambda w: int4_matmul(x, w),
                 # scale and zero applied per weight (the fold's baseline), 8B only
                 "fused_nofold": lambda w: int4_matmul(x, w, fold=False),
+                "gemv": lambda w: int4_gemv(x, w),  # up to 16 rows
                 "dequant_cublas": lambda w: x @ dequantize_int4(w),
                 "int4_linear": lambda w: int4_linear(x, w),
                 "tinygemm": lambda w: torch._weight_int4pack_mm(x, w[0], GROUP, w[1]),
@@ -183,16 +193,24 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
             row = dict(model=model, name=name, N=N, K=K, M=M)
             row.update(bf16_bytes=w0.nbytes, int4_bytes=int4_bytes(qw))
             row["config"] = default_config(M, N, K, GROUP, num_sms(device))
+            row["gemv_config"] = gemv_config(M, N, K, GROUP, num_sms(device))
             for method, fn in fns.items():
                 copies = dict(cublas=dense_copies, tinygemm=tiny_copies).get(
                     method, int4_copies
                 )
                 if method == "fused_nofold" and model != "Llama-3.1-8B":
                     copies = None
+                if method == "gemv" and M > 16:
+                    copies = None
                 if copies is None:
                     row[f"{method}_us"] = None
                     continue
-                err = rel_error(fn(copies[0]), ref)
+                try:
+                    err = rel_error(fn(copies[0]), ref)
+                except Exception as e:  # a kernel that fails to build: recorded
+                    print(f"{model} {name} M={M} {method}: {e!r:.300}", flush=True)
+                    row[f"{method}_us"], row[f"{method}_failure"] = None, repr(e)[:300]
+                    continue
                 row[f"{method}_error"] = err
                 if err > TOLERANCE:
                     print(f"{model} {name} M={M} {method}: error {err:.3g}", flush=True)
@@ -219,6 +237,7 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
 
 SWEEP_SHAPES = (("Llama-3.1-8B", "down_proj"), ("Llama-3.1-8B", "gate_up_proj"))
 SWEEP_ROWS = (1, 16, 64, 256)
+GEMV_SWEEP_ROWS = (1, 4, 16)
 
 
 def grid(M: int) -> list[dict]:
@@ -240,27 +259,42 @@ def grid(M: int) -> list[dict]:
     ]
 
 
-def sweep(args, device, per_call_us, copy_bw) -> list[dict]:
+def gemv_grid(M: int) -> list[dict]:
+    """The knobs --gemv-sweep tries at M rows, the defaults first."""
+    return [
+        dict(block_n=bn, block_k=bk, split_k=sk, num_warps=nw)
+        for bk in ((64, 32) if M <= 2 else (32, 16))
+        for bn in (512, 256, 128)
+        for sk in (None, 4, 16)
+        for nw in (4, 2)
+    ]
+
+
+def sweep(args, device, per_call_us, copy_bw, gemv=False) -> list[dict]:
     """Every (shape, rows) gets an equal share of the time budget."""
-    out, share = [], args.sweep_budget_s / (len(SWEEP_SHAPES) * len(SWEEP_ROWS))
+    rows_swept = GEMV_SWEEP_ROWS if gemv else SWEEP_ROWS
+    out, share = [], args.sweep_budget_s / (len(SWEEP_SHAPES) * len(rows_swept))
+    fn, knob_grid = (int4_gemv, gemv_grid) if gemv else (int4_matmul, grid)
     for model, name in SWEEP_SHAPES:
         N, K = SHAPES[model, name]
         g = torch.Generator().manual_seed(N + K)
         w0 = (torch.randn(N, K, generator=g) / K**0.5).to(device, torch.bfloat16)
         qw = quantize_rtn(w0, GROUP)
         copies = rotated_int4(qw, max(2, math.ceil(ROTATE_BYTES / int4_bytes(qw))))
-        for M in SWEEP_ROWS:
+        for M in rows_swept:
             x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
             ref = F.linear(x, qw.dequantize(torch.bfloat16))
             stop = time.time() + share
-            for knobs in grid(M):
+            for knobs in knob_grid(M):
                 if time.time() > stop:
                     break
+                if gemv and knobs["split_k"] is None:  # the default split
+                    knobs = {**knobs, "split_k": gemv_config(M, N, K, GROUP)["split_k"]}
                 try:
-                    err = rel_error(int4_matmul(x, qw, **knobs), ref)
+                    err = rel_error(fn(x, qw, **knobs), ref)
                     us = per_call_us(
                         [
-                            lambda c=copies[i % len(copies)]: int4_matmul(x, c, **knobs)
+                            lambda c=copies[i % len(copies)]: fn(x, c, **knobs)
                             for i in range(max(20, len(copies)))
                         ]
                     )
@@ -279,7 +313,8 @@ def sweep(args, device, per_call_us, copy_bw) -> list[dict]:
                 best = min(timed, key=lambda r: r["us"])
                 us, knobs = best["us"], best["knobs"]
                 print(
-                    f"sweep {name} M {M}: {len(timed)} knobs, best {us:.1f} us {knobs}"
+                    f"{'gemv ' if gemv else ''}sweep {name} M {M}: {len(timed)} knobs, "
+                    f"best {us:.1f} us {knobs}"
                 )
     return out
 
@@ -331,6 +366,8 @@ def decode(args, device, copy_bw) -> list[dict]:
     prompt_len, output_len = (128, 128) if not args.quick else (16, 8)
     rows = []
     for shape, kwargs in DECODE_SHAPES.items():
+        if args.decode_shapes and shape not in args.decode_shapes:
+            continue
         config = ModelConfig(**{**kwargs, **(tiny if args.quick else {})})
         rng = random.Random(0)
         prompt = [
@@ -364,7 +401,7 @@ def decode(args, device, copy_bw) -> list[dict]:
             init_s = time.perf_counter() - start
             generate(engine, "warm-up", prompt[:16], 16)
             tpots, tokens = [], None
-            for i in range(1 if args.quick else 3):
+            for i in range(1 if args.quick else args.decode_repeats):
                 completion = generate(engine, f"r{i}", prompt, output_len)
                 tpots.append(completion.time_per_output_token)
                 tokens = tokens or completion.token_ids
@@ -401,7 +438,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time a grid of knobs")
     parser.add_argument("--sweep-budget-s", type=float, default=120)
+    parser.add_argument("--gemv-sweep", action="store_true", help="int4_gemv's knobs")
     parser.add_argument("--decode", action="store_true", help="batch-1 decode too")
+    parser.add_argument("--models", nargs="*", default=None, help="e.g. Llama-3.1-8B")
+    parser.add_argument("--rows", nargs="*", type=int, default=None)
+    parser.add_argument("--decode-shapes", nargs="*", default=None)
+    parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--no-products", action="store_true")
     parser.add_argument("--quick", action="store_true", help="CPU smoke test")
     parser.add_argument("--out", type=Path, default=None)
@@ -418,10 +460,11 @@ def main() -> None:
             "dtype": "bfloat16",
             "group_size": GROUP,
             "quantization": "RTN, asymmetric 4-bit (minillm.int4.quantize_rtn)",
-            "rows": list(ROWS),
+            "rows": list(args.rows or ROWS),
             "weights_rotated_bytes": ROTATE_BYTES,
             "timing": "CUDA-graph replay of many calls, median of 5 replays, per call",
             "fused_max_m": FUSED_MAX_M,
+            "gemv_max_m": GEMV_MAX_M,
             "quick": args.quick,
         },
         "copy_bandwidth_bytes_per_s": copy_bw,
@@ -431,6 +474,8 @@ def main() -> None:
         record["rows"] = products(args, device, per_call_us, copy_bw)
     if args.sweep and device.type == "cuda":
         record["sweep"] = sweep(args, device, per_call_us, copy_bw)
+    if args.gemv_sweep and device.type == "cuda":
+        record["gemv_sweep"] = sweep(args, device, per_call_us, copy_bw, gemv=True)
     if args.decode:
         record["decode"] = decode(args, device, copy_bw)
     if args.quick:

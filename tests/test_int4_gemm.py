@@ -15,8 +15,11 @@ triton = pytest.importorskip("triton")
 from minillm.int4 import int4_linear_ref, quantize_rtn  # noqa: E402
 from minillm.kernels.int4_gemm import (  # noqa: E402
     FUSED_MAX_M,
+    GEMV_MAX_M,
     default_config,
     dequantize_int4,
+    gemv_config,
+    int4_gemv,
     int4_linear,
     int4_matmul,
 )
@@ -68,10 +71,49 @@ def test_float16_and_its_magic_bits(fold):
     check(int4_matmul(x, w, fold=fold), x, w)
 
 
+# (M, N, K, group, knobs) for the GEMV: a partial last N tile, M under its padded
+# block, more splits asked than K steps, groups of 32, one step per slice
+GEMV_CONFIGS = [
+    (1, 45, 256, 128, dict(split_k=1)),
+    (3, 45, 256, 64, dict(split_k=8, block_k=32)),  # 8 K steps: 8 slices
+    (2, 70, 256, 32, dict(block_n=32, split_k=2)),
+    (8, 33, 128, 128, dict(block_n=64, split_k=1)),
+    (16, 64, 512, 128, dict(block_k=16, split_k=4)),
+]
+
+
+@pytest.mark.parametrize("M,N,K,group,knobs", GEMV_CONFIGS)
+def test_gemv_matches_reference(M, N, K, group, knobs):
+    x, w = make(M, N, K, group, seed=M)
+    check(int4_gemv(x, w, **knobs), x, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemv_in_16_bit_floats(dtype):
+    x, w = make(3, 40, 256, 128, dtype=dtype)
+    check(int4_gemv(x, w, split_k=2), x, w)
+
+
+def test_gemv_config_splits_k_to_fill_the_gpu():
+    down = gemv_config(1, 4096, 14336, 128)  # Llama-3.1-8B's down_proj
+    assert down["block_m"] == 1 and down["split_k"] > 1
+    assert gemv_config(3, 64, 256, 32)["block_k"] <= 32
+    assert gemv_config(3, 64, 256, 32)["block_m"] == 4
+
+
+def test_int4_linear_takes_the_gemv_up_to_gemv_max_m():
+    M = max(GEMV_MAX_M, 1)  # 0: the GEMV is off, and the tl.dot kernel runs
+    x, w = make(M, 40, 256, 128)
+    path = int4_gemv if M <= GEMV_MAX_M else int4_matmul
+    assert torch.equal(int4_linear(x, w), path(x, w))
+
+
 def test_split_k_counters_are_reset_between_launches():
     x, w = make(2, 40, 512, 128)
     first = int4_matmul(x, w, split_k=4)
     assert torch.equal(int4_matmul(x, w, split_k=4), first)
+    first = int4_gemv(x, w, split_k=4)
+    assert torch.equal(int4_gemv(x, w, split_k=4), first)
 
 
 def test_dequantize_kernel_is_exact():
@@ -108,13 +150,21 @@ def test_int4_linear_picks_a_path_and_keeps_shapes():
 
 
 @on_gpu
-@pytest.mark.parametrize("M", [1, 4, 16, 64, FUSED_MAX_M + 1, 256])
+@pytest.mark.parametrize("M", [1, 2, GEMV_MAX_M, 8, 16, 64, FUSED_MAX_M + 1, 256])
 @pytest.mark.parametrize(
     "N,K", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 )
 def test_llama_8b_shapes_in_bf16(M, N, K):
     x, w = make(M, N, K, 128, dtype=torch.bfloat16, seed=M)
     check(int4_linear(x, w), x, w)
+
+
+@on_gpu
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("N,K", [(6144, 4096), (28672, 4096), (4096, 14336)])
+def test_gemv_at_llama_8b_shapes_in_bf16(M, N, K):
+    x, w = make(M, N, K, 128, dtype=torch.bfloat16, seed=M)
+    check(int4_gemv(x, w), x, w)
 
 
 @on_gpu

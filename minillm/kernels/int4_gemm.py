@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:742
+# %% chapters/12_int4_gemm.md:743
 """A fused W4A16 matrix product in Triton (chapter 12, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -11,6 +11,8 @@ them in registers, and multiplies on the tensor cores; for the few rows of a dec
 step, K is split across programs and the last to finish adds the partial sums (split-K
 in one launch, as chapter 10's skinny kernel). `dequantize_int4(w)` writes the dense
 (K, N) weight with one kernel, for the big batches where cuBLAS on it wins.
+`int4_gemv(x, w)` is the same product for a few rows on the CUDA cores, without
+tl.dot (off by default: measured slower, GEMV_MAX_M = 0).
 `int4_linear` picks between them by the number of rows; `torch.ops.minillm.int4_mm` is
 the same as an operator torch.compile treats as one opaque call. On a machine without
 a GPU, set TRITON_INTERPRET=1 before importing this module.
@@ -44,7 +46,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:800
+# %% chapters/12_int4_gemm.md:803
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -71,7 +73,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:849
+# %% chapters/12_int4_gemm.md:852
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -90,7 +92,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:877
+# %% chapters/12_int4_gemm.md:880
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -138,7 +140,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:939
+# %% chapters/12_int4_gemm.md:942
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -181,7 +183,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:983
+# %% chapters/12_int4_gemm.md:986
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -223,7 +225,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1060
+# %% chapters/12_int4_gemm.md:1063
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -250,7 +252,112 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1093
+# %% chapters/12_int4_gemm.md:1120
+GEMV_MAX_M = 0  # up to this many rows: int4_gemv; off, measured slower (below)
+
+
+@triton.jit(do_not_specialize=["M", "SPLIT_K"])
+def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
+                      M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SPLIT: tl.constexpr):  # fmt: skip
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    i = tl.arange(0, BLOCK_K // 8)  # word rows of a step
+    n_ok, m_ok = n < N, m < M
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_K // 8, BLOCK_N], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        words = tl.load(
+            qw_ptr + (k0 // 8 + i)[:, None] * N + n[None, :],
+            mask=n_ok[None, :],
+            other=0,
+        )  # (BLOCK_K/8, BLOCK_N)
+        g = k0 // GROUP  # one group for the whole step
+        scale = tl.load(s_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+        zero = tl.load(z_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+        for j in tl.static_range(8):  # nibble j of every word: k = k0 + 8i + j
+            codes = ((words >> (4 * j)) & 0xF).to(tl.float32)
+            w = (codes - zero[None, :]) * scale[None, :]  # (BLOCK_K/8, BLOCK_N)
+            k = k0 + 8 * i + j
+            x = tl.load(
+                x_ptr + m[:, None] * stride_xm + k[None, :],
+                mask=m_ok[:, None],
+                other=0.0,
+            )  # (BLOCK_M, BLOCK_K/8)
+            acc += x.to(tl.float32)[:, :, None] * w[None, :, :]
+    total = tl.sum(acc, axis=1)  # (BLOCK_M, BLOCK_N): along K once per slice
+    y_ptrs = y_ptr + m[:, None] * stride_ym + n[None, :]
+    y_mask = m_ok[:, None] & n_ok[None, :]
+    if not SPLIT:
+        tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+    else:  # as in _int4_gemm_kernel: the last slice to arrive adds them up
+        part = m[:, None] * N + n[None, :]
+        tl.store(part_ptr + pid_k * M * N + part, total, mask=y_mask)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            out = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(0, SPLIT_K):
+                out += tl.load(part_ptr + s * M * N + part, mask=y_mask,
+                               other=0.0, cache_modifier=".cg")  # fmt: skip
+            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=y_mask)
+            tl.store(count_ptr + pid_n, 0)
+
+
+# %% chapters/12_int4_gemm.md:1185
+def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
+    """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
+    block_m = triton.next_power_of_2(M)
+    block_n = min(512, max(32, triton.next_power_of_2(N)))
+    block_k = 64 if block_m <= 2 else 32 if block_m <= 4 else 16  # registers
+    block_k = min(block_k, group & -group)
+    tiles, k_steps = triton.cdiv(N, block_n), K // block_k
+    split = 1  # up to 8 programs per multiprocessor, at least 2 steps per slice
+    while split < 32 and tiles * split < 8 * sms and k_steps >= 4 * split:
+        split *= 2
+    return dict(block_m=block_m, block_n=block_n, block_k=block_k, split_k=split,
+                num_warps=4)  # fmt: skip
+
+
+def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
+    """x (M, K) @ w.dequantize(x.dtype).T for a few rows, on the CUDA cores, in
+    float32; knobs override gemv_config (block_m, block_n, block_k, split_k, ...).
+    """
+    (M, K), (N, K_w) = x.shape, _nk(w)
+    if K != K_w or M < 1:
+        raise ValueError(f"x {tuple(x.shape)} does not fit a ({N}, {K_w}) weight")
+    if w.scales.dtype != x.dtype:
+        raise ValueError(f"scales are {w.scales.dtype}, x is {x.dtype}: cast one")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    cfg = {**gemv_config(M, N, K, w.group_size, num_sms(x.device)), **knobs}
+    bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
+    if w.group_size % bk or bk % 8 or bm < M:
+        raise ValueError(f"block_k={bk} must divide the group, block_m={bm} >= M")
+    k_steps = K // bk
+    steps_per_split = triton.cdiv(k_steps, min(cfg["split_k"], k_steps))
+    splits = triton.cdiv(k_steps, steps_per_split)  # no split left empty
+    grid = (triton.cdiv(N, bn), splits)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    part = count = y  # not read without a split
+    if splits > 1:
+        part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+        count = _counters(x.device, grid[0])
+    # fmt: off
+    _int4_gemv_kernel[grid](
+        x, w.qweight, w.scales, w.zeros, y, part, count,
+        M, N, K, steps_per_split * bk, splits, x.stride(0), y.stride(0),
+        GROUP=w.group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=splits > 1,
+        num_warps=cfg["num_warps"], num_stages=1,
+    )
+    # fmt: on
+    return y
+
+
+# %% chapters/12_int4_gemm.md:1257
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
@@ -260,6 +367,8 @@ def _int4_mm(
     )
     if x.shape[0] > FUSED_MAX_M:
         return x @ dequantize_int4(w)  # (M, K) @ (K, N): cuBLAS
+    if x.shape[0] <= GEMV_MAX_M:
+        return int4_gemv(x, w)  # a few rows: the CUDA cores
     return int4_matmul(x, w)
 
 
@@ -269,8 +378,8 @@ def _(x, qweight, scales, zeros, group_size):  # the output's shape, for the com
 
 
 def int4_linear(x: Tensor, w: Int4Weight, bias: Tensor | None = None) -> Tensor:
-    """x (..., K) @ w.dequantize().T (+ bias): the fused kernel for few rows,
-    dequantize-then-cuBLAS for many.
+    """x (..., K) @ w.dequantize().T (+ bias): the GEMV for a few rows, the fused
+    kernel for more, dequantize-then-cuBLAS for many.
     """
     rows, K = x.numel() // x.shape[-1], x.shape[-1]
     x2 = x.reshape(rows, K)
