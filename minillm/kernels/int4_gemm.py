@@ -365,7 +365,7 @@ def _int4_mm(
     w = SimpleNamespace(
         qweight=qweight, scales=scales, zeros=zeros, group_size=group_size
     )
-    if x.shape[0] > FUSED_MAX_M:
+    if x.shape[0] > FUSED_MAX_M or x.shape[0] == 0:
         return x @ dequantize_int4(w)  # (M, K) @ (K, N): cuBLAS
     if x.shape[0] <= GEMV_MAX_M:
         return int4_gemv(x, w)  # a few rows: the CUDA cores

@@ -19,10 +19,12 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -39,7 +41,7 @@ class WorkerError(RuntimeError):
     """A rank raised, died or did not answer in time; every rank has been ended."""
 
 
-# %% chapters/18_parallelism.md:214
+# %% chapters/18_parallelism.md:216
 def context():
     """Processes are forked from a server that imported torch once (forkserver):
     a rank starts in milliseconds, not in the seconds an import of torch takes, and
@@ -63,7 +65,7 @@ def init_process(rank: int, world_size: int, init_file: str, backend: str) -> No
     )
 
 
-# %% chapters/18_parallelism.md:243
+# %% chapters/18_parallelism.md:252
 def spawn(target: Callable, world_size: int, args: tuple, per_rank: list) -> list:
     """Start world_size daemon processes, rank r running target(r, world_size,
     init_file, *args, per_rank[r]); daemons end with their parent's normal exit."""
@@ -71,14 +73,28 @@ def spawn(target: Callable, world_size: int, args: tuple, per_rank: list) -> lis
     fd, init_file = tempfile.mkstemp(prefix="minillm-dist-")
     os.close(fd)  # the ranks' FileStore meets in this (empty) file
     procs = []
-    for rank in range(world_size):
-        p = ctx.Process(
-            target=target, args=(rank, world_size, init_file, *args, per_rank[rank])
-        )
-        p.daemon = True
-        p.start()
-        procs.append(p)
+    with _main_without_file():
+        for rank in range(world_size):
+            args_r = (rank, world_size, init_file, *args, per_rank[rank])
+            p = ctx.Process(target=target, args=args_r)
+            p.daemon = True
+            p.start()
+            procs.append(p)
     return procs
+
+
+@contextmanager
+def _main_without_file():
+    """A child re-runs its parent's __main__ file (multiprocessing's way of finding
+    the parent's functions); hidden, a script's ranks start as a notebook's do."""
+    main = sys.modules["__main__"]
+    hide = getattr(main, "__spec__", None) is None and hasattr(main, "__file__")
+    path = main.__dict__.pop("__file__") if hide else None
+    try:
+        yield
+    finally:
+        if hide:
+            main.__file__ = path
 
 
 def stop(procs: list, grace_s: float = 5.0) -> None:
@@ -95,7 +111,7 @@ def stop(procs: list, grace_s: float = 5.0) -> None:
             p.join()
 
 
-# %% chapters/18_parallelism.md:283
+# %% chapters/18_parallelism.md:306
 def _run_rank(rank, world_size, init_file, fn, backend, args, conn) -> None:
     try:
         init_process(rank, world_size, init_file, backend)
@@ -126,7 +142,7 @@ def _collect(pipes, procs, got: dict, timeout_s: float) -> None:
                 raise WorkerError(f"rank {rank} died with exit code {code}")
 
 
-# %% chapters/18_parallelism.md:315
+# %% chapters/18_parallelism.md:338
 def launch(
     fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_s=120.0
 ) -> list[Any]:
@@ -146,7 +162,7 @@ def launch(
     return [got[rank] for rank in range(world_size)]
 
 
-# %% chapters/18_parallelism.md:344
+# %% chapters/18_parallelism.md:367
 @dataclass
 class Group:
     """The ranks that one kind of parallelism spans; rank is this process's place
@@ -182,7 +198,7 @@ def world_group() -> Group:
     return Group(list(range(dist.get_world_size())), dist.get_rank())
 
 
-# %% chapters/18_parallelism.md:387
+# %% chapters/18_parallelism.md:410
 def model_parallel_groups(tp_size: int, pp_size: int) -> tuple[Group, Group]:
     """(this rank's tensor-parallel group, its pipeline group) in a world of
     tp_size * pp_size ranks: global rank = stage * tp_size + tp_rank."""
