@@ -171,27 +171,67 @@ class StructuredOutputLogitsProcessor:
         return self.prefixes[key]
 
     # %% chapters/15_structured_output.md:3462
-    def __call__(self, output_token_ids: list[int], logits: Tensor) -> Tensor:
+    def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
+        """(num_words,) uint32: the tokens allowed after output_token_ids."""
         m = self.matcher(output_token_ids)
         if self.budget is None or m.terminated:
-            words = m.next_token_mask()
-        else:
-            words = self.budget.mask(m.stacks, self.max_tokens - len(output_token_ids))
-            if not words.any():  # the bound is loose: it may see no way to finish
-                words = m.next_token_mask()  # in time; then the grammar alone
+            return m.next_token_mask()
+        words = self.budget.mask(m.stacks, self.max_tokens - len(output_token_ids))
+        if not words.any():  # the bound is loose: it may see no way to finish
+            words = m.next_token_mask()  # in time; then the grammar alone
+        return words
+
+    def __call__(self, output_token_ids: list[int], logits: Tensor) -> Tensor:
+        """One row (the reference path): logits (vocab,), masked in place."""
+        words = self.next_token_mask(output_token_ids)
         bitmask = torch.from_numpy(words.view(np.int32))[None]  # (1, words)
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
+    # %% chapters/15_structured_output.md:3498
+    @staticmethod
+    def apply_batch(
+        logits: Tensor,
+        rows: list[int],
+        processors: list[StructuredOutputLogitsProcessor],
+        output_token_ids: list[list[int]],
+    ) -> Tensor:
+        """The batch path (chapter 6's apply_batch): logits (num_seqs, vocab); one
+        bitmask for the grammar rows, one copy to the device, one masked fill."""
+        slot = {row: k for k, row in enumerate(dict.fromkeys(rows))}
+        num_words = processors[0].compiled.num_words
+        host = host_bitmask(len(slot), num_words, logits.device)  # (rows, words)
+        words = host.numpy().view(np.uint32)
+        filled = set()
+        for row, p, ids in zip(rows, processors, output_token_ids):
+            k = slot[row]
+            if k in filled:  # a second grammar on this row: both must allow
+                words[k] &= p.next_token_mask(ids)
+            else:
+                words[k] = p.next_token_mask(ids)  # a row copy of a cached mask
+                filled.add(k)
+        indices = None if list(slot) == list(range(logits.shape[0])) else list(slot)
+        return apply_token_bitmask_inplace(logits, host, indices)
 
-# %% chapters/15_structured_output.md:3478
+
+# %% chapters/15_structured_output.md:3526
+def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
+    """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
+
+    A fresh tensor each step: under chapter 11's run-ahead a step's copy may still
+    be reading the last one."""
+    pin = device.type == "cuda"
+    return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
+
+
+# %% chapters/15_structured_output.md:3535
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:3502
+# %% chapters/15_structured_output.md:3559
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
