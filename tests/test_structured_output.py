@@ -331,3 +331,32 @@ def test_engine_tokens_equal_with_batch_and_per_row_masks():
         assert b.outputs[0].token_ids == r.outputs[0].token_ids
         schema = BATCH_SCHEMAS[i % len(BATCH_SCHEMAS)]
         jsonschema.validate(json.loads(b.outputs[0].text), schema)
+
+
+def test_constrained_requests_run_ahead_like_chapter7():
+    """Greedy constrained requests stay on chapter 11's run-ahead path (async
+    scheduling, persistent batch): each step's mask waits for the token in flight,
+    and the outputs equal chapter 7's engine, step for step."""
+    from minillm import LLM, SamplingParams
+
+    common = dict(block_size=4, num_kv_blocks=256, max_num_seqs=8)
+    prompts = ["Once upon a time", "The dog", "A cat sat", "In the", "Up"]
+
+    def run(llm):
+        params = []
+        for i in range(len(prompts)):
+            if i == 3:  # a free request in the same batch
+                params.append(SamplingParams(temperature=0, max_tokens=20))
+                continue
+            so = StructuredOutputsParams(json=BATCH_SCHEMAS[i % len(BATCH_SCHEMAS)])
+            proc = so.logits_processor(llm.tokenizer, max_tokens=24)
+            params.append(SamplingParams(temperature=0, max_tokens=24,
+                                         logits_processors=[proc]))  # fmt: skip
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outputs]
+
+    expected = run(LLM(persistent_batch=False, **common))
+    fast = LLM(persistent_batch=True, async_scheduling=True, **common)
+    assert run(fast) == expected
+    stepper = fast.engine.stepper
+    assert stepper.num_ahead > 0 and stepper.num_in_step == 0
