@@ -4,10 +4,12 @@
 
 # %% chapters/15_structured_output.md:3276
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
-with caches, and the logits processor that masks a request's row (chapter 15).
+with caches, and the logits processor that masks the grammar rows (chapter 15).
 
-The processor plugs into chapter 6's seam, `SamplingParams.logits_processors`: the
-sampler calls it with the request's output tokens so far and its logits row.
+The processor plugs into chapter 6's seam, `SamplingParams.logits_processors`; its
+`apply_batch` (chapter 6's door for batch-level processors, and chapter 11's
+run-ahead) fills one bitmask for a step's rows, as vLLM's
+StructuredOutputManager.grammar_bitmask and apply_grammar_bitmask do.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3309
+# %% chapters/15_structured_output.md:3311
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -60,7 +62,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3337
+    # %% chapters/15_structured_output.md:3339
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -102,7 +104,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens)
 
 
-# %% chapters/15_structured_output.md:3386
+# %% chapters/15_structured_output.md:3388
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -133,7 +135,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:3423
+# %% chapters/15_structured_output.md:3425
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -170,7 +172,7 @@ class StructuredOutputLogitsProcessor:
         self.prefixes.move_to_end(key)
         return self.prefixes[key]
 
-    # %% chapters/15_structured_output.md:3462
+    # %% chapters/15_structured_output.md:3464
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         m = self.matcher(output_token_ids)
@@ -188,7 +190,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:3498
+    # %% chapters/15_structured_output.md:3500
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -214,7 +216,7 @@ class StructuredOutputLogitsProcessor:
         return apply_token_bitmask_inplace(logits, host, indices)
 
 
-# %% chapters/15_structured_output.md:3526
+# %% chapters/15_structured_output.md:3528
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -224,14 +226,14 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:3535
+# %% chapters/15_structured_output.md:3537
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:3559
+# %% chapters/15_structured_output.md:3561
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
