@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3294
+# %% chapters/15_structured_output.md:3296
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
 with caches, and the logits processor that masks the grammar rows (chapter 15).
 
@@ -36,7 +36,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3329
+# %% chapters/15_structured_output.md:3331
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -62,7 +62,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3357
+    # %% chapters/15_structured_output.md:3359
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -104,7 +104,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens)
 
 
-# %% chapters/15_structured_output.md:3406
+# %% chapters/15_structured_output.md:3408
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -135,7 +135,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:3443
+# %% chapters/15_structured_output.md:3445
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -172,7 +172,7 @@ class StructuredOutputLogitsProcessor:
         self.prefixes.move_to_end(key)
         return self.prefixes[key]
 
-    # %% chapters/15_structured_output.md:3482
+    # %% chapters/15_structured_output.md:3484
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         m = self.matcher(output_token_ids)
@@ -190,7 +190,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:3518
+    # %% chapters/15_structured_output.md:3520
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -216,7 +216,7 @@ class StructuredOutputLogitsProcessor:
         return apply_token_bitmask_inplace(logits, host, indices)
 
 
-# %% chapters/15_structured_output.md:3546
+# %% chapters/15_structured_output.md:3548
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -226,14 +226,14 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:3555
+# %% chapters/15_structured_output.md:3557
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:3579
+# %% chapters/15_structured_output.md:3581
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
