@@ -12,7 +12,10 @@ in one run:
 - constrained, cold: the first run, compiling each schema and computing each grammar
   state's mask when it is first reached;
 - constrained, warm: the same again, the compiled grammars cached (as a server that
-  has seen the schemas before).
+  has seen the schemas before);
+- constrained, warm, per row: the same with each processor hidden behind a plain
+  function, so the sampler masks one row at a time and the steps are not launched
+  ahead (chapter 15's reference path, what the engine did before `apply_batch`).
 
 Output tokens/s for each, the overhead against the baseline, and the time spent in the
 logits processors (mask computation and application, on the engine's thread).
@@ -65,8 +68,9 @@ SCHEMAS = [
 ]  # fmt: skip
 
 
-class Timed:
-    """A logits processor that adds its time to a shared counter."""
+class TimedRow:
+    """A logits processor that adds its time to a shared counter; a plain function to
+    the sampler, so it is called one row at a time (chapter 15's reference path)."""
 
     def __init__(self, processor, clock: dict):
         self.processor, self.clock = processor, clock
@@ -77,6 +81,21 @@ class Timed:
         self.clock["seconds"] += time.perf_counter() - t0
         self.clock["calls"] += 1
         return out
+
+
+class Timed(TimedRow):
+    """The same, batch-level (chapter 6's apply_batch): one bitmask per step, and the
+    requests stay on chapter 11's run-ahead path."""
+
+    @staticmethod
+    def apply_batch(logits, rows, processors, output_token_ids):
+        t0 = time.perf_counter()
+        inner = [p.processor for p in processors]
+        type(inner[0]).apply_batch(logits, rows, inner, output_token_ids)
+        clock = processors[0].clock
+        clock["seconds"] += time.perf_counter() - t0
+        clock["calls"] += len(rows)
+        return logits
 
 
 def random_smollm2(smollm2: Path, folder: Path, device: str) -> None:
@@ -92,14 +111,16 @@ def random_smollm2(smollm2: Path, folder: Path, device: str) -> None:
         shutil.copy(smollm2 / name, folder / name)
 
 
-def run(llm, prompts, max_tokens, constrained: bool, clock: dict) -> dict:
+def run(
+    llm, prompts, max_tokens, constrained: bool, clock: dict, per_row: bool = False
+) -> dict:
     params = []
     for i in range(len(prompts)):
         processors = []
         if constrained:
             so = StructuredOutputsParams(json=SCHEMAS[i % len(SCHEMAS)])
             proc = so.logits_processor(compiler_for(llm.tokenizer), max_tokens)
-            processors = [Timed(proc, clock)]
+            processors = [(TimedRow if per_row else Timed)(proc, clock)]
         params.append(
             SamplingParams(
                 temperature=0,
@@ -169,15 +190,19 @@ def main() -> None:
     warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate(prompts[:4], [warm] * 4, use_tqdm=False)  # warm-up, untimed
     results, clocks = {}, {}
-    for name, constrained in (("unconstrained", False), ("constrained_cold", True),
-                              ("constrained_warm", True)):  # fmt: skip
+    runs = (("unconstrained", False, False), ("constrained_cold", True, False),
+            ("constrained_warm", True, False),
+            ("constrained_warm_per_row", True, True))  # fmt: skip
+    for name, constrained, per_row in runs:
         clocks[name] = {"seconds": 0.0, "calls": 0}
-        results[name] = run(llm, prompts, args.max_tokens, constrained, clocks[name])
+        results[name] = run(
+            llm, prompts, args.max_tokens, constrained, clocks[name], per_row
+        )
         results[name]["processor_seconds"] = clocks[name]["seconds"]
         results[name]["processor_calls"] = clocks[name]["calls"]
         print(name, results[name], flush=True)
     base = results["unconstrained"]["output_tokens_per_s"]
-    for name in ("constrained_cold", "constrained_warm"):
+    for name in ("constrained_cold", "constrained_warm", "constrained_warm_per_row"):
         results[name]["overhead"] = 1 - results[name]["output_tokens_per_s"] / base
     record = {
         "benchmark": "structured_output",

@@ -40,14 +40,20 @@ from minillm.sampling_params import SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:495
-def is_plain_greedy(params: SamplingParams) -> bool:
-    """Whether the sampler would reduce to an argmax for these parameters."""
+# %% chapters/11_cuda_graph.md:497
+def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> bool:
+    """Whether the sampler would reduce to an argmax for these parameters (after
+    batch-level logits processors, if batch_processors)."""
+    processors = params.logits_processors
     return (
         params.sampling_type is SamplingType.GREEDY
         and params.logprobs is None
         and params.min_tokens == 0
-        and not params.logits_processors
+        and (
+            not processors
+            or batch_processors
+            and all(hasattr(type(p), "apply_batch") for p in processors)
+        )
         and params.allowed_token_ids is None
         and not params.banned_token_ids
         and params.repetition_penalty == 1
@@ -56,7 +62,7 @@ def is_plain_greedy(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/11_cuda_graph.md:520
+# %% chapters/11_cuda_graph.md:528
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -99,7 +105,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:568
+    # %% chapters/11_cuda_graph.md:576
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
@@ -116,7 +122,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:594
+    # %% chapters/11_cuda_graph.md:602
     def forward(
         self,
         output: SchedulerOutput,
@@ -148,7 +154,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:634
+    # %% chapters/11_cuda_graph.md:642
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -165,7 +171,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1333
+    # %% chapters/11_cuda_graph.md:1341
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -196,17 +202,25 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1375
+    # %% chapters/11_cuda_graph.md:1393
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
     ) -> InFlight | None:
         """Enqueue the step and its argmax without waiting; None (and nothing done)
-        unless every request that samples is plainly greedy.
+        unless every request that samples is plainly greedy (batch-level logits
+        processors allowed).
         """
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
-        if not all(self.plain_greedy.get(requests[i].request_id) for i in sampling):
+        chosen = [requests[i] for i in sampling]
+        with_processors = [r.sampling_params.logits_processors for r in chosen]
+        masked = [j for j, ps in enumerate(with_processors) if ps]  # masked rows
+        if not all(
+            self.plain_greedy.get(r.request_id)
+            or is_plain_greedy(r.sampling_params, batch_processors=True)
+            for r in chosen
+        ):
             return None
         previous, self.previous = self.previous, None
         holes = [i for i in sampling if requests[i].num_output_placeholders]
@@ -215,7 +229,10 @@ class GPUModelRunner(ModelRunner):
         if not (inputs.all_sample and inputs.max_query_len == 1):  # the sampling rows
             last = inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1
             hidden = hidden[upload(last, self.device)]
-        tokens = self.model.lm_head(hidden).argmax(dim=-1)  # (len(sampling),)
+        logits = self.model.lm_head(hidden)  # (len(sampling), vocab)
+        if masked:
+            self._mask_ahead(logits, masked, [chosen[j] for j in masked], previous)
+        tokens = logits.argmax(dim=-1)  # (len(sampling),)
         host, ready = tokens, None
         if self.device.type == "cuda":
             self.host_slot ^= 1
@@ -223,11 +240,30 @@ class GPUModelRunner(ModelRunner):
             host.copy_(tokens, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
-        chosen = [requests[i] for i in sampling]
         self.previous = InFlight(output, chosen, tokens, host, ready)
         return self.previous
 
-    # %% chapters/11_cuda_graph.md:1717
+    def _mask_ahead(self, logits, rows, requests, previous) -> None:
+        """Batch-level processors on rows of logits (len(sampling), vocab), with each
+        request's output completed by its placeholder's token from `previous`."""
+        last = {}
+        if any(r.num_output_placeholders for r in requests):
+            if previous.ready is not None:
+                previous.ready.synchronize()  # step N's tokens, not this step
+            ids = (r.request_id for r in previous.sampling)
+            last = dict(zip(ids, previous.host.tolist()))
+        batched: dict = {}  # apply_batch -> [(row, processor, output ids)]
+        for row, r in zip(rows, requests):
+            out = r.output_token_ids
+            if r.num_output_placeholders:
+                out = [*out, last[r.request_id]]
+            for p in r.sampling_params.logits_processors:
+                batched.setdefault(type(p).apply_batch, []).append((row, p, out))
+        for apply_batch, items in batched.items():
+            rows_, processors, outs = zip(*items)
+            apply_batch(logits, list(rows_), list(processors), list(outs))
+
+    # %% chapters/11_cuda_graph.md:1765
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -248,7 +284,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:1665
+# %% chapters/11_cuda_graph.md:1713
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -292,5 +328,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:1745
+# %% chapters/11_cuda_graph.md:1793
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -22,14 +22,23 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:1133
+# %% chapters/06_sampler.md:1143
 def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     """Logits processors, allowed / banned tokens and min_tokens: -inf where a row
     may not go. In place.
     """
+    batched: dict = {}  # apply_batch -> [(row, processor)]: one call per kind
     for row, processors in md.logits_processors.items():
         for processor in processors:
-            logits[row] = processor(md.output_token_ids[row], logits[row])  # (vocab,)
+            apply_batch = getattr(type(processor), "apply_batch", None)
+            if apply_batch is not None:
+                batched.setdefault(apply_batch, []).append((row, processor))
+            else:  # (vocab,)
+                logits[row] = processor(md.output_token_ids[row], logits[row])
+    for apply_batch, pairs in batched.items():
+        rows = [row for row, _ in pairs]
+        outputs = [md.output_token_ids[row] for row in rows]
+        apply_batch(logits, rows, [p for _, p in pairs], outputs)
     if md.allowed_token_ids_mask is not None:
         logits.masked_fill_(md.allowed_token_ids_mask, float("-inf"))
     rows, cols = [], []
@@ -45,7 +54,7 @@ def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     return logits
 
 
-# %% chapters/06_sampler.md:1182
+# %% chapters/06_sampler.md:1201
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     """(num_seqs, length) token ids padded with vocab_size -> (num_seqs, vocab_size)
     occurrence counts.
@@ -80,7 +89,7 @@ def apply_penalties(
     return logits
 
 
-# %% chapters/06_sampler.md:1252
+# %% chapters/06_sampler.md:1271
 def apply_temperature(logits: Tensor, temperature: Tensor, all_random: bool) -> Tensor:
     """Divide each row by its temperature (greedy rows, T = 0, by 1). In place."""
     if not all_random:
@@ -98,7 +107,7 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-# %% chapters/06_sampler.md:1291
+# %% chapters/06_sampler.md:1310
 def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Tensor:
     """Keep each row's k most likely tokens, then the smallest top set holding
     probability p.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1363
+# %% chapters/06_sampler.md:1382
 """The batched sampler: a batch's logits in, next tokens and logprobs out (chapter 6,
 "The sampler").
 
@@ -34,7 +34,7 @@ from minillm.sampling_metadata import SamplingMetadata, pad_token_ids
 from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:1396
+# %% chapters/06_sampler.md:1415
 def random_sample(
     probs: Tensor,
     generators: dict[int, torch.Generator],
@@ -54,7 +54,7 @@ def random_sample(
     return probs.div(noise).argmax(dim=-1)  # (num_seqs,)
 
 
-# %% chapters/06_sampler.md:1449
+# %% chapters/06_sampler.md:1468
 @dataclass
 class SampleLogprobs:
     """One request's logprobs for one sampled token."""
@@ -76,7 +76,7 @@ class LogprobsTensors:
     logprobs: Tensor  # (num_seqs, 1 + max_num_logprobs) float32
     sampled_token_ranks: Tensor  # (num_seqs,) int64
 
-    # %% chapters/06_sampler.md:1479
+    # %% chapters/06_sampler.md:1498
     def tolists(
         self, num_logprobs: Sequence[int | None]
     ) -> list[SampleLogprobs | None]:
@@ -101,7 +101,7 @@ class LogprobsTensors:
         ]
 
 
-# %% chapters/06_sampler.md:1516
+# %% chapters/06_sampler.md:1535
 def gather_logprobs(
     logprobs: Tensor, num_logprobs: int, token_ids: Tensor
 ) -> LogprobsTensors:
@@ -119,7 +119,7 @@ def gather_logprobs(
     )
 
 
-# %% chapters/06_sampler.md:1541
+# %% chapters/06_sampler.md:1560
 @dataclass
 class SamplerOutput:
     sampled_token_ids: Tensor  # (num_seqs,) int64
@@ -152,7 +152,7 @@ class Sampler(nn.Module):
             )
         self.logprobs_mode, self.generator = logprobs_mode, generator
 
-    # %% chapters/06_sampler.md:1587
+    # %% chapters/06_sampler.md:1606
     def forward(self, logits: Tensor, md: SamplingMetadata) -> SamplerOutput:
         # (num_seqs, vocab); the caller's tensor stays as it was
         logits = logits.to(torch.float32, copy=True)
@@ -171,7 +171,7 @@ class Sampler(nn.Module):
             logprobs_tensors = gather_logprobs(logprobs, md.max_num_logprobs, sampled)
         return SamplerOutput(sampled, logprobs_tensors)
 
-    # %% chapters/06_sampler.md:1614
+    # %% chapters/06_sampler.md:1633
     @staticmethod
     def apply_constraints_and_penalties(logits: Tensor, md: SamplingMetadata) -> Tensor:
         logits = apply_token_constraints(logits, md)
@@ -199,7 +199,7 @@ class Sampler(nn.Module):
             logits = apply_min_p(logits, md.min_p)
         return apply_top_k_top_p(logits, md.top_k, md.top_p)
 
-    # %% chapters/06_sampler.md:1653
+    # %% chapters/06_sampler.md:1672
     def sample(self, logits: Tensor, md: SamplingMetadata) -> tuple[Tensor, Tensor]:
         """(sampled token ids (num_seqs,), the logits they were drawn from (num_seqs,
         vocab)).

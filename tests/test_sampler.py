@@ -450,6 +450,44 @@ def test_logits_processors_see_the_output_and_run_first():
     assert tokens[0] == 9 and calls == [[4, 4]]  # called once, for its own row only
 
 
+class OnlyToken:
+    """A batch-level logits processor (apply_batch): its rows may only produce
+    `token`; records each batch call."""
+
+    calls: list = []
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, output_token_ids, logits):  # the per-row form
+        keep = logits[self.token].clone()
+        logits.fill_(float("-inf"))
+        logits[self.token] = keep
+        return logits
+
+    @staticmethod
+    def apply_batch(logits, rows, processors, output_token_ids):
+        OnlyToken.calls.append((list(rows), [list(o) for o in output_token_ids]))
+        for row, p, ids in zip(rows, processors, output_token_ids):
+            p(ids, logits[row])
+        return logits
+
+
+def test_batch_level_processors_get_one_call_for_their_rows():
+    OnlyToken.calls = []
+    params = [
+        SamplingParams(logits_processors=[OnlyToken(3)]),
+        SamplingParams(),
+        SamplingParams(logits_processors=[OnlyToken(7)]),
+    ]
+    outputs = [[4], [5], [6, 6]]
+    tokens = Sampler()(
+        random_logits(3, 16), metadata(params, 16, outputs=outputs)
+    ).sampled_token_ids.tolist()
+    assert tokens[0] == 3 and tokens[2] == 7
+    assert OnlyToken.calls == [([0, 2], [[4], [6, 6]])]  # one call, both rows
+
+
 def test_penalties_follow_openai_and_ctrl():
     z = torch.tensor([[2.0, 2.0, -1.0, 1.0, 0.5]])
     # 5 = padding

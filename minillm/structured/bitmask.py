@@ -2,12 +2,15 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3218
+# %% chapters/15_structured_output.md:3227
 """Token bitmasks on the device: 32 tokens per int32 word, applied to logits
 (chapter 15). The layout is xgrammar's and vLLM's."""
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -21,13 +24,19 @@ def allocate_token_bitmask(batch_size: int, vocab_size: int) -> Tensor:
 
 def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
     """(rows, words) int32 -> (rows, vocab_size) bool: True where allowed."""
-    shifts = _SHIFTS.get(bitmask.device)
-    if shifts is None:
-        shifts = _SHIFTS[bitmask.device] = torch.arange(
-            32, device=bitmask.device, dtype=torch.int32
-        )
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # (rows, words, 32)
-    allowed = bits.flatten(1).bool()  # (rows, words * 32)
+    if bitmask.device.type == "cpu" and sys.byteorder == "little":
+        # numpy's unpackbits is one C loop: a few times faster than the shifts
+        as_bytes = bitmask.numpy().view(np.uint8)  # (rows, words * 4)
+        bits = np.unpackbits(as_bytes, axis=1, bitorder="little")
+        allowed = torch.from_numpy(bits).view(torch.bool)  # (rows, words * 32)
+    else:
+        shifts = _SHIFTS.get(bitmask.device)
+        if shifts is None:
+            shifts = _SHIFTS[bitmask.device] = torch.arange(
+                32, device=bitmask.device, dtype=torch.int32
+            )
+        bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # (rows, words, 32)
+        allowed = bits.flatten(1).bool()  # (rows, words * 32)
     if allowed.shape[1] < vocab_size:  # logits wider than the tokenizer: padding ids
         allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
     return allowed[:, :vocab_size]

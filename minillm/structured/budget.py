@@ -15,6 +15,7 @@ the mask keeps only the tokens after which the document can still be finished.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 
 import numpy as np
 
@@ -23,13 +24,15 @@ from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3119
+# %% chapters/15_structured_output.md:3120
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
         self.dist = self._distances()
         self.worst: dict[int, int] = {}  # state -> the largest distance after a token
         self.walks: dict[int, tuple] = {}  # state -> (token ids, their end states)
+        # stacks -> the room below which the budget may cut tokens (INF: always)
+        self.bites_below: OrderedDict[Stacks, int] = OrderedDict()
 
     def _distances(self) -> np.ndarray:
         """(states + 1,) the fewest single-byte tokens from each state to the end of
@@ -69,18 +72,22 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3172
+    # %% chapters/15_structured_output.md:3175
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
         c = self.compiled
         closed, room = c.closure(stacks), remaining - 1
-        worst = max(
-            int(self.dist[list(s[:-1])].sum()) + self.worst_after(s[-1]) for s in closed
-        )
-        unsure = c.unsure_tokens(closed)
-        if worst <= room and not len(unsure):
+        if stacks not in self.bites_below:  # per stacks, as the masks are cached
+            worst = max(
+                int(self.dist[list(s[:-1])].sum()) + self.worst_after(s[-1])
+                for s in closed
+            )
+            bound = INF if len(c.unsure_tokens(closed)) else worst
+            c._remember(self.bites_below, stacks, bound)
+        if self.bites_below[stacks] <= room:  # it cannot bite: the grammar's mask
             return c.mask(stacks)
+        unsure = c.unsure_tokens(closed)
         words = np.zeros(c.num_words, np.uint32)
         for stack in closed:
             lower = int(self.dist[list(stack[:-1])].sum())
@@ -95,7 +102,7 @@ class FinishBudget:
         return words
 
 
-# %% chapters/15_structured_output.md:3200
+# %% chapters/15_structured_output.md:3207
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

@@ -2,12 +2,14 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3276
+# %% chapters/15_structured_output.md:3296
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
-with caches, and the logits processor that masks a request's row (chapter 15).
+with caches, and the logits processor that masks the grammar rows (chapter 15).
 
-The processor plugs into chapter 6's seam, `SamplingParams.logits_processors`: the
-sampler calls it with the request's output tokens so far and its logits row.
+The processor plugs into chapter 6's seam, `SamplingParams.logits_processors`; its
+`apply_batch` (chapter 6's door for batch-level processors, and chapter 11's
+run-ahead) fills one bitmask for a step's rows, as vLLM's
+StructuredOutputManager.grammar_bitmask and apply_grammar_bitmask do.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3309
+# %% chapters/15_structured_output.md:3331
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -60,7 +62,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3337
+    # %% chapters/15_structured_output.md:3359
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -102,7 +104,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens)
 
 
-# %% chapters/15_structured_output.md:3386
+# %% chapters/15_structured_output.md:3408
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -133,7 +135,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:3423
+# %% chapters/15_structured_output.md:3445
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -170,28 +172,68 @@ class StructuredOutputLogitsProcessor:
         self.prefixes.move_to_end(key)
         return self.prefixes[key]
 
-    # %% chapters/15_structured_output.md:3462
-    def __call__(self, output_token_ids: list[int], logits: Tensor) -> Tensor:
+    # %% chapters/15_structured_output.md:3484
+    def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
+        """(num_words,) uint32: the tokens allowed after output_token_ids."""
         m = self.matcher(output_token_ids)
         if self.budget is None or m.terminated:
-            words = m.next_token_mask()
-        else:
-            words = self.budget.mask(m.stacks, self.max_tokens - len(output_token_ids))
-            if not words.any():  # the bound is loose: it may see no way to finish
-                words = m.next_token_mask()  # in time; then the grammar alone
+            return m.next_token_mask()
+        words = self.budget.mask(m.stacks, self.max_tokens - len(output_token_ids))
+        if not words.any():  # the bound is loose: it may see no way to finish
+            words = m.next_token_mask()  # in time; then the grammar alone
+        return words
+
+    def __call__(self, output_token_ids: list[int], logits: Tensor) -> Tensor:
+        """One row (the reference path): logits (vocab,), masked in place."""
+        words = self.next_token_mask(output_token_ids)
         bitmask = torch.from_numpy(words.view(np.int32))[None]  # (1, words)
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
+    # %% chapters/15_structured_output.md:3520
+    @staticmethod
+    def apply_batch(
+        logits: Tensor,
+        rows: list[int],
+        processors: list[StructuredOutputLogitsProcessor],
+        output_token_ids: list[list[int]],
+    ) -> Tensor:
+        """The batch path (chapter 6's apply_batch): logits (num_seqs, vocab); one
+        bitmask for the grammar rows, one copy to the device, one masked fill."""
+        slot = {row: k for k, row in enumerate(dict.fromkeys(rows))}
+        num_words = processors[0].compiled.num_words
+        host = host_bitmask(len(slot), num_words, logits.device)  # (rows, words)
+        words = host.numpy().view(np.uint32)
+        filled = set()
+        for row, p, ids in zip(rows, processors, output_token_ids):
+            k = slot[row]
+            if k in filled:  # a second grammar on this row: both must allow
+                words[k] &= p.next_token_mask(ids)
+            else:
+                words[k] = p.next_token_mask(ids)  # a row copy of a cached mask
+                filled.add(k)
+        indices = None if list(slot) == list(range(logits.shape[0])) else list(slot)
+        return apply_token_bitmask_inplace(logits, host, indices)
 
-# %% chapters/15_structured_output.md:3478
+
+# %% chapters/15_structured_output.md:3548
+def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
+    """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
+
+    A fresh tensor each step: under chapter 11's run-ahead a step's copy may still
+    be reading the last one."""
+    pin = device.type == "cuda"
+    return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
+
+
+# %% chapters/15_structured_output.md:3557
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:3502
+# %% chapters/15_structured_output.md:3581
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
