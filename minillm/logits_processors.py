@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1102
+# %% chapters/06_sampler.md:1116
 """Logits processors: the rules that reshape a batch's next-token logits (chapter 6,
 "The sampler").
 
@@ -22,7 +22,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:1143
+# %% chapters/06_sampler.md:1157
 def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     """Logits processors, allowed / banned tokens and min_tokens: -inf where a row
     may not go. In place.
@@ -54,7 +54,7 @@ def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     return logits
 
 
-# %% chapters/06_sampler.md:1201
+# %% chapters/06_sampler.md:1215
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     """(num_seqs, length) token ids padded with vocab_size -> (num_seqs, vocab_size)
     occurrence counts.
@@ -89,7 +89,7 @@ def apply_penalties(
     return logits
 
 
-# %% chapters/06_sampler.md:1271
+# %% chapters/06_sampler.md:1285
 def apply_temperature(logits: Tensor, temperature: Tensor, all_random: bool) -> Tensor:
     """Divide each row by its temperature (greedy rows, T = 0, by 1). In place."""
     if not all_random:
@@ -107,15 +107,15 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-# %% chapters/06_sampler.md:1310
+# %% chapters/06_sampler.md:1336
 def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Tensor:
     """Keep each row's k most likely tokens, then the smallest top set holding
-    probability p.
+    probability p, with every token tied with its least likely member. In place.
     """
     if p is None:
         return logits if k is None else apply_top_k_only(logits, k)
     # (num_seqs, vocab) each
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    logits_sort = logits.sort(dim=-1, descending=False).values
     if k is not None:
         # (num_seqs, 1)
         kth_largest = logits_sort.gather(1, (logits.shape[1] - k)[:, None])
@@ -124,8 +124,9 @@ def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Ten
     cumulative = logits_sort.softmax(dim=-1).cumsum(dim=-1)
     cut = cumulative <= 1 - p[:, None]  # (num_seqs, vocab)
     cut[:, -1] = False  # the most likely token always stays
-    logits_sort.masked_fill_(cut, float("-inf"))
-    return logits_sort.scatter(1, logits_idx, logits_sort)  # back to vocabulary order
+    # (num_seqs, 1): the smallest logit kept; ties with it stay too
+    threshold = logits_sort.masked_fill(cut, float("inf")).amin(-1, keepdim=True)
+    return logits.masked_fill_(logits < threshold, float("-inf"))
 
 
 def apply_top_k_only(logits: Tensor, k: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:382
+# %% chapters/07_engine.md:383
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
 vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 11 builds ours for GPUs
@@ -25,7 +25,7 @@ from minillm.kv_cache_manager import KVCacheManager
 from minillm.model import CausalLM, build_attention_metadata
 from minillm.request import Request
 from minillm.sampler import Sampler, SampleLogprobs
-from minillm.sampling_metadata import SamplingMetadata, make_generator
+from minillm.sampling_metadata import SamplingMetadata
 from minillm.scheduler import SchedulerOutput
 
 
@@ -35,7 +35,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, SampleLogprobs]
 
 
-# %% chapters/07_engine.md:420
+# %% chapters/07_engine.md:421
 class ModelRunner:
     """Runs one scheduled step: builds the flat batch, runs the model over the paged
     cache, samples.
@@ -54,10 +54,8 @@ class ModelRunner:
         self.model, self.kv_cache, self.sampler = model, kv_cache, sampler
         self.device = next(model.parameters()).device
         self.eos_token_ids = eos_token_ids
-        # per request, made when it arrives
-        self.generators: dict[str, torch.Generator | None] = {}
 
-    # %% chapters/07_engine.md:451
+    # %% chapters/07_engine.md:452
     # None: the cache lives on the model's device; chapter 18's executor says "meta"
     # (its workers hold the cache, the engine keeps only the shape)
     kv_cache_device: str | None = None
@@ -72,11 +70,10 @@ class ModelRunner:
         return None
 
     def add_request(self, request: Request) -> None:
-        params = request.sampling_params
-        self.generators[request.request_id] = make_generator(params, self.device)
+        """A request arrives; this runner keeps nothing per request."""
 
     def remove_request(self, request_id: str) -> None:
-        self.generators.pop(request_id, None)
+        """A request is finished or aborted."""
 
     # %% chapters/07_engine.md:480
     @torch.inference_mode()
@@ -125,7 +122,6 @@ class ModelRunner:
             [r.prompt_token_ids for r in chosen],
             [r.output_token_ids for r in chosen],
             logits.shape[-1],
-            [self.generators.get(r.request_id) for r in chosen],
             self.eos_token_ids,
             self.device,
         )
@@ -139,7 +135,7 @@ class ModelRunner:
         return out.sampled_token_ids.tolist(), logprobs
 
 
-# %% chapters/07_engine.md:571
+# %% chapters/07_engine.md:570
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

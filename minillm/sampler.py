@@ -2,16 +2,18 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1382
+# %% chapters/06_sampler.md:1426
 """The batched sampler: a batch's logits in, next tokens and logprobs out (chapter 6,
 "The sampler").
 
 Follows vLLM v1: vllm/v1/sample/sampler.py (the order of operations) and
-vllm/v1/sample/ops/topk_topp_sampler.py (the exponential-race draw). Each row of the
-batch is one request with its own SamplingParams, made into per-row tensors once per
-step by minillm/sampling_metadata.py; `Sampler` applies them to all rows at once, with
-the logits processors of minillm/logits_processors.py. minillm/sampler_reference.py
-holds the slow one-request oracle the tests compare with, and the chi-square test.
+vllm/v1/sample/ops/topk_topp_sampler.py (the exponential-race draw), with the race's
+noise hashed from (seed, position, token) as vllm/v1/worker/gpu/sample/gumbel.py does.
+Each row of the batch is one request with its own SamplingParams, made into per-row
+tensors once per step by minillm/sampling_metadata.py; `Sampler` applies them to all
+rows at once, with the logits processors of minillm/logits_processors.py.
+minillm/sampler_reference.py holds the slow one-request oracle the tests compare with,
+and the chi-square test.
 """
 
 from __future__ import annotations
@@ -34,27 +36,66 @@ from minillm.sampling_metadata import SamplingMetadata, pad_token_ids
 from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:1415
-def random_sample(
-    probs: Tensor,
-    generators: dict[int, torch.Generator],
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """One token per row, drawn from probs: argmax(p / E) with E ~ Exp(1) i.i.d. (the
-    race of exponentials).
+# %% chapters/06_sampler.md:1461
+MASK32 = 0xFFFFFFFF
 
-    Seeded rows draw their E from generators[row]; the others from generator (None:
-    torch's default).
-    """
-    noise = torch.empty_like(probs)  # (num_seqs, vocab)
-    if len(generators) != probs.shape[0]:
-        noise.exponential_(generator=generator)
-    for row, row_generator in generators.items():
-        noise[row].exponential_(generator=row_generator)
+
+def mix32(x: Tensor) -> Tensor:
+    """lowbias32 (Wellons' hash prospector): a bijection of 32-bit words, on int64
+    tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & MASK32
+    return x ^ (x >> 16)
+
+
+def row_keys(seeds: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """Two 32-bit keys per row from its 64-bit seed and the output position it draws."""
+    high = mix32((seeds >> 32) & MASK32)
+    key = mix32(mix32((seeds & MASK32) ^ high) ^ (positions & MASK32))
+    return key, mix32(key ^ 0x9E3779B9)
+
+
+# %% chapters/06_sampler.md:1495
+def uniform_from_bits(bits: Tensor) -> Tensor:
+    """float32 U in (0, 1) from 32-bit words: the midpoints of 2**23 equal cells."""
+    return ((bits >> 9).to(torch.float32) + 0.5) * 2.0**-23  # in (0, 1), exactly
+
+
+def exponential_noise(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
+    """(num_seqs, vocab) float32 E ~ Exp(1); row i's depends on nothing but
+    (seeds[i], positions[i], token id)."""
+    k1, k2 = row_keys(seeds, positions)  # (num_seqs,) each
+    tokens = torch.arange(vocab_size, device=seeds.device)  # (vocab,)
+    # (num_seqs, vocab)
+    bits = mix32(mix32(tokens[None, :] ^ k1[:, None]) ^ k2[:, None])
+    return -torch.log(uniform_from_bits(bits))
+
+
+def random_sample(probs: Tensor, seeds: Tensor, positions: Tensor) -> Tensor:
+    """One token per row: argmax(p / E), E from exponential_noise."""
+    noise = exponential_noise(seeds, positions, probs.shape[-1])
     return probs.div(noise).argmax(dim=-1)  # (num_seqs,)
 
 
-# %% chapters/06_sampler.md:1468
+# %% chapters/06_sampler.md:1536
+def stream_keys(md: SamplingMetadata, generator: torch.Generator | None) -> Tensor:
+    """(num_seqs,) int64: each row's noise key — its seed if seeded, else a fresh
+    draw from generator (None: torch's default)."""
+    device = md.seeds.device if generator is None else generator.device
+    fresh = torch.randint(
+        -(2**63),
+        2**63 - 1,
+        (md.num_seqs,),
+        dtype=torch.int64,
+        generator=generator,
+        device=device,
+    )
+    return torch.where(md.seeded, md.seeds, fresh.to(md.seeds.device))
+
+
+# %% chapters/06_sampler.md:1623
 @dataclass
 class SampleLogprobs:
     """One request's logprobs for one sampled token."""
@@ -76,7 +117,7 @@ class LogprobsTensors:
     logprobs: Tensor  # (num_seqs, 1 + max_num_logprobs) float32
     sampled_token_ranks: Tensor  # (num_seqs,) int64
 
-    # %% chapters/06_sampler.md:1498
+    # %% chapters/06_sampler.md:1653
     def tolists(
         self, num_logprobs: Sequence[int | None]
     ) -> list[SampleLogprobs | None]:
@@ -101,7 +142,7 @@ class LogprobsTensors:
         ]
 
 
-# %% chapters/06_sampler.md:1535
+# %% chapters/06_sampler.md:1690
 def gather_logprobs(
     logprobs: Tensor, num_logprobs: int, token_ids: Tensor
 ) -> LogprobsTensors:
@@ -119,7 +160,7 @@ def gather_logprobs(
     )
 
 
-# %% chapters/06_sampler.md:1560
+# %% chapters/06_sampler.md:1715
 @dataclass
 class SamplerOutput:
     sampled_token_ids: Tensor  # (num_seqs,) int64
@@ -152,7 +193,7 @@ class Sampler(nn.Module):
             )
         self.logprobs_mode, self.generator = logprobs_mode, generator
 
-    # %% chapters/06_sampler.md:1606
+    # %% chapters/06_sampler.md:1761
     def forward(self, logits: Tensor, md: SamplingMetadata) -> SamplerOutput:
         # (num_seqs, vocab); the caller's tensor stays as it was
         logits = logits.to(torch.float32, copy=True)
@@ -171,7 +212,7 @@ class Sampler(nn.Module):
             logprobs_tensors = gather_logprobs(logprobs, md.max_num_logprobs, sampled)
         return SamplerOutput(sampled, logprobs_tensors)
 
-    # %% chapters/06_sampler.md:1633
+    # %% chapters/06_sampler.md:1788
     @staticmethod
     def apply_constraints_and_penalties(logits: Tensor, md: SamplingMetadata) -> Tensor:
         logits = apply_token_constraints(logits, md)
@@ -199,7 +240,7 @@ class Sampler(nn.Module):
             logits = apply_min_p(logits, md.min_p)
         return apply_top_k_top_p(logits, md.top_k, md.top_p)
 
-    # %% chapters/06_sampler.md:1672
+    # %% chapters/06_sampler.md:1827
     def sample(self, logits: Tensor, md: SamplingMetadata) -> tuple[Tensor, Tensor]:
         """(sampled token ids (num_seqs,), the logits they were drawn from (num_seqs,
         vocab)).
@@ -209,7 +250,8 @@ class Sampler(nn.Module):
             return greedy, logits
         logits = self.apply_filters(logits, md)
         # (num_seqs,)
-        drawn = random_sample(logits.softmax(dim=-1), md.generators, self.generator)
+        keys = stream_keys(md, self.generator)  # (num_seqs,)
+        drawn = random_sample(logits.softmax(dim=-1), keys, md.positions)
         if greedy is None:
             return drawn, logits
         return torch.where(md.temperature < SAMPLING_EPS, greedy, drawn), logits

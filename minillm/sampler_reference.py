@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1746
+# %% chapters/06_sampler.md:1902
 """The sampler's oracle: one request at a time, each rule as its definition (chapter 6,
 "The sampler").
 
@@ -30,7 +30,7 @@ def _softmax(v: list[float]) -> list[float]:
     return [a / total for a in e]
 
 
-# %% chapters/06_sampler.md:1779
+# %% chapters/06_sampler.md:1935
 def reference_logits(
     logits: Sequence[float],
     params: SamplingParams,
@@ -69,7 +69,7 @@ def reference_logits(
     return x
 
 
-# %% chapters/06_sampler.md:1825
+# %% chapters/06_sampler.md:1982
 def reference_probs(
     logits: Sequence[float],
     params: SamplingParams,
@@ -96,17 +96,17 @@ def reference_probs(
         kth_largest = sorted(x, reverse=True)[min(params.top_k, vocab) - 1]
         x = [v if v >= kth_largest else neg_inf for v in x]
     if params.top_p < 1:
-        p, keep, mass_above = _softmax(x), set(), 0.0
+        p, smallest_kept, mass_above = _softmax(x), float("inf"), 0.0
         for t in sorted(range(vocab), key=lambda t: -p[t]):  # most likely first
             if mass_above >= params.top_p:
                 break
-            keep.add(t)
+            smallest_kept = x[t]
             mass_above += p[t]
-        x = [v if t in keep else neg_inf for t, v in enumerate(x)]
+        x = [v if v >= smallest_kept else neg_inf for v in x]  # ties stay together
     return _softmax(x)
 
 
-# %% chapters/06_sampler.md:2109
+# %% chapters/06_sampler.md:2261
 def chi2_sf(x: float, dof: int) -> float:
     """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma
     Q(dof / 2, x / 2).
@@ -140,7 +140,7 @@ def chi2_sf(x: float, dof: int) -> float:
     return math.exp(log_prefactor) * h
 
 
-# %% chapters/06_sampler.md:2159
+# %% chapters/06_sampler.md:2311
 def chi_square_test(
     counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0
 ) -> tuple[float, int, float]:

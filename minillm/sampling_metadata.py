@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:764
+# %% chapters/06_sampler.md:770
 """A batch's sampling parameters as tensors (chapter 6, "A batch of requests").
 
 vLLM: vllm/v1/sample/metadata.py. `SamplingMetadata.from_requests` turns the requests'
@@ -21,18 +21,10 @@ from torch import Tensor
 from minillm.sampling_params import LogitsProcessor, SamplingParams, SamplingType
 
 
-# %% chapters/06_sampler.md:790
-def make_generator(
-    params: SamplingParams, device: torch.device | str = "cpu"
-) -> torch.Generator | None:
-    """A request's own generator: seeded for RANDOM_SEED requests, None for the others.
-
-    Made once, when the request arrives, and kept with it: every step continues its
-    stream.
-    """
-    if params.sampling_type != SamplingType.RANDOM_SEED:
-        return None
-    return torch.Generator(device).manual_seed(params.seed)
+# %% chapters/06_sampler.md:796
+def int64_seed(seed: int) -> int:
+    """A Python int seed as the signed 64-bit word with the same low 64 bits."""
+    return (seed + 2**63) % 2**64 - 2**63
 
 
 def pad_token_ids(
@@ -48,7 +40,7 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:825
+# %% chapters/06_sampler.md:826
 @dataclass
 class SamplingMetadata:
     """What the sampler needs to know about the requests of one batch; row i is request
@@ -65,8 +57,9 @@ class SamplingMetadata:
     top_k: Tensor | None  # (num_seqs,) int64
     top_p: Tensor | None  # (num_seqs,) float32
     min_p: Tensor | None  # (num_seqs,) float32
-    # row -> the request's own generator (seeded, non-greedy rows)
-    generators: dict[int, torch.Generator]
+    seeds: Tensor  # (num_seqs,) int64: the seed of seeded, non-greedy rows, else 0
+    seeded: Tensor  # (num_seqs,) bool: the rows whose seeds entry is theirs
+    positions: Tensor  # (num_seqs,) int64: the output position each row draws
     no_penalties: bool
     # (num_seqs, longest prompt) int64, padded with vocab_size
     prompt_token_ids: Tensor | None
@@ -89,7 +82,7 @@ class SamplingMetadata:
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1012
+    # %% chapters/06_sampler.md:1021
     @classmethod
     def from_requests(
         cls,
@@ -97,7 +90,6 @@ class SamplingMetadata:
         prompt_token_ids: Sequence[Sequence[int]],
         output_token_ids: Sequence[list[int]],
         vocab_size: int,
-        generators: Sequence[torch.Generator | None] | None = None,
         eos_token_ids: Iterable[int] = (),
         device: torch.device | str = "cpu",
     ) -> SamplingMetadata:
@@ -110,10 +102,8 @@ class SamplingMetadata:
                 f"{num_seqs} params but {len(prompt_token_ids)} prompts and "
                 f"{len(output_token_ids)} outputs: one of each per row"
             )
-        if generators is None:
-            generators = [make_generator(p, device) for p in params]
         return cls(
-            **_sampling_fields(params, vocab_size, generators, device),
+            **_sampling_fields(params, output_token_ids, vocab_size, device),
             **_penalty_fields(
                 params, prompt_token_ids, output_token_ids, vocab_size, device
             ),
@@ -121,19 +111,20 @@ class SamplingMetadata:
         )
 
 
-# %% chapters/06_sampler.md:882
+# %% chapters/06_sampler.md:887
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
 
 def _sampling_fields(
     params: Sequence[SamplingParams],
+    output_token_ids: Sequence[list[int]],
     vocab_size: int,
-    generators: Sequence[torch.Generator | None],
     device: torch.device | str,
 ) -> dict:
-    """temperature, the cutters, the generators of seeded rows, logprobs."""
+    """temperature, the cutters, the seeds and positions of the noise, logprobs."""
     greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
+    seeded = [p.sampling_type == SamplingType.RANDOM_SEED for p in params]
     top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
     num_logprobs = [p.logprobs for p in params]
     return dict(
@@ -149,17 +140,19 @@ def _sampling_fields(
         min_p=_per_row([p.min_p for p in params], device)
         if any(p.min_p > 0 for p in params)
         else None,
-        generators={
-            row: g
-            for row, g in enumerate(generators)
-            if g is not None and not greedy[row]
-        },
+        seeds=_per_row(
+            [int64_seed(p.seed) if s else 0 for p, s in zip(params, seeded)],
+            device,
+            torch.int64,
+        ),
+        seeded=_per_row(seeded, device, torch.bool),
+        positions=_per_row([len(o) for o in output_token_ids], device, torch.int64),
         num_logprobs=num_logprobs,
         max_num_logprobs=max((n for n in num_logprobs if n is not None), default=None),
     )
 
 
-# %% chapters/06_sampler.md:928
+# %% chapters/06_sampler.md:939
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -187,7 +180,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:963
+# %% chapters/06_sampler.md:974
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,

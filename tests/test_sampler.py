@@ -19,21 +19,28 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm.logits_processors import apply_penalties
-from minillm.sampler import Sampler, random_sample
-from minillm.sampling_metadata import SamplingMetadata, make_generator
+from minillm.logits_processors import apply_penalties, apply_top_k_top_p
+from minillm.sampler import (
+    Sampler,
+    exponential_noise,
+    random_sample,
+    row_keys,
+    stream_keys,
+    uniform_from_bits,
+)
+from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampler_reference import chi2_sf, chi_square_test, reference_probs
 from minillm.sampling_params import SamplingParams, SamplingParamsError, SamplingType
 
 EOS = 1
 
 
-def metadata(params, vocab, prompts=None, outputs=None, generators=None, eos=(EOS,)):
+def metadata(params, vocab, prompts=None, outputs=None, eos=(EOS,)):
     n = len(params)
     prompts = prompts if prompts is not None else [[0]] * n
     outputs = outputs if outputs is not None else [[] for _ in range(n)]
     return SamplingMetadata.from_requests(
-        params, prompts, outputs, vocab, generators=generators, eos_token_ids=eos
+        params, prompts, outputs, vocab, eos_token_ids=eos
     )
 
 
@@ -162,7 +169,22 @@ def test_metadata_skips_features_no_row_uses():
         and md.allowed_token_ids_mask is None
         and md.max_num_logprobs is None
     )
-    assert md.all_random and not md.all_greedy and md.generators == {}
+    assert md.all_random and not md.all_greedy and not md.seeded.any()
+
+
+def test_metadata_seeds_and_positions():
+    params = [
+        SamplingParams(seed=2**64 + 5),
+        SamplingParams(temperature=0, seed=9),  # greedy: draws nothing
+        SamplingParams(),
+        SamplingParams(seed=-1),
+        SamplingParams(seed=2**63),
+    ]
+    md = metadata(params, 32, outputs=[[1, 2, 3], [], [4], [5, 5], []])
+    assert md.seeded.tolist() == [True, False, False, True, True]
+    assert md.seeds.tolist() == [5, 0, 0, -1, -(2**63)]  # the low 64 bits, signed
+    assert md.seeds.dtype == md.positions.dtype == torch.int64
+    assert md.positions.tolist() == [3, 0, 1, 2, 0]
 
 
 def test_metadata_needs_one_prompt_and_one_output_per_row():
@@ -219,13 +241,12 @@ def test_same_seed_same_output_regardless_of_batch():
             for _ in range(num_seqs)
         ]
         params[row] = request
-        generators = [make_generator(p) for p in params]
         outputs = [[] for _ in range(num_seqs)]
         sampler = Sampler(generator=torch.Generator().manual_seed(neighbour_seed))
         for step in range(steps):
             logits = random_logits(num_seqs, vocab, seed=1000 * neighbour_seed + step)
             logits[row] = own_logits[step]
-            md = metadata(params, vocab, outputs=outputs, generators=generators)
+            md = metadata(params, vocab, outputs=outputs)
             for out, token in zip(
                 outputs, sampler(logits, md).sampled_token_ids.tolist()
             ):
@@ -242,14 +263,27 @@ def test_different_seeds_give_different_streams():
     logits = torch.zeros(1, 1000)
     draws = {}
     for seed in (1, 2):
-        g = make_generator(SamplingParams(seed=seed))
-        draws[seed] = [
-            Sampler()(
-                logits, metadata([SamplingParams(seed=seed)], 1000, generators=[g])
-            ).sampled_token_ids.item()
-            for _ in range(5)
-        ]
+        outputs = [[]]
+        for _ in range(5):
+            md = metadata([SamplingParams(seed=seed)], 1000, outputs=outputs)
+            outputs[0].append(Sampler()(logits, md).sampled_token_ids.item())
+        draws[seed] = outputs[0]
     assert draws[1] != draws[2]
+    # and one stream does not repeat itself from position to position
+    assert len(set(draws[1])) > 1
+
+
+def test_a_seeded_row_redraws_the_same_token_at_the_same_position():
+    # what makes preemption by recompute reproduce a seeded request
+    logits = random_logits(1, 300, scale=0.5)
+    md = metadata([SamplingParams(seed=77)], 300, outputs=[[4, 5, 6]])
+    tokens = {
+        Sampler(generator=torch.Generator().manual_seed(g))(
+            logits, md
+        ).sampled_token_ids.item()
+        for g in range(5)
+    }
+    assert len(tokens) == 1
 
 
 def test_unseeded_rows_follow_the_shared_generator():
@@ -295,15 +329,8 @@ def test_sampler_on_the_test_device_matches_cpu(device):
     assert torch.allclose(on_device.cpu(), on_cpu, atol=1e-6)
     draws = []
     for _ in range(2):
-        generators = [make_generator(p, device) for p in params]
         md = SamplingMetadata.from_requests(
-            params,
-            prompts,
-            outputs,
-            vocab,
-            generators=generators,
-            eos_token_ids=[EOS],
-            device=device,
+            params, prompts, outputs, vocab, eos_token_ids=[EOS], device=device
         )
         out = Sampler(generator=torch.Generator(device).manual_seed(0))(
             logits.to(device), md
@@ -311,6 +338,22 @@ def test_sampler_on_the_test_device_matches_cpu(device):
         draws.append(out.sampled_token_ids.cpu())
         assert out.logprobs_tensors.token_ids.device.type == torch.device(device).type
     assert torch.equal(draws[0], draws[1]) and draws[0][0] == logits[0].argmax()
+    # the seeded row's token is the CPU's too: the noise is the same function there
+    on_cpu = Sampler(generator=torch.Generator().manual_seed(0))(
+        logits, metadata(params, vocab, prompts, outputs)
+    )
+    assert draws[0][1] == on_cpu.sampled_token_ids[1]
+    seeds = torch.tensor([3, -(2**63), 2**62 + 1])
+    positions = torch.tensor([0, 7, 2**31 + 3])
+    keys = [k.cpu() for k in row_keys(seeds.to(device), positions.to(device))]
+    assert all(map(torch.equal, keys, row_keys(seeds, positions)))  # integers: exact
+    # the log may differ in its last bit between devices
+    assert torch.allclose(
+        exponential_noise(seeds.to(device), positions.to(device), 500).cpu(),
+        exponential_noise(seeds, positions, 500),
+        rtol=1e-6,
+        atol=0,
+    )
 
 
 def test_sampler_does_not_modify_the_callers_logits():
@@ -693,8 +736,11 @@ def test_chi2_sf_matches_closed_forms_and_tables():
 def test_exponential_race_matches_multinomial_chi_square():
     probs = torch.tensor([0.4, 0.2, 0.15, 0.1, 0.08, 0.05, 0.02, 0.0])
     draws = 20_000
+    # one row per seed, seeds 0, 1, 2, ...: neighbouring seeds must be unrelated
     tokens = random_sample(
-        probs.expand(draws, 8).clone(), {}, torch.Generator().manual_seed(0)
+        probs.expand(draws, 8),
+        torch.arange(draws),
+        torch.zeros(draws, dtype=torch.int64),
     )
     counts = torch.bincount(tokens, minlength=8).tolist()
     statistic, dof, p_value = chi_square_test(counts, probs.tolist())
@@ -759,3 +805,125 @@ def test_chi_square_rejects_a_wrong_distribution():
     # all mass on one token: the other draws are impossible
     impossible[int(logits_row.argmax())] = 1.0
     assert chi_square_test(counts, impossible)[2] == 0.0
+
+
+# --------------------------------------------------------------------------------------
+# -------
+# The counter-based noise
+
+
+def mix32_reference(x: int) -> int:
+    """lowbias32 on Python ints: no overflow, so the int64 wrap-around is checked."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_mix32_is_lowbias32_on_all_32_bit_words():
+    from minillm.sampler import mix32
+
+    rng = random.Random(0)
+    words = [0, 1, 2**31, 2**32 - 1] + [rng.randrange(2**32) for _ in range(2000)]
+    ours = mix32(torch.tensor(words, dtype=torch.int64)).tolist()
+    assert ours == [mix32_reference(w) for w in words]
+    # a bijection: no two of 2**20 consecutive words collide
+    start = rng.randrange(2**32 - 2**20)
+    block = mix32(torch.arange(start, start + 2**20, dtype=torch.int64))
+    assert block.unique().numel() == 2**20 and int(block.min()) >= 0
+
+
+def test_uniform_stays_strictly_inside_zero_one():
+    # the largest and smallest words, where a 24-bit grid would round U to 1
+    extremes = torch.tensor([0, 2**32 - 1], dtype=torch.int64)
+    u = uniform_from_bits(extremes)
+    assert u.tolist() == [2.0**-24, 1 - 2.0**-24]
+    assert (-torch.log(u) > 0).all()  # E > 0: a token with p = 0 gets p / E = 0
+    grid = uniform_from_bits(torch.arange(2**23, dtype=torch.int64) << 9)
+    assert (grid.diff() > 0).all() and grid.max() < 1  # every cell its own value
+
+
+def test_noise_is_a_pure_function_of_seed_position_token():
+    seeds = torch.tensor([5, 5, 5 + 2**32, -3, 2**62, 5])
+    positions = torch.tensor([0, 1, 0, 4, 4, 0])
+    noise = exponential_noise(seeds, positions, 777)  # (6, 777)
+    for row in range(6):  # alone
+        alone = exponential_noise(seeds[row : row + 1], positions[row : row + 1], 777)
+        assert torch.equal(alone[0], noise[row])
+    order = torch.tensor([3, 0, 5, 1, 4, 2])  # at other row indices
+    assert torch.equal(
+        exponential_noise(seeds[order], positions[order], 777), noise[order]
+    )
+    # a longer vocabulary extends the row: token v's number does not depend on it
+    assert torch.equal(exponential_noise(seeds, positions, 1000)[:, :777], noise)
+    assert torch.equal(noise[0], noise[5])  # same seed, same position
+    for a, b in [(0, 1), (0, 2), (3, 4)]:  # another position, seed, or high word
+        assert (noise[a] != noise[b]).float().mean() > 0.99
+    assert noise.dtype == torch.float32 and (noise > 0).all()
+
+
+def test_noise_follows_exp_1():
+    # 1,048,576 draws: 64 rows of consecutive seeds and positions
+    sample = exponential_noise(torch.arange(64), torch.arange(64) % 5, 16_384)
+    sample = sample.flatten().double()
+    n = sample.numel()
+    assert abs(sample.mean() - 1) < 5 / n**0.5  # standard error of the mean 1/sqrt(n)
+    assert (
+        abs(sample.var() - 1) < 10 / n**0.5
+    )  # that of the variance, about 2.8/sqrt(n)
+    cdf = 1 - torch.exp(-sample.sort().values)
+    ranks = torch.arange(1, n + 1, dtype=torch.float64)
+    ks = torch.maximum(ranks / n - cdf, cdf - (ranks - 1) / n).max()
+    assert ks < 1.63 / n**0.5  # Kolmogorov-Smirnov at the 1% level
+    # and no correlation between neighbouring tokens of a row
+    rows = sample.view(64, 16_384)
+    corr = torch.corrcoef(torch.stack([rows[:, :-1].flatten(), rows[:, 1:].flatten()]))
+    assert abs(corr[0, 1]) < 5 / n**0.5
+
+
+def test_stream_keys_seeded_rows_keep_their_seed_others_follow_the_generator():
+    params = [SamplingParams(seed=11), SamplingParams(), SamplingParams(seed=-2)]
+    params += [SamplingParams()]
+    md = metadata(params, 16)
+    keys = stream_keys(md, torch.Generator().manual_seed(3))
+    expected = torch.randint(
+        -(2**63),
+        2**63 - 1,
+        (4,),
+        dtype=torch.int64,
+        generator=torch.Generator().manual_seed(3),
+    )
+    assert keys.tolist() == [11, int(expected[1]), -2, int(expected[3])]
+    again = stream_keys(md, torch.Generator().manual_seed(4))
+    assert again[[0, 2]].tolist() == [11, -2] and again[1] != keys[1]
+
+
+def test_top_p_keeps_a_tie_group_at_the_boundary_whole():
+    # sorted: 0.4, then three tied at 0.15, then 0.1 and 0.05; top-p 0.6 reaches its
+    # mass inside the tie group, so all three stay (a cut by position kept two)
+    probs = torch.tensor([0.15, 0.4, 0.05, 0.15, 0.1, 0.15])
+    logits = probs.log()[None]  # (1, 6)
+    kept = apply_top_k_top_p(logits.clone(), None, torch.tensor([0.6]))
+    assert support(kept[0].exp()) == {0, 1, 3, 5}
+    reference = reference_probs(logits[0].tolist(), SamplingParams(top_p=0.6), [], [])
+    assert support(torch.tensor(reference)) == {0, 1, 3, 5}
+    # top-k 2 keeps the ties with the 2nd largest; top-p then measures those four
+    both = apply_top_k_top_p(logits.clone(), torch.tensor([2]), torch.tensor([0.5]))
+    assert support(both[0].exp()) == {0, 1, 3, 5}
+
+
+def test_top_p_on_tied_bf16_logits_matches_the_reference():
+    vocab = 64
+    for trial in range(20):
+        # bf16 rounding: many exact ties
+        logits = random_logits(4, vocab, seed=trial, scale=2.0).bfloat16().float()
+        params = [SamplingParams(top_p=p) for p in (0.3, 0.55, 0.83, 0.97)]
+        ours = Sampler().sampling_distribution(logits, metadata(params, vocab))
+        for row, p in enumerate(params):
+            expected = reference_probs(logits[row].tolist(), p, [0], [])
+            assert torch.allclose(
+                ours[row].double(),
+                torch.tensor(expected, dtype=torch.float64),
+                atol=1e-6,
+            ), (trial, row)

@@ -32,6 +32,17 @@ def greedy_accept(draft_token_ids: list[int], target_argmax: list[int]) -> list[
 
 
 # %% chapters/14_speculative.md:267
+def draw_token(dist: Tensor, generator: torch.Generator | None) -> list[int]:
+    """One token from dist (vocab,), not yet normalised: chapter 6's race, its noise
+    keyed by one draw from generator."""
+    device = dist.device
+    key = torch.randint(
+        -(2**63), 2**63 - 1, (1,), dtype=torch.int64, generator=generator, device=device
+    )
+    position = torch.zeros(1, dtype=torch.int64, device=device)
+    return random_sample(dist[None] / dist.sum(), key, position).tolist()
+
+
 def rejection_sample(
     draft_token_ids: list[int],
     target_probs: Tensor,
@@ -62,11 +73,10 @@ def rejection_sample(
             residual = (residual - draft_probs[n]).clamp_(min=0.0)
         # all zero only where p = q, where no draft is ever rejected
         dist = residual if residual.sum() > 0 else target_probs[n]
-    token = random_sample(dist[None] / dist.sum(), {}, generator)  # (1,)
-    return draft_token_ids[:n] + token.tolist()
+    return draft_token_ids[:n] + draw_token(dist, generator)
 
 
-# %% chapters/14_speculative.md:312
+# %% chapters/14_speculative.md:323
 def rejection_sample_ref(
     draft_token_ids: list[int],
     target_probs: Tensor,
@@ -88,6 +98,5 @@ def rejection_sample_ref(
         if sum(residual) <= 0:
             residual = p_rows[j]
         dist = torch.tensor(residual, device=target_probs.device)
-        return out + random_sample(dist[None] / dist.sum(), {}, generator).tolist()
-    dist = target_probs[k]
-    return out + random_sample(dist[None] / dist.sum(), {}, generator).tolist()
+        return out + draw_token(dist, generator)
+    return out + draw_token(target_probs[k], generator)

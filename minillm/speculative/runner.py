@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:740
+# %% chapters/14_speculative.md:750
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -26,7 +26,7 @@ from minillm.model_runner import ModelRunnerOutput
 from minillm.registry import RUNNER_EXTENSIONS, engine_options
 from minillm.request import Request
 from minillm.sampling_metadata import SamplingMetadata
-from minillm.sampling_params import SAMPLING_EPS
+from minillm.sampling_params import SAMPLING_EPS, SamplingType
 from minillm.speculative.draft_model import DraftModelProposer, draft_model_path
 from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
@@ -64,7 +64,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:803
+# %% chapters/14_speculative.md:813
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -113,7 +113,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:869
+# %% chapters/14_speculative.md:879
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -136,7 +136,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:898
+# %% chapters/14_speculative.md:908
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -151,6 +151,8 @@ class SpeculativeRunnerMixin:
         self.proposer = self.make_proposer(self.spec_config, kv_cache)
         self.max_model_len = max_model_len
         self.spec_stats = SpecDecodingStats(self.spec_config.num_speculative_tokens)
+        # seeded request -> its own generator, for rejection sampling's draws
+        self.generators: dict[str, torch.Generator] = {}
 
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
@@ -168,8 +170,16 @@ class SpeculativeRunnerMixin:
             draft, kv_cache.num_blocks, kv_cache.block_size, kv_cache
         )
 
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        params = request.sampling_params
+        if params.sampling_type == SamplingType.RANDOM_SEED:
+            generator = torch.Generator(self.device).manual_seed(params.seed)
+            self.generators[request.request_id] = generator
+
     def remove_request(self, request_id: str) -> None:
         super().remove_request(request_id)
+        self.generators.pop(request_id, None)
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.forget(request_id)
 
@@ -197,7 +207,7 @@ class SpeculativeRunnerMixin:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:966
+    # %% chapters/14_speculative.md:993
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -254,7 +264,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1039
+    # %% chapters/14_speculative.md:1066
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -285,17 +295,11 @@ class SpeculativeRunnerMixin:
                 prompts.append(r.prompt_token_ids)
                 outputs.append(r.output_token_ids + d[:j])
         return SamplingMetadata.from_requests(
-            params,
-            prompts,
-            outputs,
-            vocab_size,
-            [None] * len(params),
-            self.eos_token_ids,
-            self.device,
+            params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
 
-# %% chapters/14_speculative.md:1086
+# %% chapters/14_speculative.md:1107
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
