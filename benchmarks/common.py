@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import subprocess
 import time
@@ -74,6 +75,10 @@ def environment() -> dict:
         info["uncommitted_changes"] = changed[:20]
     except OSError:
         info["commit"] = None
+    # a copy of the tree without its .git (the GPU device's) names its commit here
+    if os.environ.get("MINILLM_CODE_COMMIT"):
+        info["commit"] = os.environ["MINILLM_CODE_COMMIT"]
+        info["uncommitted_changes"] = []
     return info
 
 

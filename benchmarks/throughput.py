@@ -117,7 +117,29 @@ def bandwidth_limit(folder: Path, prompts, output_lens, bandwidth: float) -> dic
     }
 
 
-def run_minillm(folder, prompts, output_lens, args) -> dict:
+SAMPLING = {  # --sampling: the requests' parameters (all ignore_eos)
+    "greedy": dict(temperature=0),
+    "temperature": dict(temperature=0.8),
+    "sampled": dict(temperature=0.8, top_p=0.95),
+    "seeded": dict(temperature=0.8, top_p=0.95, seed=0),  # seed i for request i
+}
+
+
+def sampling_params(mode: str, output_lens: list[int]) -> list[SamplingParams]:
+    settings = SAMPLING[mode]
+    return [
+        SamplingParams(
+            **{**settings, **({"seed": i} if "seed" in settings else {})},
+            max_tokens=o,
+            ignore_eos=True,
+        )
+        for i, o in enumerate(output_lens)
+    ]
+
+
+def run_minillm(
+    folder, prompts, output_lens, args, mode: str = "greedy", fused: bool = True
+) -> dict:
     llm = LLM(
         folder,
         dtype=torch.bfloat16,
@@ -126,11 +148,9 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=2 * args.max_len + 16,
+        fused_sampling=fused,
     )
-    params = [
-        SamplingParams(temperature=0, max_tokens=o, ignore_eos=True)
-        for o in output_lens
-    ]
+    params = sampling_params(mode, output_lens)
     llm.generate(
         prompts[:4],
         [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 4,
@@ -149,6 +169,7 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
         "every request must produce exactly its output length"
     )
     result = {
+        "sampling": {**SAMPLING[mode], "fused_sampling": fused},
         "seconds": seconds,
         "requests": len(prompts),
         "output_tokens": produced,
@@ -156,6 +177,7 @@ def run_minillm(folder, prompts, output_lens, args) -> dict:
         "output_tokens_per_s": produced / seconds,
         "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
         "steps": llm.engine.num_steps - steps_before,
+        "steps_launched_ahead": getattr(llm.engine.stepper, "num_ahead", 0),
         "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0),
         "preemptions": llm.engine.num_preemptions,
         "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,
@@ -223,6 +245,25 @@ def run_hf(folder, prompts, output_lens, batch_size) -> dict:
     }
 
 
+def sampled_runs(folder, prompts, output_lens, args, record) -> dict:
+    """{"sampling": {name: run}} for the sampled modes, each with its throughput as
+    a fraction of the greedy run of the same process."""
+    greedy = record["minillm"]["output_tokens_per_s"]
+    runs = {}
+    for mode in [m for m in args.sampling if m != "greedy"]:
+        for fused in [True, False] if args.unfused else [True]:
+            name = mode if fused else f"{mode}_unfused"
+            run = run_minillm(folder, prompts, output_lens, args, mode, fused)
+            run["fraction_of_greedy"] = run["output_tokens_per_s"] / greedy
+            runs[name] = run
+            print(
+                f"minillm {name}: {run['output_tokens_per_s']:,.0f} output tok/s "
+                f"({run['fraction_of_greedy']:.0%} of greedy)",
+                flush=True,
+            )
+    return {"sampling": runs} if runs else {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -248,6 +289,19 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument(
+        "--sampling",
+        nargs="+",
+        default=["greedy"],
+        choices=sorted(SAMPLING),
+        help="sampling modes to run, each on the same requests (greedy first)",
+    )
+    parser.add_argument(
+        "--unfused",
+        action="store_true",
+        help="also run each sampled mode with fused_sampling=False (chapter 6's "
+        "sampler in step, the path before chapter 11's kernel)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -287,6 +341,7 @@ def main() -> None:
             f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s",
             flush=True,
         )
+        record.update(sampled_runs(folder, prompts, output_lens, args, record))
         for kind, k in record["minillm"]["timeline"]["by_kind"].items():
             print(
                 f"  {kind:24}: {k['steps']:5d} steps, {k['seconds']:6.2f} s "

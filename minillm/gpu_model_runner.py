@@ -7,15 +7,16 @@
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
 decode steps (cuda_graph.py) over merged, compiled layers (merged_projections.py,
-compilation.py, decode_linear.py), and launching greedy steps ahead of the CPU
-(async_scheduling.py). Registered with chapter 7's engine as persistent_batch=True.
+compilation.py, decode_linear.py), drawing sampled tokens on the device in one kernel
+(kernels/sample.py), and launching steps ahead of the CPU (async_scheduling.py).
+Registered with chapter 7's engine as persistent_batch=True.
 vLLM: vllm/v1/worker/gpu_model_runner.py.
 """
 
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,12 +36,13 @@ from minillm.model import CausalLM
 from minillm.model_runner import ModelRunner, ModelRunnerOutput
 from minillm.registry import MODEL_RUNNERS, engine_options
 from minillm.request import Request
-from minillm.sampler import Sampler, SampleLogprobs
-from minillm.sampling_params import SamplingParams, SamplingType
+from minillm.sampler import Sampler, SampleLogprobs, stream_keys
+from minillm.sampling_metadata import SamplingMetadata
+from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:497
+# %% chapters/11_cuda_graph.md:499
 def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -62,7 +64,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:528
+# %% chapters/11_cuda_graph.md:530
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -92,6 +94,7 @@ class GPUModelRunner(ModelRunner):
         max_num_seqs = config.max_num_seqs
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
         self.plain_greedy: dict[str, bool] = {}
+        self.fused_sampling = config.fused_sampling  # "Sampling on the device"
         self.graph_runner, self.num_graph_steps, self.num_eager_steps = None, 0, 0
         if self.cuda_graphs:  # "Capturing and replaying"
             sizes = default_capture_sizes(max_num_seqs)
@@ -105,7 +108,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:576
+    # %% chapters/11_cuda_graph.md:579
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
@@ -122,7 +125,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:602
+    # %% chapters/11_cuda_graph.md:605
     def forward(
         self,
         output: SchedulerOutput,
@@ -154,7 +157,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:642
+    # %% chapters/11_cuda_graph.md:645
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -171,7 +174,41 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1341
+    # %% chapters/11_cuda_graph.md:1599
+    def sample_on_device(self, logits: Tensor, chosen: list[Request]) -> Tensor:
+        """(len(chosen),) the tokens chapter 6's sampler draws from logits (rows of
+        chosen), without waiting: the kernel on a GPU, chapter 6's code elsewhere."""
+        md = SamplingMetadata.from_requests(
+            [r.sampling_params for r in chosen],
+            [r.prompt_token_ids for r in chosen],
+            [r.output_token_ids for r in chosen],
+            logits.shape[-1],
+            self.eos_token_ids,
+        )
+        # a row draws the token after its tokens in flight
+        ahead = [r.num_output_tokens + r.num_output_placeholders for r in chosen]
+        md = replace(md, positions=torch.tensor(ahead, dtype=torch.int64))
+        if self.device.type != "cuda":
+            return self.sampler.sample(logits.float(), md)[0]
+        from minillm.kernels.sample import sample  # Triton: only on a GPU
+
+        names = ("temperature", "top_k", "top_p", "min_p", "seeds", "seeded")
+        md = replace(
+            md,
+            positions=upload(md.positions, self.device),
+            **{
+                name: None
+                if getattr(md, name) is None
+                else upload(getattr(md, name), self.device)
+                for name in names
+            },
+        )
+        keys = stream_keys(md, self.sampler.generator)
+        return sample(
+            logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
+        )
+
+    # %% chapters/11_cuda_graph.md:1771
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -202,23 +239,23 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1393
+    # %% chapters/11_cuda_graph.md:1823
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
     ) -> InFlight | None:
-        """Enqueue the step and its argmax without waiting; None (and nothing done)
-        unless every request that samples is plainly greedy (batch-level logits
-        processors allowed).
+        """Enqueue the step and its tokens' draw without waiting; None (and nothing
+        done) unless the device can draw every token (samples_on_device).
         """
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
         with_processors = [r.sampling_params.logits_processors for r in chosen]
         masked = [j for j, ps in enumerate(with_processors) if ps]  # masked rows
+        drawable = samples_on_device if self.fused_sampling else is_plain_greedy
         if not all(
             self.plain_greedy.get(r.request_id)
-            or is_plain_greedy(r.sampling_params, batch_processors=True)
+            or drawable(r.sampling_params, batch_processors=True)
             for r in chosen
         ):
             return None
@@ -232,7 +269,10 @@ class GPUModelRunner(ModelRunner):
         logits = self.model.lm_head(hidden)  # (len(sampling), vocab)
         if masked:
             self._mask_ahead(logits, masked, [chosen[j] for j in masked], previous)
-        tokens = logits.argmax(dim=-1)  # (len(sampling),)
+        if all(r.sampling_params.temperature < SAMPLING_EPS for r in chosen):
+            tokens = logits.argmax(dim=-1)  # (len(sampling),)
+        else:  # the previous section's kernel
+            tokens = self.sample_on_device(logits, chosen)
         host, ready = tokens, None
         if self.device.type == "cuda":
             self.host_slot ^= 1
@@ -263,7 +303,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:1765
+    # %% chapters/11_cuda_graph.md:2199
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -284,7 +324,25 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:1713
+# %% chapters/11_cuda_graph.md:1580
+def samples_on_device(params: SamplingParams, batch_processors: bool = True) -> bool:
+    """Whether the device can draw a request's token: greedy or sampled with
+    temperature, top-k, top-p, min-p and a seed, and batch-level processors only."""
+    processors = params.logits_processors
+    return (
+        params.logprobs is None
+        and params.min_tokens == 0
+        and (not processors or batch_processors)
+        and all(hasattr(type(p), "apply_batch") for p in processors)
+        and params.allowed_token_ids is None
+        and not params.banned_token_ids
+        and params.repetition_penalty == 1
+        and params.frequency_penalty == 0
+        and params.presence_penalty == 0
+    )
+
+
+# %% chapters/11_cuda_graph.md:2146
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -295,6 +353,7 @@ class FastPathOptions:
     cuda_graphs: bool | None = None  # replay captured decode steps
     torch_compile: bool | None = None  # merged, skinny, compiled layers; None: graphs
     async_scheduling: bool | None = None  # schedule step N+1 during N; None: graphs
+    fused_sampling: bool = True  # sampled batches on the fast path, one kernel
 
     @staticmethod
     def check(config) -> None:
@@ -328,5 +387,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:1793
+# %% chapters/11_cuda_graph.md:2227
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

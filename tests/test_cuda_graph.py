@@ -565,6 +565,37 @@ def test_async_scheduling_falls_back_for_sampled_requests(tiny):
     assert stepper.num_in_step > 0 and stepper.num_ahead > 0  # both kinds of step ran
 
 
+def test_async_scheduling_launches_sampled_batches_ahead(tiny):
+    """Temperature, top-k, top-p, min-p and seeds next to greedy rows: every step
+    launches ahead and draws chapter 7's tokens; fused_sampling=False falls back."""
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3]]
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=1, max_tokens=12),
+        SamplingParams(temperature=0, max_tokens=9),
+        SamplingParams(temperature=1.0, top_k=20, seed=2, max_tokens=7),
+        SamplingParams(temperature=0.6, min_p=0.1, top_p=0.9, seed=3, max_tokens=12),
+        SamplingParams(temperature=1.3, seed=4, max_tokens=10),
+        SamplingParams(temperature=0.8, top_k=5, top_p=0.5, seed=5, max_tokens=12),
+    ]
+    _, fast = compare_with_chapter7(prompts, params)
+    stepper = fast.engine.stepper
+    assert stepper.num_ahead > 0 and stepper.num_in_step == 0
+    _, slow = compare_with_chapter7(prompts, params, fused_sampling=False)
+    assert slow.engine.stepper.num_in_step > 0
+
+
+def test_async_scheduling_unseeded_rows_run_ahead(tiny):
+    """Unseeded sampled rows draw a fresh key per step, on the fast path too."""
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True)
+    fast = LLM(
+        device="cpu", num_kv_blocks=40, block_size=4, persistent_batch=True,
+        async_scheduling=True,
+    )  # fmt: skip
+    outs = fast.generate([[5, 6, 7], [8, 9]] * 2, params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [8] * 4
+    assert fast.engine.stepper.num_in_step == 0
+
+
 def test_async_scheduling_abort_in_flight(tiny):
     """Aborting a request whose token is being computed: it never reports, the others
     are unaffected.
