@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:453
+# %% chapters/11_cuda_graph.md:457
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -42,7 +42,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:499
+# %% chapters/11_cuda_graph.md:503
 def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler would reduce to an argmax for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -64,7 +64,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:530
+# %% chapters/11_cuda_graph.md:534
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -108,7 +108,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:579
+    # %% chapters/11_cuda_graph.md:583
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
@@ -125,7 +125,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:605
+    # %% chapters/11_cuda_graph.md:609
     def forward(
         self,
         output: SchedulerOutput,
@@ -157,7 +157,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:645
+    # %% chapters/11_cuda_graph.md:649
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -174,7 +174,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1599
+    # %% chapters/11_cuda_graph.md:1673
     def sample_on_device(self, logits: Tensor, chosen: list[Request]) -> Tensor:
         """(len(chosen),) the tokens chapter 6's sampler draws from logits (rows of
         chosen), without waiting: the kernel on a GPU, chapter 6's code elsewhere."""
@@ -208,7 +208,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:1771
+    # %% chapters/11_cuda_graph.md:1845
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -239,7 +239,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1823
+    # %% chapters/11_cuda_graph.md:1897
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -303,7 +303,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2199
+    # %% chapters/11_cuda_graph.md:2303
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -324,7 +324,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:1580
+# %% chapters/11_cuda_graph.md:1654
 def samples_on_device(params: SamplingParams, batch_processors: bool = True) -> bool:
     """Whether the device can draw a request's token: greedy or sampled with
     temperature, top-k, top-p, min-p and a seed, and batch-level processors only."""
@@ -342,7 +342,7 @@ def samples_on_device(params: SamplingParams, batch_processors: bool = True) -> 
     )
 
 
-# %% chapters/11_cuda_graph.md:2146
+# %% chapters/11_cuda_graph.md:2250
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -387,5 +387,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2227
+# %% chapters/11_cuda_graph.md:2331
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
