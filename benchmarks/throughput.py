@@ -29,6 +29,7 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -151,9 +152,10 @@ def run_minillm(
         fused_sampling=fused,
     )
     params = sampling_params(mode, output_lens)
+    # warm-up with the mode's own parameters: the kernels it runs compile here
     llm.generate(
         prompts[:4],
-        [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 4,
+        [replace(p, max_tokens=8) for p in params[:4]],
         use_tqdm=False,
     )
     steps_before = llm.engine.num_steps
