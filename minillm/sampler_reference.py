@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1903
+# %% chapters/06_sampler.md:1908
 """The sampler's oracle: one request at a time, each rule as its definition (chapter 6,
 "The sampler").
 
@@ -30,7 +30,7 @@ def _softmax(v: list[float]) -> list[float]:
     return [a / total for a in e]
 
 
-# %% chapters/06_sampler.md:1936
+# %% chapters/06_sampler.md:1941
 def reference_logits(
     logits: Sequence[float],
     params: SamplingParams,
@@ -69,7 +69,7 @@ def reference_logits(
     return x
 
 
-# %% chapters/06_sampler.md:1983
+# %% chapters/06_sampler.md:1988
 def reference_probs(
     logits: Sequence[float],
     params: SamplingParams,
@@ -106,7 +106,7 @@ def reference_probs(
     return _softmax(x)
 
 
-# %% chapters/06_sampler.md:2262
+# %% chapters/06_sampler.md:2267
 def chi2_sf(x: float, dof: int) -> float:
     """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma
     Q(dof / 2, x / 2).
@@ -140,7 +140,7 @@ def chi2_sf(x: float, dof: int) -> float:
     return math.exp(log_prefactor) * h
 
 
-# %% chapters/06_sampler.md:2312
+# %% chapters/06_sampler.md:2317
 def chi_square_test(
     counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0
 ) -> tuple[float, int, float]:
