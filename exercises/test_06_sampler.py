@@ -187,3 +187,27 @@ def test_bad_words():
     boost[:, 8] = 10.0  # token 8 would be drawn almost always
     sampler = Sampler(generator=torch.Generator().manual_seed(0))
     assert 8 not in sampler(boost, md).sampled_token_ids.tolist()
+
+
+def test_exponential_from_bits32():
+    """6.4: E = -log(1 - (bits + 1/2) 2**-32) in float32, for every 32-bit word."""
+    import minillm.sampler as sampler_module
+
+    exponential = answer(sampler_module, "exponential_from_bits32", "6.4")
+    extremes = [0, 1, 2**23, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1]
+    random_words = torch.randint(
+        0,
+        2**32,
+        (100_000,),
+        dtype=torch.int64,
+        generator=torch.Generator().manual_seed(0),
+    )
+    words = torch.cat([torch.tensor(extremes, dtype=torch.int64), random_words])
+    e = exponential(words.clone())
+    assert e.dtype == torch.float32 and e.shape == words.shape
+    assert torch.isfinite(e).all() and (e > 0).all(), "E must be finite and positive"
+    v = (words.double() + 0.5) * 2.0**-32
+    expected = -torch.log1p(-v)  # float64: exact enough for every word
+    worst = ((e.double() - expected).abs() / expected).max().item()
+    assert worst < 1e-6, f"relative error {worst:.2g}: more than float32 rounding"
+    assert e[0] < 1e-9, "the smallest word must give an E near 2**-33"

@@ -2,14 +2,16 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1902
+# %% chapters/06_sampler.md:1908
 """The sampler's oracle: one request at a time, each rule as its definition (chapter 6,
 "The sampler").
 
 `reference_probs` is the distribution one request's next token is drawn from, in plain
 Python floats; the batched Sampler (minillm/sampler.py) must match it row by row.
-`chi_square_test` checks that draws follow a distribution (Pearson's goodness of fit).
-Tests and chapter checkpoints import this module; the engine does not.
+`reference_noise` is the race's noise for one (seed, position, token), in Python
+integers. `chi_square_test` checks that draws follow a distribution (Pearson's
+goodness of fit). Tests and chapter checkpoints import this module; the engine does
+not.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def _softmax(v: list[float]) -> list[float]:
     return [a / total for a in e]
 
 
-# %% chapters/06_sampler.md:1935
+# %% chapters/06_sampler.md:1943
 def reference_logits(
     logits: Sequence[float],
     params: SamplingParams,
@@ -69,7 +71,7 @@ def reference_logits(
     return x
 
 
-# %% chapters/06_sampler.md:1982
+# %% chapters/06_sampler.md:1990
 def reference_probs(
     logits: Sequence[float],
     params: SamplingParams,
@@ -106,7 +108,27 @@ def reference_probs(
     return _softmax(x)
 
 
-# %% chapters/06_sampler.md:2261
+# %% chapters/06_sampler.md:2038
+def _lowbias32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) % 2**32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) % 2**32
+    return x ^ (x >> 16)
+
+
+def reference_noise(seed: int, position: int, token: int) -> float:
+    """E ~ Exp(1) for one (seed, output position, token id), as exponential_noise
+    computes it: the word and the uniform exactly, the log in float64."""
+    word = seed % 2**64
+    high = _lowbias32(word >> 32)
+    key = _lowbias32(_lowbias32((word % 2**32) ^ high) ^ (position % 2**32))
+    key2 = _lowbias32(key ^ 0x9E3779B9)
+    bits = _lowbias32(_lowbias32(token ^ key) ^ key2)
+    return -math.log(((bits >> 9) + 0.5) / 2**23)
+
+
+# %% chapters/06_sampler.md:2323
 def chi2_sf(x: float, dof: int) -> float:
     """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma
     Q(dof / 2, x / 2).
@@ -140,7 +162,7 @@ def chi2_sf(x: float, dof: int) -> float:
     return math.exp(log_prefactor) * h
 
 
-# %% chapters/06_sampler.md:2311
+# %% chapters/06_sampler.md:2373
 def chi_square_test(
     counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0
 ) -> tuple[float, int, float]:

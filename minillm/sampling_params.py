@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:387
+# %% chapters/06_sampler.md:389
 """Sampling parameters of one request (chapter 6, "The sampler").
 
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
@@ -32,7 +32,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
-# %% chapters/06_sampler.md:429
+# %% chapters/06_sampler.md:431
 class SamplingType(IntEnum):
     GREEDY = 0  # argmax: no random numbers at all
     RANDOM = 1  # a fresh key from the engine's shared generator each step
@@ -49,7 +49,7 @@ class SamplingParamsError(ValueError):
         self.field, self.value = field, value
 
 
-# %% chapters/06_sampler.md:450
+# %% chapters/06_sampler.md:452
 @dataclass
 class SamplingParams:
     """How to choose the tokens of one request. Names and defaults follow vLLM (and so
@@ -83,7 +83,7 @@ class SamplingParams:
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
     output_kind: str = "cumulative"  # or "final_only": the engine reports when done
 
-    # %% chapters/06_sampler.md:494
+    # %% chapters/06_sampler.md:496
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -114,7 +114,7 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    # %% chapters/06_sampler.md:533
+    # %% chapters/06_sampler.md:535
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
@@ -135,7 +135,7 @@ class SamplingParams:
             )
 
 
-# %% chapters/06_sampler.md:561
+# %% chapters/06_sampler.md:563
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -148,7 +148,7 @@ def _is_token_ids(v) -> bool:
     return isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v)
 
 
-# %% chapters/06_sampler.md:578
+# %% chapters/06_sampler.md:580
 def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
     return [
@@ -183,7 +183,7 @@ def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:617
+# %% chapters/06_sampler.md:619
 def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
     return [
@@ -213,7 +213,7 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:650
+# %% chapters/06_sampler.md:652
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for stop strings, token-id lists, processors, flags."""
     return [
@@ -250,7 +250,7 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:692
+# %% chapters/06_sampler.md:694
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).

@@ -120,6 +120,33 @@ def test_tiny_model_matches_dense_generation(tiny):
     assert got == expected and llm.engine.num_preemptions > 0 and all_blocks_free(llm)
 
 
+def test_seeded_sampling_is_the_same_under_preemption_and_chunked_prefill(tiny):
+    """A seeded request's noise is a function of (seed, position, token): the
+    schedule, the chunks and the preemptions around it change nothing."""
+    _, tokenizer = tiny
+    prompts = mixed_prompts(12, tokenizer.vocab_size, seed=2)
+    params = [
+        SamplingParams(
+            temperature=1.0, top_p=0.95, seed=500 + i, max_tokens=24, ignore_eos=True
+        )
+        for i in range(len(prompts))
+    ]
+    roomy = LLM(device="cpu", num_kv_blocks=512, block_size=4, max_num_seqs=12)
+    tight = LLM(
+        device="cpu",
+        num_kv_blocks=48,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=20,
+    )
+    expected, got = (
+        [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        for llm in (roomy, tight)
+    )
+    assert roomy.engine.num_preemptions == 0 < tight.engine.num_preemptions
+    assert got == expected and all_blocks_free(tight)
+
+
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(tiny_llm):
     # ignore_eos: two seeds must give two 16-token samples, never two empty ones
     params = SamplingParams(

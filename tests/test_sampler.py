@@ -927,3 +927,23 @@ def test_top_p_on_tied_bf16_logits_matches_the_reference():
                 torch.tensor(expected, dtype=torch.float64),
                 atol=1e-6,
             ), (trial, row)
+
+
+def test_noise_matches_the_integer_reference():
+    from minillm.sampler_reference import reference_noise
+    from minillm.sampling_metadata import int64_seed
+
+    rng = random.Random(3)
+    seeds = [0, -1, 2**63, 2**64 + 7, -(2**63)] + [
+        rng.randrange(-(2**80), 2**80) for _ in range(59)
+    ]
+    positions = [0, 2**31, 2**32 - 1, 5, 2**32 + 5] + [
+        rng.randrange(2**32) for _ in range(59)
+    ]
+    noise = exponential_noise(
+        torch.tensor([int64_seed(s) for s in seeds]), torch.tensor(positions), 512
+    )
+    for row, (seed, position) in enumerate(zip(seeds, positions)):
+        for token in (0, 1, rng.randrange(512), 511):
+            expected = reference_noise(seed, position, token)
+            assert math.isclose(noise[row, token].item(), expected, rel_tol=3e-7)
