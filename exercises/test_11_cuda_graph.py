@@ -27,29 +27,29 @@ def test_padding_fraction():
     assert default < powers
 
 
-def test_sampling_ahead(tiny):
-    """11.2: seeded sampled batches run ahead and sample what chapter 7 does."""
+def test_logprobs_ahead(tiny):
+    """11.2: batches asking for logprobs run ahead, with chapter 7's logprobs."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     params = [
         SamplingParams(
-            temperature=0.8, top_p=0.9, top_k=20, seed=i, max_tokens=10, ignore_eos=True
+            temperature=0.8, top_p=0.9, seed=i, max_tokens=10, ignore_eos=True,
+            logprobs=2,
         )  # fmt: skip
         for i in range(len(prompts))
     ]
     common = dict(device="cpu", dtype=torch.float32, num_kv_blocks=64, block_size=4)
     ahead = LLM(**common, persistent_batch=True, async_scheduling=True)
-    got = [
-        o.outputs[0].token_ids for o in ahead.generate(prompts, params, use_tqdm=False)
-    ]
-    if ahead.engine.stepper.num_ahead == 0:
-        pytest.skip("exercise 11.2: sampled steps still run in step")
+    got = ahead.generate(prompts, params, use_tqdm=False)
+    if ahead.engine.stepper.num_in_step > 0:
+        pytest.skip("exercise 11.2: steps with logprobs still run in step")
     reference = LLM(**common, persistent_batch=False)
-    expected = [
-        o.outputs[0].token_ids
-        for o in reference.generate(prompts, params, use_tqdm=False)
-    ]
-    assert got == expected
-    assert ahead.engine.stepper.num_in_step == 0, "every step ran ahead"
+    expected = reference.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(got, expected):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert (x.token_id, x.rank) == (y.token_id, y.rank)
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
+            assert [t for t, _ in x.top_logprobs] == [t for t, _ in y.top_logprobs]
 
 
 def test_scratch_block_not_needed():
