@@ -304,6 +304,12 @@ def main() -> None:
         help="also run each sampled mode with fused_sampling=False (chapter 6's "
         "sampler in step, the path before chapter 11's kernel)",
     )
+    parser.add_argument(
+        "--name",
+        default="throughput",
+        help="the stored result's name (e.g. throughput_sampling for a run with "
+        "--skip-hf that should not replace the full one)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -368,7 +374,7 @@ def main() -> None:
         "output tok/s"
     )
     path = save(
-        "throughput", record, args.out or Path(__file__).resolve().parent / "results"
+        args.name, record, args.out or Path(__file__).resolve().parent / "results"
     )
     print("wrote", path)
 

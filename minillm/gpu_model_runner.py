@@ -174,7 +174,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1673
+    # %% chapters/11_cuda_graph.md:1690
     def sample_on_device(self, logits: Tensor, chosen: list[Request]) -> Tensor:
         """(len(chosen),) the tokens chapter 6's sampler draws from logits (rows of
         chosen), without waiting: the kernel on a GPU, chapter 6's code elsewhere."""
@@ -208,7 +208,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:1845
+    # %% chapters/11_cuda_graph.md:1862
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -239,7 +239,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1897
+    # %% chapters/11_cuda_graph.md:1914
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -303,7 +303,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2303
+    # %% chapters/11_cuda_graph.md:2320
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -324,7 +324,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:1654
+# %% chapters/11_cuda_graph.md:1671
 def samples_on_device(params: SamplingParams, batch_processors: bool = True) -> bool:
     """Whether the device can draw a request's token: greedy or sampled with
     temperature, top-k, top-p, min-p and a seed, and batch-level processors only."""
@@ -342,7 +342,7 @@ def samples_on_device(params: SamplingParams, batch_processors: bool = True) -> 
     )
 
 
-# %% chapters/11_cuda_graph.md:2250
+# %% chapters/11_cuda_graph.md:2267
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -387,5 +387,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2331
+# %% chapters/11_cuda_graph.md:2348
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -107,25 +107,38 @@ def _live(
     return e, live
 
 
-# %% chapters/11_cuda_graph.md:1390
+# %% chapters/11_cuda_graph.md:1393
 @triton.jit
 def _row_stats(
     row_ptr, V, t, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
 ):
     """(max of x / t, its first index, sum of exp(x / t - max), min key, max key)."""
-    m, best, z = float("-inf"), 0, 0.0
-    kmin, kmax = 2147483647, -2147483648
+    # per lane of the block; reduced across lanes once, after the loop
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    best, z = tl.zeros([BLOCK], tl.int32), tl.zeros([BLOCK], tl.float32)
+    kmin = tl.full([BLOCK], 2147483647, tl.int32)
+    kmax = tl.full([BLOCK], -2147483648, tl.int32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         s, key = _load(row_ptr, offs, V, t, RAW_KEYS, True)
-        block_max = tl.max(s, 0)
-        if block_max > m:  # a new maximum rescales the sum so far
-            z = z * _exp(m - block_max, PRECISE)
-            m, best = block_max, start + tl.argmax(s, 0, tie_break_left=True)
-        z += tl.sum(_exp(s - m, PRECISE), 0)
-        kmin = tl.minimum(kmin, tl.min(tl.where(offs < V, key, 2147483647), 0))
-        kmax = tl.maximum(kmax, tl.max(tl.where(offs < V, key, -2147483648), 0))
-    return m, best, z, kmin.to(tl.int64), kmax.to(tl.int64)
+        new_m = tl.maximum(m, s)
+        best = tl.where(s > m, offs, best)  # a lane keeps its first maximum
+        # a new maximum rescales the lane's sum so far (-inf lanes add nothing)
+        scale = tl.where(m == new_m, 1.0, _exp(m - new_m, PRECISE))
+        z = z * scale + tl.where(s == float("-inf"), 0.0, _exp(s - new_m, PRECISE))
+        m = new_m
+        kmin = tl.minimum(kmin, tl.where(offs < V, key, 2147483647))
+        kmax = tl.maximum(kmax, tl.where(offs < V, key, -2147483648))
+    row_max = tl.max(m, 0)
+    first = tl.min(tl.where(m == row_max, best, 2147483647), 0)  # first overall
+    total = tl.sum(tl.where(m == float("-inf"), 0.0, z * _exp(m - row_max, PRECISE)), 0)
+    return (
+        row_max,
+        first,
+        total,
+        tl.min(kmin, 0).to(tl.int64),
+        tl.max(kmax, 0).to(tl.int64),
+    )
 
 
 @triton.jit
@@ -146,20 +159,20 @@ def _top_k_key(
     """The largest key in [low, hi] with at least k live tokens at or above it."""
     while low < hi:
         mid = low + (hi - low + 1) // 2
-        count = 0
+        count = tl.zeros([BLOCK], tl.int32)  # summed once a pass, not per block
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             s, key = _load(row_ptr, offs, n, t, RAW_KEYS, not RAW_KEYS)
             e, live = _live(s, key, offs, n, m, z, min_p, mid, HAS_MIN_P, False)
-            count += tl.sum(live.to(tl.int32), 0)
-        if count >= k:
+            count += live.to(tl.int32)
+        if tl.sum(count, 0) >= k:
             low = mid
         else:
             hi = mid - 1
     return low
 
 
-# %% chapters/11_cuda_graph.md:1443
+# %% chapters/11_cuda_graph.md:1459
 @triton.jit
 def _top_p_key(
     row_ptr,
@@ -177,29 +190,29 @@ def _top_p_key(
 ):
     """The smallest key in [low, hi] whose live mass strictly above is below p times
     the live mass at or above low."""
-    mass = 0.0
+    mass = tl.zeros([BLOCK], tl.float32)  # summed once a pass, not per block
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         s, key = _load(row_ptr, offs, n, t, RAW_KEYS, not RAW_KEYS)
         e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, False)
-        mass += tl.sum(tl.where(live, e, 0.0), 0)
-    target = p * mass
+        mass += tl.where(live, e, 0.0)
+    target = p * tl.sum(mass, 0)
     while low < hi:
         mid = low + (hi - low) // 2
-        above = 0.0
+        above = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             s, key = _load(row_ptr, offs, n, t, RAW_KEYS, not RAW_KEYS)
             e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, False)
-            above += tl.sum(tl.where(live & (key > mid), e, 0.0), 0)
-        if above < target:
+            above += tl.where(live & (key > mid), e, 0.0)
+        if tl.sum(above, 0) < target:
             hi = mid
         else:
             low = mid + 1
     return low
 
 
-# %% chapters/11_cuda_graph.md:1486
+# %% chapters/11_cuda_graph.md:1502
 @triton.jit
 def _sample_kernel(
     logits_ptr,
@@ -241,20 +254,21 @@ def _sample_kernel(
             row_ptr, n, t, m, z, min_p, p, low, hi, RAW_KEYS, HAS_MIN_P, BLOCK
         )
     seed, pos = tl.load(key_ptr + row), tl.load(pos_ptr + row)
-    top, token = -1.0, best
+    top = tl.full([BLOCK], -1.0, tl.float32)  # per lane, as in _row_stats
+    token = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n, BLOCK):  # the race: the largest e / E that lives
         offs = start + tl.arange(0, BLOCK)
         s, key = _load(row_ptr, offs, n, t, RAW_KEYS, True)
         e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, PRECISE)
         noise = _noise(seed, pos, offs, PRECISE)
         score = tl.where(live, tl.math.div_rn(e, noise), -1.0)
-        if tl.max(score, 0) > top:
-            top = tl.max(score, 0)
-            token = start + tl.argmax(score, 0, tie_break_left=True)
-    tl.store(out_ptr + row, token.to(tl.int64))
+        token = tl.where(score > top, offs, token)
+        top = tl.maximum(top, score)
+    winner = tl.min(tl.where(top == tl.max(top, 0), token, 2147483647), 0)
+    tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/11_cuda_graph.md:1545
+# %% chapters/11_cuda_graph.md:1562
 def sample(
     logits: Tensor,
     temperature: Tensor,
