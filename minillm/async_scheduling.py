@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1819
+# %% chapters/11_cuda_graph.md:1805
 """Async scheduling (chapter 11, "Overlapping the CPU and the GPU"): the engine's step
 with the CPU one step ahead of the device.
 
@@ -37,7 +37,7 @@ class InFlight:
     ready: torch.cuda.Event | None
 
 
-# %% chapters/11_cuda_graph.md:1987
+# %% chapters/11_cuda_graph.md:1973
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async
     scheduling).
@@ -81,7 +81,7 @@ class AsyncStepper:
         self.num_in_step += 1
         return engine._apply_tokens(updated, result)
 
-    # %% chapters/11_cuda_graph.md:2038
+    # %% chapters/11_cuda_graph.md:2024
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
         placeholders.
@@ -99,7 +99,7 @@ class AsyncStepper:
             sampled[request.request_id] = [token]
         return self.engine._apply_tokens(updated, ModelRunnerOutput(sampled, {}))
 
-    # %% chapters/11_cuda_graph.md:2065
+    # %% chapters/11_cuda_graph.md:2051
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})

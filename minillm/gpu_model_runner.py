@@ -42,20 +42,16 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:503
-def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> bool:
-    """Whether the sampler would reduce to an argmax for these parameters (after
+# %% chapters/11_cuda_graph.md:506
+def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
+    """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
     processors = params.logits_processors
     return (
-        params.sampling_type is SamplingType.GREEDY
-        and params.logprobs is None
+        params.logprobs is None
         and params.min_tokens == 0
-        and (
-            not processors
-            or batch_processors
-            and all(hasattr(type(p), "apply_batch") for p in processors)
-        )
+        and (not processors or batch_processors)
+        and all(hasattr(type(p), "apply_batch") for p in processors)
         and params.allowed_token_ids is None
         and not params.banned_token_ids
         and params.repetition_penalty == 1
@@ -64,7 +60,14 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:534
+def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> bool:
+    """Whether the sampler would reduce to an argmax for these parameters."""
+    return params.sampling_type is SamplingType.GREEDY and only_draws(
+        params, batch_processors
+    )
+
+
+# %% chapters/11_cuda_graph.md:540
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -108,7 +111,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:583
+    # %% chapters/11_cuda_graph.md:589
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
@@ -125,7 +128,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:609
+    # %% chapters/11_cuda_graph.md:615
     def forward(
         self,
         output: SchedulerOutput,
@@ -157,7 +160,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:649
+    # %% chapters/11_cuda_graph.md:655
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -174,7 +177,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1690
+    # %% chapters/11_cuda_graph.md:1676
     def sample_on_device(self, logits: Tensor, chosen: list[Request]) -> Tensor:
         """(len(chosen),) the tokens chapter 6's sampler draws from logits (rows of
         chosen), without waiting: the kernel on a GPU, chapter 6's code elsewhere."""
@@ -208,7 +211,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:1862
+    # %% chapters/11_cuda_graph.md:1848
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -239,20 +242,20 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1914
+    # %% chapters/11_cuda_graph.md:1900
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
     ) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
-        done) unless the device can draw every token (samples_on_device).
+        done) unless the device can draw every token (only_draws).
         """
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
         with_processors = [r.sampling_params.logits_processors for r in chosen]
         masked = [j for j, ps in enumerate(with_processors) if ps]  # masked rows
-        drawable = samples_on_device if self.fused_sampling else is_plain_greedy
+        drawable = only_draws if self.fused_sampling else is_plain_greedy
         if not all(
             self.plain_greedy.get(r.request_id)
             or drawable(r.sampling_params, batch_processors=True)
@@ -303,7 +306,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2320
+    # %% chapters/11_cuda_graph.md:2306
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -324,25 +327,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:1671
-def samples_on_device(params: SamplingParams, batch_processors: bool = True) -> bool:
-    """Whether the device can draw a request's token: greedy or sampled with
-    temperature, top-k, top-p, min-p and a seed, and batch-level processors only."""
-    processors = params.logits_processors
-    return (
-        params.logprobs is None
-        and params.min_tokens == 0
-        and (not processors or batch_processors)
-        and all(hasattr(type(p), "apply_batch") for p in processors)
-        and params.allowed_token_ids is None
-        and not params.banned_token_ids
-        and params.repetition_penalty == 1
-        and params.frequency_penalty == 0
-        and params.presence_penalty == 0
-    )
-
-
-# %% chapters/11_cuda_graph.md:2267
+# %% chapters/11_cuda_graph.md:2253
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -387,5 +372,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2348
+# %% chapters/11_cuda_graph.md:2334
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
