@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1928
+# %% chapters/16_server.md:1957
 """`/v1/completions` (chapter 16, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -29,7 +29,7 @@ from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:1963
+# %% chapters/16_server.md:1992
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -51,7 +51,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:1997
+    # %% chapters/16_server.md:2026
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -78,7 +78,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:2032
+    # %% chapters/16_server.md:2061
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -112,7 +112,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2072
+    # %% chapters/16_server.md:2102
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -135,11 +135,17 @@ class OpenAIServingCompletion(OpenAIServing):
             )
 
         try:
-            async for output in stream:
-                last[output.request_id] = output
-                base = index_of[output.request_id] * req.n
-                for piece in self._new_pieces(output, states, base):
-                    yield chunk([self._completion_choice(piece, num_logprobs)])
+            async for first in stream:
+                events = []
+                for output in [first, *stream.ready()]:  # all that is queued
+                    last[output.request_id] = output
+                    base = index_of[output.request_id] * req.n
+                    for piece in self._new_pieces(output, states, base):
+                        events.append(
+                            chunk([self._completion_choice(piece, num_logprobs)])
+                        )
+                if events:
+                    yield "".join(events)  # one write to the socket
             if req.include_usage:
                 yield chunk([], self._usage(last.values()))
         # headers are sent: report the error in the stream, as vLLM does
@@ -150,7 +156,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2118
+    # %% chapters/16_server.md:2154
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
