@@ -580,6 +580,7 @@ def main(argv: list[str] | None = None) -> dict:
         record = {
             "benchmark": "serve",
             "environment": environment(),
+            "code_commit": git_commit(ROOT),
             "workload": {
                 "model": str(
                     args.model
