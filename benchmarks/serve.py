@@ -6,10 +6,11 @@ transfer decoding and server-sent events), so one process keeps hundreds of stre
 open. Arrivals follow vLLM's vllm/benchmarks/serve.py (`get_request`): a Poisson
 process at each `--request-rate` (exponential gaps, rescaled so the n requests span
 n / rate seconds; `inf` sends them all at once), or all at once under a client-side
-`--max-concurrency` limit. Metrics as vLLM defines them
-(vllm/benchmarks/lib/endpoint_request_func.py, `calculate_metrics`): TTFT is the first
-chunk with text, ITL every gap between chunks, TPOT (latency - TTFT) / (tokens - 1),
-output tok/s the completion tokens the server reports over the run's wall time.
+`--max-concurrency` limit. Metrics as vLLM defines them (`calculate_metrics` in the
+same file, the client `async_request_openai_completions` in
+vllm/benchmarks/lib/endpoint_request_func.py): TTFT is the first chunk with a choice,
+ITL every gap between chunks, TPOT (latency - TTFT) / (tokens - 1), output tok/s the
+completion tokens the server reports over the run's wall time.
 
 The baseline, measured in the same run before the server starts: the same requests
 through the engine's offline loop (what `LLM.generate` runs), on an engine built from
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import gc
 import json
 import os
@@ -214,6 +216,16 @@ async def run_load(
     return list(results), time.perf_counter() - start, peak
 
 
+def run_sync(coroutine):
+    """asyncio.run, also where a loop is running already (a notebook): in a thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 # -- metrics ---------------------------------------------------------------------
 
 
@@ -383,12 +395,28 @@ def run_offline(argv: list[str], prompts, output_lens) -> dict:
     return result
 
 
+def python_path(root: Path) -> str:
+    """root first, then the caller's path (where fastapi or uvicorn may live)."""
+    return os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def offline_in_child(argv: list[str], prompts, output_lens, tmp: Path) -> dict:
+    """run_offline in a process of its own: it leaves nothing on the device (memory,
+    CUDA graphs, threads) that the server's process would then compete with."""
+    job, out = tmp / "offline_job.json", tmp / "offline.json"
+    job.write_text(json.dumps({"argv": argv, "prompts": prompts, "lens": output_lens}))
+    env = {**os.environ, "PYTHONPATH": python_path(ROOT)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--offline-job", str(job)]
+    subprocess.run(cmd + [str(out)], env=env, check=True)
+    return json.loads(out.read_text())
+
+
 def start_server(
     argv: list[str], log: Path, root: Path = ROOT
 ) -> tuple[subprocess.Popen, str, int]:
     """`minillm serve` from the tree at root, in its own process group."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": python_path(root)}
     cmd = [sys.executable, "-m", "minillm.server", "serve", *argv, "--port", str(port)]
     out = open(log, "w")
     proc = subprocess.Popen(
@@ -410,13 +438,13 @@ def cpu_seconds(pid: int) -> float | None:
 def run_modes(host, port, model, prompts, output_lens, args, pid) -> list[dict]:
     """A warm-up, then every request rate and the max-concurrency mode, in turn."""
     payloads = [payload(model, p, n) for p, n in zip(prompts, output_lens)]
-    asyncio.run(run_load(host, port, [payload(model, p, 8) for p in prompts[:4]]))
+    run_sync(run_load(host, port, [payload(model, p, 8) for p in prompts[:4]]))
     modes = [(rate, None) for rate in args.request_rate]
     modes += [(float("inf"), c) for c in args.max_concurrency]
     runs = []
     for rate, limit in modes:
         server_cpu, client_cpu = cpu_seconds(pid), time.process_time()
-        results, seconds, peak = asyncio.run(
+        results, seconds, peak = run_sync(
             run_load(host, port, payloads, rate, limit, seed=args.seed)
         )
         summary = summarize(results, seconds)
@@ -570,7 +598,7 @@ def main(argv: list[str] | None = None) -> dict:
             if folder is None:
                 from benchmarks.throughput import QWEN3_0_6B, random_checkpoint
 
-                folder = Path(tmp)
+                folder = Path(tmp) / "model"
                 random_checkpoint(folder)
                 write_id_tokenizer(folder, QWEN3_0_6B["vocab_size"])
             config = json.loads((folder / "config.json").read_text())
@@ -600,7 +628,7 @@ def main(argv: list[str] | None = None) -> dict:
             },
         }
         if not args.skip_offline:
-            record["offline"] = run_offline(argv, prompts, output_lens)
+            record["offline"] = offline_in_child(argv, prompts, output_lens, Path(tmp))
             print(
                 f"offline: {record['offline']['output_tokens_per_s']:,.0f} "
                 f"output tok/s, CPU {record['offline']['cpu_us_per_token']:.0f} "
@@ -625,4 +653,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--offline-job"]:  # the child of offline_in_child
+        job = json.loads(Path(sys.argv[2]).read_text())
+        result = run_offline(job["argv"], job["prompts"], job["lens"])
+        Path(sys.argv[3]).write_text(json.dumps(result))
+    else:
+        main()

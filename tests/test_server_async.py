@@ -503,3 +503,30 @@ def test_randomised_concurrent_streams_with_drops(
         assert reasons == [c["finish_reason"] for c in choices], spec
         if spec["body"]["ignore_eos"] and "stop" not in spec["body"]:
             assert full["usage"]["completion_tokens"] == n * spec["body"]["max_tokens"]
+
+
+def test_a_stream_that_fell_behind_catches_up_without_losing_an_output(tiny):
+    """RequestStream.ready() hands over every queued output, in order: a handler that
+    wakes late writes several steps' events at once, and none is lost."""
+    model, tokenizer = tiny
+    llm = AsyncLLM(LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64)))
+    llm.start()
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    async def slow_reader():
+        stream = await llm.generate([("late", [5, 6, 7], greedy)])
+        batches = []
+        async for first in stream:
+            await asyncio.sleep(0.03)  # the engine runs ahead meanwhile
+            batches.append([first, *stream.ready()])
+        assert stream.ready() == []  # finished: nothing left, nothing pending
+        return batches
+
+    try:
+        batches = asyncio.run(slow_reader())
+    finally:
+        llm.shutdown()
+    outputs = [o for batch in batches for o in batch]
+    assert [len(o.outputs[0].token_ids) for o in outputs] == list(range(1, 13))
+    assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    assert any(len(batch) > 1 for batch in batches)  # it did catch up
