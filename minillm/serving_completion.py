@@ -10,6 +10,7 @@ vllm/entrypoints/openai/completion/serving.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:1992
+# %% chapters/16_server.md:1993
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -51,7 +52,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:2026
+    # %% chapters/16_server.md:2027
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -78,7 +79,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:2061
+    # %% chapters/16_server.md:2062
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -112,7 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2102
+    # %% chapters/16_server.md:2130
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -134,6 +135,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 )
             )
 
+        envelope = tuple(chunk([]).split('"choices":[]'))
         try:
             async for first in stream:
                 events = []
@@ -142,7 +144,9 @@ class OpenAIServingCompletion(OpenAIServing):
                     base = index_of[output.request_id] * req.n
                     for piece in self._new_pieces(output, states, base):
                         events.append(
-                            chunk([self._completion_choice(piece, num_logprobs)])
+                            text_event(envelope, piece)
+                            if piece.logprobs is None
+                            else chunk([self._completion_choice(piece, num_logprobs)])
                         )
                 if events:
                     yield "".join(events)  # one write to the socket
@@ -156,7 +160,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2154
+    # %% chapters/16_server.md:2185
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
@@ -169,3 +173,19 @@ class OpenAIServingCompletion(OpenAIServing):
             if piece.logprobs is None
             else self.completion_logprobs(piece.logprobs, num_logprobs, piece.offset),
         )
+
+
+# %% chapters/16_server.md:2109
+_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def text_event(envelope: tuple[str, str], piece: StreamPiece) -> str:
+    """The event of a piece without logprobs: the bytes of
+    sse(CompletionResponse(choices=[its choice])) without building the models.
+    envelope: that event with no choices, split where they go."""
+    head, tail = envelope
+    return (
+        f'{head}"choices":[{{"index":{piece.index},"text":{_json(piece.text)},'
+        f'"logprobs":null,"finish_reason":{_json(piece.finish_reason)},'
+        f'"stop_reason":{_json(piece.stop_reason)}}}]{tail}'
+    )
