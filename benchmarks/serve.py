@@ -435,8 +435,11 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_modes(host, port, model, prompts, output_lens, args, pid) -> list[dict]:
-    """A warm-up, then every request rate and the max-concurrency mode, in turn."""
+def run_modes(
+    host, port, model, prompts, output_lens, args, pid, on_run=None
+) -> list[dict]:
+    """A warm-up, then every request rate and the max-concurrency mode, in turn;
+    on_run(runs) after each."""
     payloads = [payload(model, p, n) for p, n in zip(prompts, output_lens)]
     run_sync(run_load(host, port, [payload(model, p, 8) for p in prompts[:4]]))
     modes = [(rate, None) for rate in args.request_rate]
@@ -475,15 +478,21 @@ def run_modes(host, port, model, prompts, output_lens, args, pid) -> list[dict]:
             f"{summary['failed']} failed",
             flush=True,
         )
+        if on_run is not None:
+            on_run(runs)
     return runs
 
 
-def serve(argv, log: Path, root: Path, model_name, prompts, output_lens, args):
+def serve(
+    argv, log: Path, root: Path, model_name, prompts, output_lens, args, on_run=None
+):
     """Start the server of the tree at root, run every mode, stop it."""
     proc, host, port = start_server(argv, log, root)
     try:
         startup = wait_healthy(f"http://{host}:{port}", proc)
-        runs = run_modes(host, port, model_name, prompts, output_lens, args, proc.pid)
+        runs = run_modes(
+            host, port, model_name, prompts, output_lens, args, proc.pid, on_run
+        )
     finally:
         stop(proc)
     return {
@@ -636,7 +645,11 @@ def main(argv: list[str] | None = None) -> dict:
                 flush=True,
             )
         load = (model_name, prompts, output_lens, args)
-        record.update(serve(argv, Path(tmp) / "server.log", ROOT, *load))
+
+        def partial(runs: list[dict]) -> None:  # a run cut short keeps what it has
+            save(args.name, {**record, "runs": runs, "partial": True}, args.out)
+
+        record.update(serve(argv, Path(tmp) / "server.log", ROOT, *load, partial))
         if args.baseline_tree:
             print(f"the server of {args.baseline_tree}:", flush=True)
             record["baseline_tree"] = {
