@@ -49,6 +49,9 @@ class _Sink:
     def put(self, item) -> None:  # called from the engine thread
         _deliver(self.loop, [(self, item)])
 
+    def put_now(self, item) -> None:  # called on the loop
+        self.queue.put_nowait(item)
+
 
 def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[_Sink, object]]):
     """Hand items to their sinks on loop: one wake-up of the loop for them all."""
@@ -60,7 +63,7 @@ def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[_Sink, object]])
 
 def _put_all(items: list[tuple[_Sink, object]]) -> None:  # runs on the loop
     for sink, item in items:
-        sink.queue.put_nowait(item)
+        sink.put_now(item)
 
 
 @dataclass
@@ -79,7 +82,7 @@ _ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1140
+# %% chapters/16_server.md:1143
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -112,7 +115,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1182
+    # %% chapters/16_server.md:1185
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -140,7 +143,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1223
+    # %% chapters/16_server.md:1226
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -164,7 +167,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1256
+    # %% chapters/16_server.md:1259
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -192,7 +195,7 @@ class AsyncLLM:
             self._num_completions[request_id] = params.n
         command.sink.put(_ACCEPTED)
 
-    # %% chapters/16_server.md:1292
+    # %% chapters/16_server.md:1295
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -222,7 +225,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1383
+    # %% chapters/16_server.md:1386
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -254,7 +257,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1333
+# %% chapters/16_server.md:1336
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.
