@@ -39,16 +39,16 @@ import os
 import platform
 import random
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.servers import free_port, stop, wait_healthy  # noqa: E402
+
 VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -262,39 +262,6 @@ def minillm_env() -> dict:
         HF_HUB_OFFLINE="1",
     )
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> float:
-    start = time.perf_counter()
-    while time.perf_counter() - start < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return time.perf_counter() - start
-        except OSError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} not healthy after {timeout} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """End a server this script started, with everything it started (its own
-    process group)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def cpu_model() -> str | None:

@@ -47,10 +47,23 @@ class _Sink:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, item) -> None:  # called from the engine thread
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
+        _deliver(self.loop, [(self, item)])
+
+    def put_now(self, item) -> None:  # called on the loop
+        self.queue.put_nowait(item)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[_Sink, object]]):
+    """Hand items to their sinks on loop: one wake-up of the loop for them all."""
+    try:
+        loop.call_soon_threadsafe(_put_all, items)
+    except RuntimeError:  # the loop is closed: nobody is listening any more
+        pass
+
+
+def _put_all(items: list[tuple[_Sink, object]]) -> None:  # runs on the loop
+    for sink, item in items:
+        sink.put_now(item)
 
 
 @dataclass
@@ -69,7 +82,7 @@ _ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1126
+# %% chapters/16_server.md:1143
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -102,7 +115,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1168
+    # %% chapters/16_server.md:1185
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -130,7 +143,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1209
+    # %% chapters/16_server.md:1226
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -154,7 +167,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1242
+    # %% chapters/16_server.md:1259
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -182,18 +195,21 @@ class AsyncLLM:
             self._num_completions[request_id] = params.n
         command.sink.put(_ACCEPTED)
 
-    # %% chapters/16_server.md:1278
+    # %% chapters/16_server.md:1295
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
             self.metrics.record_step(outputs, self.engine)
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for output in outputs:
             sink = self._sinks.get(output.request_id)
             if sink is not None:
-                sink.put(output)
+                by_loop.setdefault(sink.loop, []).append((sink, output))
             if output.finished:
                 self._sinks.pop(output.request_id, None)
                 self._num_completions.pop(output.request_id, None)
+        for loop, items in by_loop.items():  # one wake-up per loop and step
+            _deliver(loop, items)
 
     def _fail_all(self, error: Exception) -> None:
         for command in self._batch:
@@ -209,7 +225,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1354
+    # %% chapters/16_server.md:1386
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -241,7 +257,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1314
+# %% chapters/16_server.md:1336
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.
@@ -257,7 +273,17 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if not self.pending:
             raise StopAsyncIteration
-        item = await self._sink.queue.get()
+        return self._take(await self._sink.queue.get())
+
+    def ready(self) -> list[RequestOutput]:
+        """The outputs already queued, without waiting: a stream that fell behind
+        catches up in one go."""
+        items = []
+        while self.pending and not self._sink.queue.empty():
+            items.append(self._take(self._sink.queue.get_nowait()))
+        return items
+
+    def _take(self, item) -> RequestOutput:
         if isinstance(item, BaseException):
             self.pending.clear()  # the engine has already dropped them
             raise item

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2333
+# %% chapters/16_server.md:2409
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -49,12 +49,12 @@ from minillm.serving_completion import OpenAIServingCompletion
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2381
+# %% chapters/16_server.md:2457
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:2402
+# %% chapters/16_server.md:2478
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -79,7 +79,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:2435
+# %% chapters/16_server.md:2511
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -108,7 +108,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:2472
+# %% chapters/16_server.md:2548
 router = APIRouter()
 
 
@@ -131,7 +131,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:2501
+# %% chapters/16_server.md:2577
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -152,7 +152,7 @@ async def metrics(raw: Request):
     return Response(server_of(raw).metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:2527
+# %% chapters/16_server.md:2603
 def create_app(
     engine: LLMEngine,
     served_model_name: str = "minillm-tiny",
@@ -183,7 +183,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:2563
+# %% chapters/16_server.md:2639
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -209,7 +209,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:2598
+    # %% chapters/16_server.md:2674
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -234,7 +234,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3063
+# %% chapters/16_server.md:3139
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -257,7 +257,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info")
 
 
-# %% chapters/16_server.md:3090
+# %% chapters/16_server.md:3166
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -289,7 +289,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3131
+# %% chapters/16_server.md:3207
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -346,7 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3194
+# %% chapters/16_server.md:3270
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -397,7 +397,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3249
+# %% chapters/16_server.md:3325
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -424,6 +424,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
-# %% chapters/16_server.md:3281
+# %% chapters/16_server.md:3357
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1512
+# %% chapters/16_server.md:1544
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -48,7 +48,7 @@ from minillm.sampler import SampleLogprobs
 from minillm.sampling_params import SamplingParams
 
 
-# %% chapters/16_server.md:1562
+# %% chapters/16_server.md:1594
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -70,7 +70,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1592
+# %% chapters/16_server.md:1624
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -95,7 +95,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1627
+# %% chapters/16_server.md:1659
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -116,7 +116,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1657
+# %% chapters/16_server.md:1689
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -150,7 +150,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1699
+    # %% chapters/16_server.md:1731
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -178,7 +178,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1734
+    # %% chapters/16_server.md:1766
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -208,7 +208,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1771
+    # %% chapters/16_server.md:1803
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -222,7 +222,7 @@ class OpenAIServing:
     def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:1794
+    # %% chapters/16_server.md:1826
     def constrain(self, req: SamplingRequest, params: SamplingParams) -> SamplingParams:
         """params with the request's structured-output constraint (chapter 15)."""
         if req.structured_outputs is None and req.response_format is None:
@@ -249,7 +249,7 @@ class OpenAIServing:
         processors = [*params.logits_processors, processor]
         return replace(params, logits_processors=processors)
 
-    # %% chapters/16_server.md:1883
+    # %% chapters/16_server.md:1915
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -283,7 +283,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1832
+# %% chapters/16_server.md:1864
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -298,7 +298,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1854
+# %% chapters/16_server.md:1886
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

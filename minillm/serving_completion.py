@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1928
+# %% chapters/16_server.md:1960
 """`/v1/completions` (chapter 16, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -10,6 +10,7 @@ vllm/entrypoints/openai/completion/serving.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:1963
+# %% chapters/16_server.md:1996
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -51,7 +52,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:1997
+    # %% chapters/16_server.md:2030
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -78,7 +79,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:2032
+    # %% chapters/16_server.md:2065
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -112,7 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2072
+    # %% chapters/16_server.md:2133
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -134,12 +135,21 @@ class OpenAIServingCompletion(OpenAIServing):
                 )
             )
 
+        envelope = tuple(chunk([]).split('"choices":[]'))
         try:
-            async for output in stream:
-                last[output.request_id] = output
-                base = index_of[output.request_id] * req.n
-                for piece in self._new_pieces(output, states, base):
-                    yield chunk([self._completion_choice(piece, num_logprobs)])
+            async for first in stream:
+                events = []
+                for output in [first, *stream.ready()]:  # all that is queued
+                    last[output.request_id] = output
+                    base = index_of[output.request_id] * req.n
+                    for piece in self._new_pieces(output, states, base):
+                        events.append(
+                            text_event(envelope, piece)
+                            if piece.logprobs is None
+                            else chunk([self._completion_choice(piece, num_logprobs)])
+                        )
+                if events:
+                    yield "".join(events)  # one write to the socket
             if req.include_usage:
                 yield chunk([], self._usage(last.values()))
         # headers are sent: report the error in the stream, as vLLM does
@@ -150,7 +160,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2118
+    # %% chapters/16_server.md:2188
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
@@ -163,3 +173,19 @@ class OpenAIServingCompletion(OpenAIServing):
             if piece.logprobs is None
             else self.completion_logprobs(piece.logprobs, num_logprobs, piece.offset),
         )
+
+
+# %% chapters/16_server.md:2112
+_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def text_event(envelope: tuple[str, str], piece: StreamPiece) -> str:
+    """The event of a piece without logprobs: the bytes of
+    sse(CompletionResponse(choices=[its choice])) without building the models.
+    envelope: that event with no choices, split where they go."""
+    head, tail = envelope
+    return (
+        f'{head}"choices":[{{"index":{piece.index},"text":{_json(piece.text)},'
+        f'"logprobs":null,"finish_reason":{_json(piece.finish_reason)},'
+        f'"stop_reason":{_json(piece.stop_reason)}}}]{tail}'
+    )

@@ -15,6 +15,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.async_llm import AsyncLLM
 from minillm.config import EngineConfig
@@ -503,3 +505,57 @@ def test_randomised_concurrent_streams_with_drops(
         assert reasons == [c["finish_reason"] for c in choices], spec
         if spec["body"]["ignore_eos"] and "stop" not in spec["body"]:
             assert full["usage"]["completion_tokens"] == n * spec["body"]["max_tokens"]
+
+
+def test_a_stream_that_fell_behind_catches_up_without_losing_an_output(tiny):
+    """RequestStream.ready() hands over every queued output, in order: a handler that
+    wakes late writes several steps' events at once, and none is lost."""
+    model, tokenizer = tiny
+    llm = AsyncLLM(LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64)))
+    llm.start()
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    async def slow_reader():
+        stream = await llm.generate([("late", [5, 6, 7], greedy)])
+        batches = []
+        async for first in stream:
+            await asyncio.sleep(0.03)  # the engine runs ahead meanwhile
+            batches.append([first, *stream.ready()])
+        assert stream.ready() == []  # finished: nothing left, nothing pending
+        return batches
+
+    try:
+        batches = asyncio.run(slow_reader())
+    finally:
+        llm.shutdown()
+    outputs = [o for batch in batches for o in batch]
+    assert [len(o.outputs[0].token_ids) for o in outputs] == list(range(1, 13))
+    assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    assert any(len(batch) > 1 for batch in batches)  # it did catch up
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(max_size=20),
+    index=st.integers(0, 300),
+    finish=st.sampled_from([None, "stop", "length"]),
+    stop=st.one_of(st.none(), st.integers(0, 10**6), st.text(max_size=5)),
+    model=st.text(min_size=1, max_size=10),
+)
+def test_text_event_is_pydantics_bytes(text, index, finish, stop, model):
+    """The fast path of a streamed chunk writes what the protocol's models write."""
+    from minillm.protocol import CompletionResponse, CompletionResponseChoice
+    from minillm.serving import StreamPiece, sse
+    from minillm.serving_completion import text_event
+
+    def chunk(choices):
+        return sse(
+            CompletionResponse(id="cmpl-x", created=7, model=model, choices=choices)
+        )
+
+    envelope = tuple(chunk([]).split('"choices":[]'))
+    choice = CompletionResponseChoice(
+        index=index, text=text, finish_reason=finish, stop_reason=stop
+    )
+    piece = StreamPiece(index, text, None, finish, stop, 0)
+    assert text_event(envelope, piece) == chunk([choice])
