@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1805
+# %% chapters/11_cuda_graph.md:1813
 """Async scheduling (chapter 11, "Overlapping the CPU and the GPU"): the engine's step
 with the CPU one step ahead of the device.
 
@@ -19,14 +19,13 @@ from torch import Tensor
 
 from minillm.model_runner import ModelRunnerOutput
 from minillm.request import Request, RequestStatus
+from minillm.sampler import LogprobsTensors
 from minillm.scheduler import SchedulerOutput
 
 
 @dataclass
 class InFlight:
-    """A step enqueued on the device, with greedy sampling, whose tokens the CPU has
-    not read yet.
-    """
+    """A step enqueued on the device whose tokens the CPU has not read yet."""
 
     output: SchedulerOutput
     sampling: list[Request]  # the requests that get a token, in the order of `tokens`
@@ -35,9 +34,11 @@ class InFlight:
     host: Tensor  # the same tokens, being copied into pinned CPU memory
     # passed when `host` holds them; None on a CPU (nothing to wait for)
     ready: torch.cuda.Event | None
+    # chapter 6's logprobs of the rows, copied with the tokens, if any row asked
+    logprobs: LogprobsTensors | None = None
 
 
-# %% chapters/11_cuda_graph.md:1973
+# %% chapters/11_cuda_graph.md:2017
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async
     scheduling).
@@ -81,15 +82,20 @@ class AsyncStepper:
         self.num_in_step += 1
         return engine._apply_tokens(updated, result)
 
-    # %% chapters/11_cuda_graph.md:2024
+    # %% chapters/11_cuda_graph.md:2068
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
         placeholders.
         """
         if step.ready is not None:
             step.ready.synchronize()
-        updated, sampled = [], {}
-        for request, token in zip(step.sampling, step.host.tolist()):
+        updated, sampled, logprobs = [], {}, {}
+        per_row = [None] * len(step.sampling)
+        if step.logprobs is not None:
+            per_row = step.logprobs.tolists(
+                [r.sampling_params.logprobs for r in step.sampling]
+            )
+        for request, token, lp in zip(step.sampling, step.host.tolist(), per_row):
             if request.is_finished:
                 continue
             if request.num_output_placeholders:  # none if the token is its last
@@ -97,9 +103,12 @@ class AsyncStepper:
             request.append_output_token_ids([token])
             updated.append(request)
             sampled[request.request_id] = [token]
-        return self.engine._apply_tokens(updated, ModelRunnerOutput(sampled, {}))
+            if lp is not None:
+                logprobs[request.request_id] = lp
+        result = ModelRunnerOutput(sampled, logprobs)
+        return self.engine._apply_tokens(updated, result)
 
-    # %% chapters/11_cuda_graph.md:2051
+    # %% chapters/11_cuda_graph.md:2103
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})

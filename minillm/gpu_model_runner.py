@@ -36,13 +36,19 @@ from minillm.model import CausalLM
 from minillm.model_runner import ModelRunner, ModelRunnerOutput
 from minillm.registry import MODEL_RUNNERS, engine_options
 from minillm.request import Request
-from minillm.sampler import Sampler, SampleLogprobs, stream_keys
+from minillm.sampler import (
+    LogprobsTensors,
+    Sampler,
+    SampleLogprobs,
+    gather_logprobs,
+    stream_keys,
+)
 from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:506
+# %% chapters/11_cuda_graph.md:512
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -67,7 +73,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:540
+# %% chapters/11_cuda_graph.md:546
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -111,7 +117,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:589
+    # %% chapters/11_cuda_graph.md:595
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
@@ -128,7 +134,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:615
+    # %% chapters/11_cuda_graph.md:621
     def forward(
         self,
         output: SchedulerOutput,
@@ -160,7 +166,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:655
+    # %% chapters/11_cuda_graph.md:661
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -177,7 +183,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1676
+    # %% chapters/11_cuda_graph.md:1682
     def sample_on_device(self, logits: Tensor, chosen: list[Request]) -> Tensor:
         """(len(chosen),) the tokens chapter 6's sampler draws from logits (rows of
         chosen), without waiting: the kernel on a GPU, chapter 6's code elsewhere."""
@@ -211,7 +217,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:1848
+    # %% chapters/11_cuda_graph.md:1857
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -242,23 +248,21 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1900
+    # %% chapters/11_cuda_graph.md:1914
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
     ) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
-        done) unless the device can draw every token (only_draws).
+        done) unless the device can draw every token (draws_ahead).
         """
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
         with_processors = [r.sampling_params.logits_processors for r in chosen]
         masked = [j for j, ps in enumerate(with_processors) if ps]  # masked rows
-        drawable = only_draws if self.fused_sampling else is_plain_greedy
         if not all(
-            self.plain_greedy.get(r.request_id)
-            or drawable(r.sampling_params, batch_processors=True)
+            self.plain_greedy.get(r.request_id) or self.draws_ahead(r.sampling_params)
             for r in chosen
         ):
             return None
@@ -270,12 +274,20 @@ class GPUModelRunner(ModelRunner):
             last = inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1
             hidden = hidden[upload(last, self.device)]
         logits = self.model.lm_head(hidden)  # (len(sampling), vocab)
+        asked = [r.sampling_params.logprobs for r in chosen]
+        raw = None  # chapter 6's raw logprobs come before any mask
+        if any(n is not None for n in asked):
+            raw = logits.to(torch.float32).log_softmax(dim=-1)
         if masked:
             self._mask_ahead(logits, masked, [chosen[j] for j in masked], previous)
         if all(r.sampling_params.temperature < SAMPLING_EPS for r in chosen):
             tokens = logits.argmax(dim=-1)  # (len(sampling),)
         else:  # the previous section's kernel
             tokens = self.sample_on_device(logits, chosen)
+        logprobs = None
+        if raw is not None:
+            top = max(n for n in asked if n is not None)
+            logprobs = self._to_host(gather_logprobs(raw, top, tokens))
         host, ready = tokens, None
         if self.device.type == "cuda":
             self.host_slot ^= 1
@@ -283,8 +295,32 @@ class GPUModelRunner(ModelRunner):
             host.copy_(tokens, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
-        self.previous = InFlight(output, chosen, tokens, host, ready)
+        self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
+
+    def draws_ahead(self, params: SamplingParams) -> bool:
+        """Whether a step launched ahead can draw this request's token: one that
+        only draws (fused_sampling), with chapter 6's raw logprobs if it asks."""
+        if not self.fused_sampling:
+            return is_plain_greedy(params, batch_processors=True)
+        raw = self.sampler.logprobs_mode == "raw_logprobs"
+        asks = params.logprobs is not None
+        return (raw or not asks) and only_draws(
+            replace(params, logprobs=None), batch_processors=True
+        )
+
+    def _to_host(self, lp: LogprobsTensors) -> LogprobsTensors:
+        """The logprobs' tensors on their way to pinned memory (on a GPU)."""
+        if self.device.type != "cuda":
+            return lp
+        return LogprobsTensors(
+            *(
+                torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
+                    t, non_blocking=True
+                )
+                for t in (lp.token_ids, lp.logprobs, lp.sampled_token_ranks)
+            )
+        )
 
     def _mask_ahead(self, logits, rows, requests, previous) -> None:
         """Batch-level processors on rows of logits (len(sampling), vocab), with each
@@ -306,7 +342,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2306
+    # %% chapters/11_cuda_graph.md:2358
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -327,7 +363,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:2253
+# %% chapters/11_cuda_graph.md:2305
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -372,5 +408,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2334
+# %% chapters/11_cuda_graph.md:2386
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -584,6 +584,37 @@ def test_async_scheduling_launches_sampled_batches_ahead(tiny):
     assert slow.engine.stepper.num_in_step > 0
 
 
+def test_async_scheduling_logprobs_run_ahead(tiny):
+    """Batches asking for logprobs run ahead, with chapter 7's logprobs."""
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]
+    params = [
+        SamplingParams(
+            temperature=0.8,
+            top_p=0.9,
+            seed=i,
+            max_tokens=10,
+            ignore_eos=True,
+            logprobs=2,
+        )  # fmt: skip
+        for i in range(len(prompts))
+    ]
+    params[1] = SamplingParams(temperature=0, max_tokens=7, logprobs=4)
+    params[3] = SamplingParams(temperature=0.5, seed=9, max_tokens=8)  # none asked
+    common = dict(device="cpu", dtype=torch.float32, num_kv_blocks=64, block_size=4)
+    ahead = LLM(**common, persistent_batch=True, async_scheduling=True)
+    got = ahead.generate(prompts, params, use_tqdm=False)
+    assert ahead.engine.stepper.num_in_step == 0  # every step ran ahead
+    reference = LLM(**common, persistent_batch=False)
+    expected = reference.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(got, expected):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert (a.outputs[0].logprobs is None) == (b.outputs[0].logprobs is None)
+        for x, y in zip(a.outputs[0].logprobs or [], b.outputs[0].logprobs or []):
+            assert (x.token_id, x.rank) == (y.token_id, y.rank)
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
+            assert [t for t, _ in x.top_logprobs] == [t for t, _ in y.top_logprobs]
+
+
 def test_async_scheduling_unseeded_rows_run_ahead(tiny):
     """Unseeded sampled rows draw a fresh key per step, on the fast path too."""
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True)
