@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.decode_gemm import SHAPES as DECODE_SHAPES  # noqa: E402
 from minillm.int4 import Int4Weight, quantize_rtn  # noqa: E402
 from minillm.kernels.int4_gemm import (  # noqa: E402
     FUSED_MAX_M,
@@ -70,14 +71,7 @@ from minillm.kernels.int4_gemm import (  # noqa: E402
 
 # (model, projection) -> (N, K): out_features, in_features
 SHAPES = {
-    ("Qwen3-0.6B", "qkv_proj"): (4096, 1024),
-    ("Qwen3-0.6B", "o_proj"): (1024, 2048),
-    ("Qwen3-0.6B", "gate_up_proj"): (6144, 1024),
-    ("Qwen3-0.6B", "down_proj"): (1024, 3072),
-    ("Llama-3.2-1B", "qkv_proj"): (3072, 2048),
-    ("Llama-3.2-1B", "o_proj"): (2048, 2048),
-    ("Llama-3.2-1B", "gate_up_proj"): (16384, 2048),
-    ("Llama-3.2-1B", "down_proj"): (2048, 8192),
+    **DECODE_SHAPES,  # chapter 10's: Qwen3-0.6B and Llama-3.2-1B
     ("Llama-3.1-8B", "qkv_proj"): (6144, 4096),
     ("Llama-3.1-8B", "o_proj"): (4096, 4096),
     ("Llama-3.1-8B", "gate_up_proj"): (28672, 4096),

@@ -6,13 +6,10 @@ import pytest
 import torch
 import transformers
 from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
 )
+from hf_models import MODELS, SHAPE
 
 from minillm.cuda_graph import default_capture_sizes
 from minillm.config import EngineConfig
@@ -21,25 +18,6 @@ from minillm.sampling_params import SamplingParams
 
 transformers.logging.set_verbosity_error()
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SHAPE = dict(
-    vocab_size=384,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    head_dim=32,
-    max_position_embeddings=512,
-)
-MODELS = [
-    (
-        LlamaForCausalLM,
-        LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
-    ),
-    (
-        Qwen3ForCausalLM,
-        Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
-    ),
-]
 
 
 def prompts_with_shared_prefixes(n, vocab, seed=0):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 from hypothesis import given, settings
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from hf_models import MODELS
 
 from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
@@ -21,15 +21,6 @@ from minillm.sampling_params import SamplingParams, SamplingParamsError
 
 transformers.logging.set_verbosity_error()
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SHAPE = dict(
-    vocab_size=384,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    head_dim=32,
-    max_position_embeddings=512,
-)
 
 
 def all_blocks_free(llm):
@@ -55,19 +46,7 @@ def mixed_prompts(n, vocab, seed=0):
     ]
 
 
-@pytest.mark.parametrize(
-    "cls, config",
-    [
-        (
-            LlamaForCausalLM,
-            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
-        ),
-        (
-            Qwen3ForCausalLM,
-            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
-        ),
-    ],
-)
+@pytest.mark.parametrize("cls, config", MODELS)
 def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(
     hf_checkpoint, cls, config
 ):

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from hf_models import MODELS
 
 from minillm.config import EngineConfig
 from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
@@ -29,15 +29,6 @@ from minillm.sampling_params import SamplingParams
 
 transformers.logging.set_verbosity_error()
 IMPLS = [None, "hash", "radix"]
-SHAPE = dict(
-    vocab_size=384,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    head_dim=32,
-    max_position_embeddings=512,
-)
 STATEFUL = settings(
     max_examples=60,
     stateful_step_count=30,
@@ -123,19 +114,7 @@ def test_greedy_outputs_identical_off_hash_radix_tiny_model_under_preemption(tin
     assert all(preemptions.values()), preemptions
 
 
-@pytest.mark.parametrize(
-    "cls, config",
-    [
-        (
-            LlamaForCausalLM,
-            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
-        ),
-        (
-            Qwen3ForCausalLM,
-            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
-        ),
-    ],
-)
+@pytest.mark.parametrize("cls, config", MODELS)
 def test_greedy_outputs_identical_for_hf_models(tmp_path, tiny, cls, config):
     torch.manual_seed(0)
     cls(config).eval().save_pretrained(tmp_path)

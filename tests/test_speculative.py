@@ -8,7 +8,8 @@ import pytest
 import torch
 import transformers
 from hypothesis import given, settings
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
+from hf_models import MODELS, SHAPE
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
@@ -25,15 +26,6 @@ from minillm.speculative.rejection import (
 transformers.logging.set_verbosity_error()
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SHAPE = dict(
-    vocab_size=384,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    head_dim=32,
-    max_position_embeddings=512,
-)
 
 
 def all_blocks_free(engine):
@@ -140,19 +132,7 @@ def test_ngram_proposer_matches_brute_force(ids, k, ns):
     )
 
 
-@pytest.mark.parametrize(
-    "cls, config",
-    [
-        (
-            LlamaForCausalLM,
-            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
-        ),
-        (
-            Qwen3ForCausalLM,
-            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
-        ),
-    ],
-)
+@pytest.mark.parametrize("cls, config", MODELS)
 def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(
     hf_checkpoint, cls, config
 ):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 from hypothesis import given, settings
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from hf_models import MODELS
 
 from minillm.block_pool import NoFreeBlocksError
 from minillm.config import EngineConfig
@@ -24,15 +24,6 @@ from minillm.swap import SwapScheduler, SwapSpace, Swapper
 
 transformers.logging.set_verbosity_error()
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SHAPE = dict(
-    vocab_size=384,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    head_dim=32,
-    max_position_embeddings=512,
-)
 TIGHT = dict(
     device="cpu",
     num_kv_blocks=40,
@@ -118,19 +109,7 @@ def test_swap_matches_recompute_on_tiny_model_and_computes_fewer_tokens(tiny):
     compare_modes(None, mixed_prompts(16, tiny[1].vocab_size, seed=1))
 
 
-@pytest.mark.parametrize(
-    "cls, config",
-    [
-        (
-            LlamaForCausalLM,
-            LlamaConfig(**SHAPE, num_key_value_heads=2, tie_word_embeddings=False),
-        ),
-        (
-            Qwen3ForCausalLM,
-            Qwen3Config(**SHAPE, num_key_value_heads=1, tie_word_embeddings=True),
-        ),
-    ],
-)
+@pytest.mark.parametrize("cls, config", MODELS)
 def test_swap_matches_recompute_on_hf_models(hf_checkpoint, cls, config):
     _, folder = hf_checkpoint(cls, config)
     compare_modes(folder, mixed_prompts(16, 384))
