@@ -45,6 +45,13 @@ SHAPES = {
     ("Llama-3.2-1B", "gate_up_proj"): (16384, 2048),
     ("Llama-3.2-1B", "down_proj"): (2048, 8192),
 }
+# the same for Llama-3.1-8B (chapters 12 and 13's benchmarks add it to the above)
+LLAMA_8B_SHAPES = {
+    ("Llama-3.1-8B", "qkv_proj"): (6144, 4096),
+    ("Llama-3.1-8B", "o_proj"): (4096, 4096),
+    ("Llama-3.1-8B", "gate_up_proj"): (28672, 4096),
+    ("Llama-3.1-8B", "down_proj"): (4096, 14336),
+}
 ROWS = (1, 2, 4, 8, 16)
 ROTATE_BYTES = 200 << 20
 TOLERANCE = 2e-2  # max |y - F.linear| / max |F.linear| in bf16

@@ -55,7 +55,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
-from benchmarks.decode_gemm import SHAPES as DECODE_SHAPES  # noqa: E402
+from benchmarks.decode_gemm import LLAMA_8B_SHAPES  # noqa: E402
+from benchmarks.decode_gemm import SHAPES as GEMM_SHAPES  # noqa: E402
 from minillm.int4 import Int4Weight, quantize_rtn  # noqa: E402
 from minillm.kernels.int4_gemm import (  # noqa: E402
     FUSED_MAX_M,
@@ -70,13 +71,7 @@ from minillm.kernels.int4_gemm import (  # noqa: E402
 )
 
 # (model, projection) -> (N, K): out_features, in_features
-SHAPES = {
-    **DECODE_SHAPES,  # chapter 10's: Qwen3-0.6B and Llama-3.2-1B
-    ("Llama-3.1-8B", "qkv_proj"): (6144, 4096),
-    ("Llama-3.1-8B", "o_proj"): (4096, 4096),
-    ("Llama-3.1-8B", "gate_up_proj"): (28672, 4096),
-    ("Llama-3.1-8B", "down_proj"): (4096, 14336),
-}
+SHAPES = {**GEMM_SHAPES, **LLAMA_8B_SHAPES}  # chapter 10's, and Llama-3.1-8B's
 QUICK_SHAPES = {("tiny", "qkv_proj"): (96, 256), ("tiny", "down_proj"): (64, 512)}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GROUP = 128

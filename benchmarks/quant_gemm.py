@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.decode_gemm import LLAMA_8B_SHAPES  # noqa: E402
+from benchmarks.decode_gemm import SHAPES as GEMM_SHAPES  # noqa: E402
 from minillm.quantization.fp8 import Fp8Linear, quantize_fp8  # noqa: E402
 from minillm.quantization.w8a8 import (  # noqa: E402
     Int8Linear,
@@ -41,14 +43,8 @@ from minillm.quantization.w8a8 import (  # noqa: E402
 
 # (model, projection) -> (N, K); layers per model
 SHAPES = {
-    ("Llama-3.1-8B", "qkv_proj"): (6144, 4096),
-    ("Llama-3.1-8B", "o_proj"): (4096, 4096),
-    ("Llama-3.1-8B", "gate_up_proj"): (28672, 4096),
-    ("Llama-3.1-8B", "down_proj"): (4096, 14336),
-    ("Qwen3-0.6B", "qkv_proj"): (4096, 1024),
-    ("Qwen3-0.6B", "o_proj"): (1024, 2048),
-    ("Qwen3-0.6B", "gate_up_proj"): (6144, 1024),
-    ("Qwen3-0.6B", "down_proj"): (1024, 3072),
+    **LLAMA_8B_SHAPES,
+    **{key: nk for key, nk in GEMM_SHAPES.items() if key[0] == "Qwen3-0.6B"},
 }
 LAYERS = {"Llama-3.1-8B": 32, "Qwen3-0.6B": 28}
 ROTATE_BYTES = 400 << 20
