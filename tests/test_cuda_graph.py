@@ -505,7 +505,9 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
             stop_token_ids=stop,
             ignore_eos=rng.random() < 0.7,
             n=2 if i % 5 == 0 else 1,
-            repetition_penalty=1.3 if i % 7 == 3 else 1.0,
+            repetition_penalty=1.3 if i % 7 == 5 else 1.0,  # runs ahead
+            # a per-row processor needs chapter 6's sampler in step
+            logits_processors=[ban_token_3] if i % 7 == 3 else None,
         )
     reference = run(params, False, False)[1]
     aborted = {rid for rids in aborts.values() for rid in rids}
@@ -521,9 +523,15 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
     assert stepper.num_ahead > 0 and stepper.num_in_step > 0
 
 
+def ban_token_3(output_ids, logits_row):
+    """A per-row logits processor (chapter 6): what a step launched ahead cannot run."""
+    logits_row[3] = float("-inf")
+    return logits_row
+
+
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):
-    """A batch with seeded random sampling and penalties runs chapter 7's sampler in
-    step; greedy steps overlap.
+    """A batch with a per-row logits processor runs chapter 7's sampler in step; the
+    other steps overlap (penalties among them).
     """
     prompts = [
         [5, 6, 7],
@@ -538,6 +546,9 @@ def test_async_scheduling_falls_back_for_sampled_requests(tiny):
     params = [SamplingParams(temperature=0, max_tokens=12) for _ in prompts]
     params[1] = SamplingParams(temperature=0.8, top_k=40, seed=1, max_tokens=5)
     params[4] = SamplingParams(temperature=0, max_tokens=9, repetition_penalty=1.3)
+    params[5] = SamplingParams(
+        temperature=0, max_tokens=6, logits_processors=[ban_token_3]
+    )
     _, fast = compare_with_chapter7(prompts, params)
     stepper = fast.engine.stepper
     assert stepper.num_in_step > 0 and stepper.num_ahead > 0  # both kinds of step ran
