@@ -392,7 +392,7 @@ class GPUModelRunner(ModelRunner):
             self.penalties.update(rows, penalised, logits.shape[-1], previous)
             self.penalties.apply(logits, sel, rows, md)
 
-    # %% chapters/11_cuda_graph.md:2750
+    # %% chapters/11_cuda_graph.md:2776
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -413,7 +413,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:2697
+# %% chapters/11_cuda_graph.md:2723
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -458,5 +458,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2778
+# %% chapters/11_cuda_graph.md:2804
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -874,3 +874,41 @@ def test_a_second_gpu_engine_gets_back_the_memory_of_the_first(tmp_path):
         llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
         == first
     )
+
+
+def test_token_rules_ahead_with_graphs_match_sampling_in_step(hf_checkpoint, device):
+    """On a GPU (MINILLM_TEST_DEVICE=cuda), the defaults there: bf16, Triton attention,
+    CUDA graphs, compiled layers. Penalties, allowed and banned tokens and seeds
+    launched ahead (the sampling kernel on float32 penalised logits, the device's
+    counts) give the tokens of the same engine sampling in step with chapter 6's
+    sampler; ignore_eos keeps both engines' batches the same step by step."""
+    if device != "cuda":
+        pytest.skip("needs MINILLM_TEST_DEVICE=cuda")
+    _, path = hf_checkpoint(*MODELS[0])
+    prompts = prompts_with_shared_prefixes(12, 384, seed=2)
+    rules = [
+        dict(repetition_penalty=1.3, temperature=0.8, top_p=0.95),
+        dict(frequency_penalty=0.5, presence_penalty=0.5, temperature=0),
+        dict(allowed_token_ids=list(range(50, 200)), temperature=0.7, top_k=20),
+        dict(banned_token_ids=list(range(0, 150)), temperature=1.0),
+        dict(temperature=0.8, top_p=0.9, presence_penalty=-0.5),
+        dict(temperature=0),
+    ]
+    params = [
+        SamplingParams(seed=i, max_tokens=24, ignore_eos=True, **rules[i % len(rules)])
+        for i in range(len(prompts))
+    ]
+    common = dict(
+        device="cuda", dtype=torch.bfloat16, num_kv_blocks=64, block_size=16,
+        max_num_seqs=8, max_num_batched_tokens=64, skip_tokenizer_init=True,
+    )  # fmt: skip
+    tokens = []
+    for overlap in (False, True):
+        llm = LLM(path, persistent_batch=True, async_scheduling=overlap, **common)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        tokens.append([o.outputs[0].token_ids for o in outs])
+        assert llm.engine.model_runner.cuda_graphs
+        assert llm.engine.model_runner.num_graph_steps > 0
+    assert tokens[0] == tokens[1]
+    assert llm.engine.stepper.num_in_step == 0
+    assert llm.engine.model_runner.penalties.output_counts.is_cuda
