@@ -105,6 +105,10 @@ class GPUModelRunner(ModelRunner):
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
         self.plain_greedy: dict[str, bool] = {}
         self.token_rules: dict[str, bool] = {}
+        # "Penalties and token rules ahead": requests' parameters without their
+        # allowed tokens, whose masks (vocab,) stay on the device
+        self.params_ahead: dict[str, SamplingParams] = {}
+        self.allowed_masks: dict[str, Tensor] = {}
         self.fused_sampling = config.fused_sampling  # "Sampling on the device"
         self.graph_runner, self.num_graph_steps, self.num_eager_steps = None, 0, 0
         if self.cuda_graphs:  # "Capturing and replaying"
@@ -119,18 +123,27 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:598
+    # %% chapters/11_cuda_graph.md:602
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
         self.plain_greedy[request.request_id] = is_plain_greedy(params)
         # penalties, min_tokens, allowed / banned tokens ("... and token rules ahead")
         self.token_rules[request.request_id] = has_token_rules(params)
+        if params.allowed_token_ids is not None:  # its mask is kept on the device
+            self.params_ahead[request.request_id] = replace(
+                params, allowed_token_ids=None
+            )
 
     def remove_request(self, request_id: str) -> None:
         super().remove_request(request_id)
-        self.plain_greedy.pop(request_id, None)
-        self.token_rules.pop(request_id, None)
+        for per_request in (
+            self.plain_greedy,
+            self.token_rules,
+            self.params_ahead,
+            self.allowed_masks,
+        ):
+            per_request.pop(request_id, None)
         self.input_batch.remove(request_id)
 
     def sample_tokens(
@@ -140,7 +153,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:628
+    # %% chapters/11_cuda_graph.md:641
     def forward(
         self,
         output: SchedulerOutput,
@@ -172,7 +185,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:668
+    # %% chapters/11_cuda_graph.md:681
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -189,7 +202,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1691
+    # %% chapters/11_cuda_graph.md:1704
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -197,7 +210,8 @@ class GPUModelRunner(ModelRunner):
         after its tokens in flight; without their token lists (the device keeps what
         is read from them: "Penalties and token rules ahead")."""
         none = [[] for _ in chosen]
-        params = [r.sampling_params for r in chosen]
+        ahead = self.params_ahead
+        params = [ahead.get(r.request_id, r.sampling_params) for r in chosen]
         md = SamplingMetadata.from_requests(
             params, none, none, vocab_size, self.eos_token_ids
         )
@@ -227,7 +241,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:1872
+    # %% chapters/11_cuda_graph.md:1886
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -260,7 +274,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1932
+    # %% chapters/11_cuda_graph.md:1946
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -347,7 +361,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2523
+    # %% chapters/11_cuda_graph.md:2541
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -380,9 +394,15 @@ class GPUModelRunner(ModelRunner):
                 cut += stop_ids  # too short to stop, counting the token in flight
             rows += [j] * len(cut)
             cols += cut
-        if md.allowed_token_ids_mask is not None:
-            not_allowed = upload(md.allowed_token_ids_mask, self.device)
-            logits.masked_fill_(not_allowed, float("-inf"))
+        allowed = [j for j in ruled if chosen[j].request_id in self.params_ahead]
+        if allowed:
+            vocab = logits.shape[-1]
+            # (len(allowed), vocab)
+            cut_off = torch.stack(
+                [self._allowed_mask(chosen[j], vocab) for j in allowed]
+            )
+            at = upload(allowed, self.device)
+            logits[at] = logits[at].masked_fill(cut_off, float("-inf"))
         if rows:
             logits[upload(rows, self.device), upload(cols, self.device)] = float("-inf")
         sel = [j for j in ruled if uses_penalties(chosen[j].sampling_params)]
@@ -392,7 +412,17 @@ class GPUModelRunner(ModelRunner):
             self.penalties.update(rows, penalised, logits.shape[-1], previous)
             self.penalties.apply(logits, sel, rows, md)
 
-    # %% chapters/11_cuda_graph.md:2776
+    def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
+        """(vocab,) bool on the device, chapter 6's: True where request may not go.
+        Made once per request."""
+        mask = self.allowed_masks.get(request.request_id)
+        if mask is None:
+            mask = torch.ones(vocab_size, dtype=torch.bool)
+            mask[request.sampling_params.allowed_token_ids] = False
+            mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
+        return mask
+
+    # %% chapters/11_cuda_graph.md:2810
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -413,7 +443,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:2723
+# %% chapters/11_cuda_graph.md:2757
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -458,5 +488,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2804
+# %% chapters/11_cuda_graph.md:2838
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
