@@ -361,7 +361,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2544
+    # %% chapters/11_cuda_graph.md:2547
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -422,7 +422,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:2813
+    # %% chapters/11_cuda_graph.md:2816
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -443,7 +443,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:2760
+# %% chapters/11_cuda_graph.md:2763
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -488,5 +488,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2841
+# %% chapters/11_cuda_graph.md:2844
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

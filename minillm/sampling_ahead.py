@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:2377
+# %% chapters/11_cuda_graph.md:2380
 """What chapter 6's sampler reads from a request's tokens, kept for the steps
 launched ahead (chapter 11, "Penalties and token rules ahead").
 
@@ -46,7 +46,7 @@ def has_token_rules(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/11_cuda_graph.md:2432
+# %% chapters/11_cuda_graph.md:2435
 class PenaltiesState:
     """Per row of the persistent batch, on the device: the output-token counts and
     the prompt-token mask of a request (vLLM's PenaltiesState).
@@ -104,7 +104,7 @@ class PenaltiesState:
         if flight_rows:
             self._count(flight_rows, previous.tokens[upload(flight_src, self.device)])
 
-    # %% chapters/11_cuda_graph.md:2497
+    # %% chapters/11_cuda_graph.md:2500
     def _rebuild(self, fresh: list[tuple[int, Request]]) -> None:
         rows = upload([row for row, _ in fresh], self.device)
         self.output_counts.index_fill_(0, rows, 0)
