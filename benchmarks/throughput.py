@@ -123,6 +123,14 @@ SAMPLING = {  # --sampling: the requests' parameters (all ignore_eos)
     "temperature": dict(temperature=0.8),
     "sampled": dict(temperature=0.8, top_p=0.95),
     "seeded": dict(temperature=0.8, top_p=0.95, seed=0),  # seed i for request i
+    # OpenAI-style penalties on top of "sampled": chapter 11's counts on the device
+    "penalties": dict(
+        temperature=0.8,
+        top_p=0.95,
+        repetition_penalty=1.1,
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
+    ),
 }
 
 
@@ -180,6 +188,8 @@ def run_minillm(
         "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
         "steps": llm.engine.num_steps - steps_before,
         "steps_launched_ahead": getattr(llm.engine.stepper, "num_ahead", 0),
+        # steps that needed chapter 6's sampler in step (warm-up included)
+        "steps_in_step": getattr(llm.engine.stepper, "num_in_step", 0),
         "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0),
         "preemptions": llm.engine.num_preemptions,
         "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,

@@ -27,31 +27,38 @@ def test_padding_fraction():
     assert default < powers
 
 
-def test_penalties_ahead(tiny):
-    """11.2: batches with penalties run ahead and sample what chapter 7 does."""
-    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+def test_processed_logprobs_ahead(tiny):
+    """11.2: processed logprobs run ahead and are chapter 7's."""
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]
     params = [
         SamplingParams(
             temperature=0.8,
+            top_k=40,
             top_p=0.9,
             seed=i,
             max_tokens=10,
             ignore_eos=True,
-            repetition_penalty=1.3,
-            frequency_penalty=0.2,
-            presence_penalty=0.1,
+            repetition_penalty=1.2,
+            logprobs=3,
         )  # fmt: skip
         for i in range(len(prompts))
     ]
+    params[1] = SamplingParams(temperature=0, max_tokens=7, logprobs=2)
     common = dict(device="cpu", dtype=torch.float32, num_kv_blocks=64, block_size=4)
     ahead = LLM(**common, persistent_batch=True, async_scheduling=True)
+    ahead.engine.model_runner.sampler.logprobs_mode = "processed_logprobs"
     got = ahead.generate(prompts, params, use_tqdm=False)
     if ahead.engine.stepper.num_in_step > 0:
-        pytest.skip("exercise 11.2: steps with penalties still run in step")
+        pytest.skip("exercise 11.2: steps with processed logprobs still run in step")
     reference = LLM(**common, persistent_batch=False)
+    reference.engine.model_runner.sampler.logprobs_mode = "processed_logprobs"
     expected = reference.generate(prompts, params, use_tqdm=False)
     for a, b in zip(got, expected):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            assert (x.token_id, x.rank) == (y.token_id, y.rank)
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
+            assert [t for t, _ in x.top_logprobs] == [t for t, _ in y.top_logprobs]
 
 
 def test_scratch_block_not_needed():

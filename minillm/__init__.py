@@ -45,6 +45,7 @@ registry                 chapters/07_engine.md
 request                  chapters/05_scheduler.md
 sampler                  chapters/06_sampler.md
 sampler_reference        chapters/06_sampler.md
+sampling_ahead           chapters/11_cuda_graph.md
 sampling_metadata        chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
 scheduler                chapters/05_scheduler.md

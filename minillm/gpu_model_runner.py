@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:457
+# %% chapters/11_cuda_graph.md:458
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -43,12 +43,13 @@ from minillm.sampler import (
     gather_logprobs,
     stream_keys,
 )
+from minillm.sampling_ahead import PenaltiesState, has_token_rules, uses_penalties
 from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:512
+# %% chapters/11_cuda_graph.md:514
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -73,7 +74,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:546
+# %% chapters/11_cuda_graph.md:548
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -103,6 +104,11 @@ class GPUModelRunner(ModelRunner):
         max_num_seqs = config.max_num_seqs
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
         self.plain_greedy: dict[str, bool] = {}
+        self.token_rules: dict[str, bool] = {}
+        # "Penalties and token rules ahead": requests' parameters without their
+        # allowed tokens, whose masks (vocab,) stay on the device
+        self.params_ahead: dict[str, SamplingParams] = {}
+        self.allowed_masks: dict[str, Tensor] = {}
         self.fused_sampling = config.fused_sampling  # "Sampling on the device"
         self.graph_runner, self.num_graph_steps, self.num_eager_steps = None, 0, 0
         if self.cuda_graphs:  # "Capturing and replaying"
@@ -117,14 +123,27 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:595
+    # %% chapters/11_cuda_graph.md:602
     def add_request(self, request: Request) -> None:
         super().add_request(request)
-        self.plain_greedy[request.request_id] = is_plain_greedy(request.sampling_params)
+        params = request.sampling_params
+        self.plain_greedy[request.request_id] = is_plain_greedy(params)
+        # penalties, min_tokens, allowed / banned tokens ("... and token rules ahead")
+        self.token_rules[request.request_id] = has_token_rules(params)
+        if params.allowed_token_ids is not None:  # its mask is kept on the device
+            self.params_ahead[request.request_id] = replace(
+                params, allowed_token_ids=None
+            )
 
     def remove_request(self, request_id: str) -> None:
         super().remove_request(request_id)
-        self.plain_greedy.pop(request_id, None)
+        for per_request in (
+            self.plain_greedy,
+            self.token_rules,
+            self.params_ahead,
+            self.allowed_masks,
+        ):
+            per_request.pop(request_id, None)
         self.input_batch.remove(request_id)
 
     def sample_tokens(
@@ -134,7 +153,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:621
+    # %% chapters/11_cuda_graph.md:641
     def forward(
         self,
         output: SchedulerOutput,
@@ -166,7 +185,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:661
+    # %% chapters/11_cuda_graph.md:681
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -183,20 +202,25 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1682
-    def sample_on_device(self, logits: Tensor, chosen: list[Request]) -> Tensor:
-        """(len(chosen),) the tokens chapter 6's sampler draws from logits (rows of
-        chosen), without waiting: the kernel on a GPU, chapter 6's code elsewhere."""
+    # %% chapters/11_cuda_graph.md:1704
+    def metadata_ahead(
+        self, chosen: list[Request], vocab_size: int
+    ) -> SamplingMetadata:
+        """Chapter 6's metadata of the rows (on the CPU), each drawing the position
+        after its tokens in flight; without their token lists (the device keeps what
+        is read from them: "Penalties and token rules ahead")."""
+        none = [[] for _ in chosen]
+        ahead = self.params_ahead
+        params = [ahead.get(r.request_id, r.sampling_params) for r in chosen]
         md = SamplingMetadata.from_requests(
-            [r.sampling_params for r in chosen],
-            [r.prompt_token_ids for r in chosen],
-            [r.output_token_ids for r in chosen],
-            logits.shape[-1],
-            self.eos_token_ids,
+            params, none, none, vocab_size, self.eos_token_ids
         )
-        # a row draws the token after its tokens in flight
         ahead = [r.num_output_tokens + r.num_output_placeholders for r in chosen]
-        md = replace(md, positions=torch.tensor(ahead, dtype=torch.int64))
+        return replace(md, positions=torch.tensor(ahead, dtype=torch.int64))
+
+    def sample_on_device(self, logits: Tensor, md: SamplingMetadata) -> Tensor:
+        """(num_seqs,) the tokens chapter 6's sampler draws from logits for md's rows,
+        without waiting: the kernel on a GPU, chapter 6's code elsewhere."""
         if self.device.type != "cuda":
             return self.sampler.sample(logits.float(), md)[0]
         from minillm.kernels.sample import sample  # Triton: only on a GPU
@@ -217,7 +241,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:1857
+    # %% chapters/11_cuda_graph.md:1886
     def _init_async(self, max_num_seqs: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -228,6 +252,8 @@ class GPUModelRunner(ModelRunner):
                 buffer = torch.empty(max_num_seqs, dtype=torch.int64)
                 self.host_tokens.append(buffer.pin_memory())
         self.host_slot = 0
+        # each row's counts for the penalties ("Penalties and token rules ahead")
+        self.penalties = PenaltiesState(max_num_seqs, self.device)
 
     def _patch_for(self, output: SchedulerOutput, holes: list[int], previous):
         """A function that writes previous's tokens into the ids of the holes."""
@@ -248,7 +274,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1914
+    # %% chapters/11_cuda_graph.md:1946
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -259,8 +285,6 @@ class GPUModelRunner(ModelRunner):
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
-        with_processors = [r.sampling_params.logits_processors for r in chosen]
-        masked = [j for j, ps in enumerate(with_processors) if ps]  # masked rows
         if not all(
             self.plain_greedy.get(r.request_id) or self.draws_ahead(r.sampling_params)
             for r in chosen
@@ -278,12 +302,7 @@ class GPUModelRunner(ModelRunner):
         raw = None  # chapter 6's raw logprobs come before any mask
         if any(n is not None for n in asked):
             raw = logits.to(torch.float32).log_softmax(dim=-1)
-        if masked:
-            self._mask_ahead(logits, masked, [chosen[j] for j in masked], previous)
-        if all(r.sampling_params.temperature < SAMPLING_EPS for r in chosen):
-            tokens = logits.argmax(dim=-1)  # (len(sampling),)
-        else:  # the previous section's kernel
-            tokens = self.sample_on_device(logits, chosen)
+        tokens = self._draw_ahead(logits, chosen, previous)  # (len(sampling),)
         logprobs = None
         if raw is not None:
             top = max(n for n in asked if n is not None)
@@ -299,15 +318,15 @@ class GPUModelRunner(ModelRunner):
         return self.previous
 
     def draws_ahead(self, params: SamplingParams) -> bool:
-        """Whether a step launched ahead can draw this request's token: one that
-        only draws (fused_sampling), with chapter 6's raw logprobs if it asks."""
+        """Whether a step launched ahead can draw this request's token
+        (fused_sampling): batch-level processors only, and chapter 6's raw logprobs
+        if it asks."""
         if not self.fused_sampling:
             return is_plain_greedy(params, batch_processors=True)
         raw = self.sampler.logprobs_mode == "raw_logprobs"
-        asks = params.logprobs is not None
-        return (raw or not asks) and only_draws(
-            replace(params, logprobs=None), batch_processors=True
-        )
+        processors = params.logits_processors
+        batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
+        return (raw or params.logprobs is None) and batch_level
 
     def _to_host(self, lp: LogprobsTensors) -> LogprobsTensors:
         """The logprobs' tensors on their way to pinned memory (on a GPU)."""
@@ -342,7 +361,68 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2358
+    # %% chapters/11_cuda_graph.md:2547
+    def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
+        """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
+        ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
+        masked = [
+            j for j, r in enumerate(chosen) if r.sampling_params.logits_processors
+        ]
+        greedy = all(r.sampling_params.temperature < SAMPLING_EPS for r in chosen)
+        md = None
+        if ruled or not greedy:
+            md = self.metadata_ahead(chosen, logits.shape[-1])
+        if md is not None and not md.no_penalties:
+            logits = logits.float()  # chapter 6 penalises float32 logits
+        if masked:
+            self._mask_ahead(logits, masked, [chosen[j] for j in masked], previous)
+        if ruled:
+            self._rules_ahead(logits, ruled, chosen, md, previous)
+        if greedy:
+            return logits.argmax(dim=-1)  # (len(chosen),)
+        return self.sample_on_device(logits, md)  # "Sampling on the device"
+
+    def _rules_ahead(self, logits, ruled, chosen, md, previous) -> None:
+        """Allowed / banned tokens, min_tokens and penalties on rows `ruled` of
+        logits, in place."""
+        rows, cols = [], []
+        for j in ruled:
+            r = chosen[j]
+            cut = list(md.banned_token_ids.get(j, []))
+            min_tokens, stop_ids = md.min_tokens.get(j, (0, []))
+            if r.num_output_tokens + r.num_output_placeholders < min_tokens:
+                cut += stop_ids  # too short to stop, counting the token in flight
+            rows += [j] * len(cut)
+            cols += cut
+        allowed = [j for j in ruled if chosen[j].request_id in self.params_ahead]
+        if allowed:
+            vocab = logits.shape[-1]
+            # (len(allowed), vocab)
+            cut_off = torch.stack(
+                [self._allowed_mask(chosen[j], vocab) for j in allowed]
+            )
+            at = upload(allowed, self.device)
+            logits[at] = logits[at].masked_fill(cut_off, float("-inf"))
+        if rows:
+            logits[upload(rows, self.device), upload(cols, self.device)] = float("-inf")
+        sel = [j for j in ruled if uses_penalties(chosen[j].sampling_params)]
+        if sel:
+            penalised = [chosen[j] for j in sel]
+            rows = [self.input_batch.req_to_row[r.request_id] for r in penalised]
+            self.penalties.update(rows, penalised, logits.shape[-1], previous)
+            self.penalties.apply(logits, sel, rows, md)
+
+    def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
+        """(vocab,) bool on the device, chapter 6's: True where request may not go.
+        Made once per request."""
+        mask = self.allowed_masks.get(request.request_id)
+        if mask is None:
+            mask = torch.ones(vocab_size, dtype=torch.bool)
+            mask[request.sampling_params.allowed_token_ids] = False
+            mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
+        return mask
+
+    # %% chapters/11_cuda_graph.md:2816
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -363,7 +443,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:2305
+# %% chapters/11_cuda_graph.md:2763
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -408,5 +488,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2386
+# %% chapters/11_cuda_graph.md:2844
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -54,7 +54,7 @@ def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     return logits
 
 
-# %% chapters/06_sampler.md:1217
+# %% chapters/06_sampler.md:1220
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     """(num_seqs, length) token ids padded with vocab_size -> (num_seqs, vocab_size)
     occurrence counts.
@@ -79,6 +79,26 @@ def apply_penalties(
     vocab_size = logits.shape[1]
     prompt_seen = token_counts(prompt_token_ids, vocab_size) > 0  # (num_seqs, vocab)
     output_counts = token_counts(output_token_ids, vocab_size)  # (num_seqs, vocab)
+    return apply_penalties_to_counts(
+        logits,
+        prompt_seen,
+        output_counts,
+        presence_penalties,
+        frequency_penalties,
+        repetition_penalties,
+    )
+
+
+def apply_penalties_to_counts(
+    logits: Tensor,
+    prompt_seen: Tensor,
+    output_counts: Tensor,
+    presence_penalties: Tensor,
+    frequency_penalties: Tensor,
+    repetition_penalties: Tensor,
+) -> Tensor:
+    """The penalties from (num_seqs, vocab) prompt-token presence (bool) and
+    output-token counts (float32): the formulas above."""
     output_seen = output_counts > 0  # (num_seqs, vocab)
     # (num_seqs, vocab)
     scale = torch.where(prompt_seen | output_seen, repetition_penalties[:, None], 1.0)
@@ -89,7 +109,7 @@ def apply_penalties(
     return logits
 
 
-# %% chapters/06_sampler.md:1287
+# %% chapters/06_sampler.md:1310
 def apply_temperature(logits: Tensor, temperature: Tensor, all_random: bool) -> Tensor:
     """Divide each row by its temperature (greedy rows, T = 0, by 1). In place."""
     if not all_random:
@@ -107,7 +127,7 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-# %% chapters/06_sampler.md:1338
+# %% chapters/06_sampler.md:1361
 def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Tensor:
     """Keep each row's k most likely tokens, then the smallest top set holding
     probability p, with every token tied with its least likely member. In place.

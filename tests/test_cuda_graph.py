@@ -505,7 +505,9 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
             stop_token_ids=stop,
             ignore_eos=rng.random() < 0.7,
             n=2 if i % 5 == 0 else 1,
-            repetition_penalty=1.3 if i % 7 == 3 else 1.0,
+            repetition_penalty=1.3 if i % 7 == 5 else 1.0,  # runs ahead
+            # a per-row processor needs chapter 6's sampler in step
+            logits_processors=[ban_token_3] if i % 7 == 3 else None,
         )
     reference = run(params, False, False)[1]
     aborted = {rid for rids in aborts.values() for rid in rids}
@@ -521,9 +523,15 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
     assert stepper.num_ahead > 0 and stepper.num_in_step > 0
 
 
+def ban_token_3(output_ids, logits_row):
+    """A per-row logits processor (chapter 6): what a step launched ahead cannot run."""
+    logits_row[3] = float("-inf")
+    return logits_row
+
+
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):
-    """A batch with seeded random sampling and penalties runs chapter 7's sampler in
-    step; greedy steps overlap.
+    """A batch with a per-row logits processor runs chapter 7's sampler in step; the
+    other steps overlap (penalties among them).
     """
     prompts = [
         [5, 6, 7],
@@ -538,6 +546,9 @@ def test_async_scheduling_falls_back_for_sampled_requests(tiny):
     params = [SamplingParams(temperature=0, max_tokens=12) for _ in prompts]
     params[1] = SamplingParams(temperature=0.8, top_k=40, seed=1, max_tokens=5)
     params[4] = SamplingParams(temperature=0, max_tokens=9, repetition_penalty=1.3)
+    params[5] = SamplingParams(
+        temperature=0, max_tokens=6, logits_processors=[ban_token_3]
+    )
     _, fast = compare_with_chapter7(prompts, params)
     stepper = fast.engine.stepper
     assert stepper.num_in_step > 0 and stepper.num_ahead > 0  # both kinds of step ran
@@ -863,3 +874,41 @@ def test_a_second_gpu_engine_gets_back_the_memory_of_the_first(tmp_path):
         llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
         == first
     )
+
+
+def test_token_rules_ahead_with_graphs_match_sampling_in_step(hf_checkpoint, device):
+    """On a GPU (MINILLM_TEST_DEVICE=cuda), the defaults there: bf16, Triton attention,
+    CUDA graphs, compiled layers. Penalties, allowed and banned tokens and seeds
+    launched ahead (the sampling kernel on float32 penalised logits, the device's
+    counts) give the tokens of the same engine sampling in step with chapter 6's
+    sampler; ignore_eos keeps both engines' batches the same step by step."""
+    if device != "cuda":
+        pytest.skip("needs MINILLM_TEST_DEVICE=cuda")
+    _, path = hf_checkpoint(*MODELS[0])
+    prompts = prompts_with_shared_prefixes(12, 384, seed=2)
+    rules = [
+        dict(repetition_penalty=1.3, temperature=0.8, top_p=0.95),
+        dict(frequency_penalty=0.5, presence_penalty=0.5, temperature=0),
+        dict(allowed_token_ids=list(range(50, 200)), temperature=0.7, top_k=20),
+        dict(banned_token_ids=list(range(0, 150)), temperature=1.0),
+        dict(temperature=0.8, top_p=0.9, presence_penalty=-0.5),
+        dict(temperature=0),
+    ]
+    params = [
+        SamplingParams(seed=i, max_tokens=24, ignore_eos=True, **rules[i % len(rules)])
+        for i in range(len(prompts))
+    ]
+    common = dict(
+        device="cuda", dtype=torch.bfloat16, num_kv_blocks=64, block_size=16,
+        max_num_seqs=8, max_num_batched_tokens=64, skip_tokenizer_init=True,
+    )  # fmt: skip
+    tokens = []
+    for overlap in (False, True):
+        llm = LLM(path, persistent_batch=True, async_scheduling=overlap, **common)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        tokens.append([o.outputs[0].token_ids for o in outs])
+        assert llm.engine.model_runner.cuda_graphs
+        assert llm.engine.model_runner.num_graph_steps > 0
+    assert tokens[0] == tokens[1]
+    assert llm.engine.stepper.num_in_step == 0
+    assert llm.engine.model_runner.penalties.output_counts.is_cuda
