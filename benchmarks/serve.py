@@ -435,6 +435,25 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree(pid: int) -> list[int]:
+    """pid and its descendants (the server and its engine process), from /proc."""
+    found, i = [pid], 0
+    while i < len(found):
+        for task in Path(f"/proc/{found[i]}/task").glob("*"):
+            try:
+                found += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        i += 1
+    return found
+
+
+def tree_cpu_seconds(pids: list[int]) -> float | None:
+    """CPU seconds of the processes pids, all together (None if one is gone)."""
+    seconds = [cpu_seconds(p) for p in pids]
+    return None if None in seconds else sum(seconds)
+
+
 def run_modes(
     host, port, model, prompts, output_lens, args, pid, on_run=None
 ) -> list[dict]:
@@ -444,20 +463,24 @@ def run_modes(
     run_sync(run_load(host, port, [payload(model, p, 8) for p in prompts[:4]]))
     modes = [(rate, None) for rate in args.request_rate]
     modes += [(float("inf"), c) for c in args.max_concurrency]
-    runs = []
+    runs, pids = [], process_tree(pid)  # the engine's process too, if it has one
     for rate, limit in modes:
-        server_cpu, client_cpu = cpu_seconds(pid), time.process_time()
+        server_cpu, front_cpu = tree_cpu_seconds(pids), cpu_seconds(pid)
+        client_cpu = time.process_time()
         results, seconds, peak = run_sync(
             run_load(host, port, payloads, rate, limit, seed=args.seed)
         )
         summary = summarize(results, seconds)
         # what each side spent per output token (less noisy than throughput on a
-        # shared CPU)
-        if server_cpu is not None:
-            server_cpu = cpu_seconds(pid) - server_cpu
-            summary["server_cpu_us_per_token"] = (
-                1e6 * server_cpu / summary["output_tokens"]
+        # shared CPU): the whole server, and its front end (HTTP) process alone
+        after, front_after = tree_cpu_seconds(pids), cpu_seconds(pid)
+        if server_cpu is not None and after is not None:
+            tokens = summary["output_tokens"]
+            summary["server_cpu_us_per_token"] = 1e6 * (after - server_cpu) / tokens
+            summary["front_end_cpu_us_per_token"] = (
+                1e6 * (front_after - front_cpu) / tokens
             )
+            summary["server_processes"] = len(pids)
         summary["client_cpu_us_per_token"] = (
             1e6 * (time.process_time() - client_cpu) / summary["output_tokens"]
         )
@@ -556,6 +579,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="also measure the server of another checkout (e.g. the commit before a "
         "change), on the same requests in the same run",
+    )
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="also measure this tree's server with these extra flags, on the same "
+        "requests, every request at once and under --max-concurrency (the request "
+        "rates below inf measure arrivals, not the server); repeat for several "
+        "servers, written with '=' (e.g. --compare=--engine-in-thread "
+        "--compare='--http-stack asyncio')",
     )
     p.add_argument("--name", default="serve", help="the results file's prefix")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -656,9 +690,17 @@ def main(argv: list[str] | None = None) -> dict:
                 "commit": git_commit(args.baseline_tree),
                 **serve(argv, Path(tmp) / "base.log", args.baseline_tree, *load),
             }
+        record["compare"] = []
+        busy = argparse.Namespace(**{**vars(args), "request_rate": [float("inf")]})
+        for i, flags in enumerate(args.compare):
+            print(f"the server with {flags}:", flush=True)
+            extra, log = [*argv, *flags.split()], Path(tmp) / f"compare{i}.log"
+            result = serve(extra, log, ROOT, model_name, prompts, output_lens, busy)
+            record["compare"].append({"flags": flags, **result})
     if "offline" in record:
         offline = record["offline"]["output_tokens_per_s"]
-        for run in record["runs"] + record.get("baseline_tree", {}).get("runs", []):
+        others = [record.get("baseline_tree", {}), *record["compare"]]
+        for run in record["runs"] + [r for o in others for r in o.get("runs", [])]:
             run["fraction_of_offline"] = run["output_tokens_per_s"] / offline
     path = save(args.name, record, args.out)
     print("wrote", path)

@@ -23,6 +23,7 @@ cuda_graph               chapters/11_cuda_graph.md
 decode_linear            chapters/11_cuda_graph.md
 detokenizer              chapters/07_engine.md
 engine                   chapters/07_engine.md
+engine_core              chapters/16_server.md
 gguf_loader              chapters/01_model.md
 gpu_model_runner         chapters/11_cuda_graph.md
 hf                       chapters/01_model.md

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1040
+# %% chapters/16_server.md:1079
 """The engine thread of the server (chapter 16, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -19,6 +19,8 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
+
+from prometheus_client import generate_latest
 
 from minillm.engine import LLMEngine
 from minillm.outputs import RequestOutput
@@ -38,7 +40,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/16_server.md:1083
+# %% chapters/16_server.md:1124
 class _Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
@@ -82,7 +84,7 @@ _ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1143
+# %% chapters/16_server.md:1184
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -115,7 +117,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1185
+    # %% chapters/16_server.md:1226
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -143,7 +145,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1226
+    # %% chapters/16_server.md:1267
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -167,7 +169,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1259
+    # %% chapters/16_server.md:1300
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -195,7 +197,7 @@ class AsyncLLM:
             self._num_completions[request_id] = params.n
         command.sink.put(_ACCEPTED)
 
-    # %% chapters/16_server.md:1295
+    # %% chapters/16_server.md:1336
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -225,7 +227,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1386
+    # %% chapters/16_server.md:1427
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -250,6 +252,10 @@ class AsyncLLM:
             if not self._closed:  # a closed thread has already dropped them all
                 self._commands.put(_Abort(request_ids))
 
+    async def metrics_text(self) -> bytes:
+        """The metrics in Prometheus's text format (the server's /metrics)."""
+        return generate_latest(self.metrics.registry) if self.metrics else b""
+
     def _send(self, command: _Add) -> None:
         with self._lock:
             if self._thread is None or self._closed:
@@ -257,7 +263,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1336
+# %% chapters/16_server.md:1377
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.

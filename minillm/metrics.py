@@ -2,22 +2,49 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:705
+# %% chapters/16_server.md:710
 """Prometheus metrics of the server, named like vLLM's with a `minillm:` prefix (chapter
 16).
 
 vLLM's versions live in `vllm/v1/metrics/loggers.py`. Every metric carries the label
-`model_name`. The engine thread calls `record_step` with each step's outputs and
-`record_abort` when a client goes away; prometheus-client is thread-safe, so /metrics
-can be scraped any time.
+`model_name`. The server calls `record_step` with each step's outputs and
+`record_abort` when a client goes away, with the engine or an `EngineStats` snapshot of
+it; prometheus-client is thread-safe, so /metrics can be scraped any time.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from minillm.engine import LLMEngine
 from minillm.outputs import RequestOutput
+
+
+class EngineStats(NamedTuple):
+    """What the gauges read of an engine at one moment: small enough to travel
+    between processes with every step."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int  # running totals of the manager (chapter 8), or 0
+    prefix_cache_hits: int
+    spec_stats: Any = None  # chapter 14's SpecDecodingStats, when it speculates
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> EngineStats:
+        manager = engine.kv_cache_manager
+        return cls(
+            len(engine.scheduler.running),
+            len(engine.scheduler.waiting),
+            manager.usage,
+            getattr(manager, "prefix_cache_queries", 0),
+            getattr(manager, "prefix_cache_hits", 0),
+            getattr(engine.model_runner, "spec_stats", None),
+        )
+
 
 # seconds: a request's latencies (TTFT, end to end, queueing) ...
 REQUEST_LATENCY_BUCKETS = [
@@ -31,7 +58,7 @@ TOKEN_LATENCY_BUCKETS = [
 ]
 
 
-# %% chapters/16_server.md:744
+# %% chapters/16_server.md:776
 class EngineMetrics:
     """The server's Prometheus metrics, in their own registry, for one served model."""
 
@@ -52,7 +79,7 @@ class EngineMetrics:
         )
         return metric.labels(self.model_name)
 
-    # %% chapters/16_server.md:771
+    # %% chapters/16_server.md:803
     def _add_latency_histograms(self) -> None:
         requests, tokens = REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
         self.time_to_first_token = self._labelled(
@@ -80,7 +107,7 @@ class EngineMetrics:
             buckets=requests,
         )
 
-    # %% chapters/16_server.md:808
+    # %% chapters/16_server.md:840
     def _add_gauges_and_counters(self) -> None:
         self.num_requests_running = self._labelled(
             Gauge, "num_requests_running", "Requests in the running queue."
@@ -112,27 +139,31 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self._request_success.labels(self.model_name, reason)
 
-    # %% chapters/16_server.md:847
-    def record_step(self, outputs: list[RequestOutput], engine: LLMEngine) -> None:
-        """Observe one step's outputs (engine thread), then refresh the gauges."""
+    # %% chapters/16_server.md:881
+    def record_step(
+        self, outputs: list[RequestOutput], engine: LLMEngine | EngineStats
+    ) -> None:
+        """Observe one step's outputs, then refresh the gauges."""
+        num_new = 0
         for output in outputs:
-            if output.request_id not in self._seen:
-                self._seen[output.request_id] = {}
+            seen = self._seen.get(output.request_id)
+            if seen is None:
+                seen = self._seen[output.request_id] = {}
                 self.prompt_tokens.inc(len(output.prompt_token_ids))
-            seen = self._seen[output.request_id]
             for completion in output.outputs:
-                self._observe(completion, seen)
+                num_new += self._observe(completion, seen)
             if output.finished:
                 del self._seen[output.request_id]
+        self.generation_tokens.inc(num_new)
         self.update_gauges(engine)
 
-    # %% chapters/16_server.md:872
-    def _observe(self, completion, seen: dict[int, tuple[int, float | None]]) -> None:
+    # %% chapters/16_server.md:910
+    def _observe(self, completion, seen: dict[int, tuple[int, float | None]]) -> int:
+        """Observe one completion's new tokens; returns how many there are."""
         num_before, last_before = seen.get(completion.index, (0, None))
         num_new = len(completion.token_ids) - num_before
         m = completion.metrics
         if num_new > 0:
-            self.generation_tokens.inc(num_new)
             if num_before == 0:
                 self.time_to_first_token.observe(m.first_token_time - m.arrival_time)
                 self.request_queue_time.observe(m.first_scheduled_time - m.arrival_time)
@@ -148,10 +179,11 @@ class EngineMetrics:
             self.e2e_request_latency.observe(m.finished_time - m.arrival_time)
             # None: counted as finished
             seen[completion.index] = (len(completion.token_ids), None)
+        return max(num_new, 0)
 
-    # %% chapters/16_server.md:903
+    # %% chapters/16_server.md:944
     def record_abort(
-        self, request_id: str, num_completions: int, engine: LLMEngine
+        self, request_id: str, num_completions: int, engine: LLMEngine | EngineStats
     ) -> None:
         """A request was aborted (its client went away): its unfinished completions
         count as 'abort'.
@@ -163,24 +195,22 @@ class EngineMetrics:
         )
         self.update_gauges(engine)
 
-    def update_gauges(self, engine: LLMEngine) -> None:
-        manager = engine.kv_cache_manager
-        self.num_requests_running.set(len(engine.scheduler.running))
-        self.num_requests_waiting.set(len(engine.scheduler.waiting))
-        self.kv_cache_usage.set(manager.usage)
+    def update_gauges(self, engine: LLMEngine | EngineStats) -> None:
+        stats = engine if isinstance(engine, EngineStats) else EngineStats.of(engine)
+        self.num_requests_running.set(stats.num_running)
+        self.num_requests_waiting.set(stats.num_waiting)
+        self.kv_cache_usage.set(stats.kv_cache_usage)
         for name, counter in (
             ("prefix_cache_queries", self.prefix_cache_queries),
             ("prefix_cache_hits", self.prefix_cache_hits),
         ):
-            # the manager's running count (chapter 8); 0 without one
-            total = getattr(manager, name, 0)
+            total = getattr(stats, name)  # counters only go up: add the difference
             counter.inc(max(0, total - self._prefix_counts[name]))
             self._prefix_counts[name] = total
-        stats = getattr(engine.model_runner, "spec_stats", None)  # chapter 14
-        if stats is not None:
-            self.update_spec_decoding(stats)
+        if stats.spec_stats is not None:  # chapter 14
+            self.update_spec_decoding(stats.spec_stats)
 
-    # %% chapters/16_server.md:945
+    # %% chapters/16_server.md:984
     def update_spec_decoding(self, stats) -> None:
         if not hasattr(self, "_spec_counters"):
             self._spec_seen = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}

@@ -46,10 +46,13 @@ class SamplingParamsError(ValueError):
 
     def __init__(self, field: str, value, allowed: str):
         super().__init__(f"{field} must be {allowed}, got {value!r}")
-        self.field, self.value = field, value
+        self.field, self.value, self.allowed = field, value, allowed
+
+    def __reduce__(self):  # pickled with its own arguments (chapter 16's processes)
+        return type(self), (self.field, self.value, self.allowed)
 
 
-# %% chapters/06_sampler.md:452
+# %% chapters/06_sampler.md:455
 @dataclass
 class SamplingParams:
     """How to choose the tokens of one request. Names and defaults follow vLLM (and so
@@ -83,7 +86,7 @@ class SamplingParams:
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
     output_kind: str = "cumulative"  # or "final_only": the engine reports when done
 
-    # %% chapters/06_sampler.md:496
+    # %% chapters/06_sampler.md:499
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -114,7 +117,7 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    # %% chapters/06_sampler.md:535
+    # %% chapters/06_sampler.md:538
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
@@ -135,7 +138,7 @@ class SamplingParams:
             )
 
 
-# %% chapters/06_sampler.md:563
+# %% chapters/06_sampler.md:566
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -148,7 +151,7 @@ def _is_token_ids(v) -> bool:
     return isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v)
 
 
-# %% chapters/06_sampler.md:580
+# %% chapters/06_sampler.md:583
 def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
     return [
@@ -183,7 +186,7 @@ def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:619
+# %% chapters/06_sampler.md:622
 def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
     return [
@@ -213,7 +216,7 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:652
+# %% chapters/06_sampler.md:655
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for stop strings, token-id lists, processors, flags."""
     return [
@@ -250,7 +253,7 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:694
+# %% chapters/06_sampler.md:697
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).

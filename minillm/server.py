@@ -2,12 +2,13 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2409
+# %% chapters/16_server.md:2455
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
-The engine thread is async_llm.py; the endpoints are serving.py, serving_completion.py
-and serving_chat.py. vLLM's counterparts: vllm/entrypoints/launchers/app.py and
+The engine runs in a process of its own (engine_core.py) or in a thread
+(async_llm.py); the endpoints are serving.py, serving_completion.py and
+serving_chat.py. vLLM's counterparts: vllm/entrypoints/launchers/app.py and
 vllm/entrypoints/cli/serve.py.
 """
 
@@ -49,12 +50,12 @@ from minillm.serving_completion import OpenAIServingCompletion
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2457
+# %% chapters/16_server.md:2504
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:2478
+# %% chapters/16_server.md:2525
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -79,7 +80,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:2511
+# %% chapters/16_server.md:2558
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -108,7 +109,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:2548
+# %% chapters/16_server.md:2595
 router = APIRouter()
 
 
@@ -131,7 +132,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:2577
+# %% chapters/16_server.md:2624
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -149,10 +150,11 @@ async def health(raw: Request):
 
 @router.get("/metrics")
 async def metrics(raw: Request):
-    return Response(server_of(raw).metrics_text(), media_type=CONTENT_TYPE_LATEST)
+    text = await server_of(raw).metrics_text()
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:2603
+# %% chapters/16_server.md:2651
 def create_app(
     engine: LLMEngine,
     served_model_name: str = "minillm-tiny",
@@ -183,7 +185,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:2639
+# %% chapters/16_server.md:2687
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -209,7 +211,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:2674
+    # %% chapters/16_server.md:2722
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -234,7 +236,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3139
+# %% chapters/16_server.md:3187
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -255,9 +257,22 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--engine-in-thread",
+        action="store_true",
+        help="step the engine in a thread of the server's process (AsyncLLM), not "
+        "in a process of its own (the default)",
+    )
+    p.add_argument(
+        "--http-stack",
+        default="auto",
+        choices=["auto", "asyncio"],
+        help="auto: uvloop's event loop and the httptools parser where installed, "
+        "as uvicorn[standard]; asyncio: the standard library's loop and h11",
+    )
 
 
-# %% chapters/16_server.md:3166
+# %% chapters/16_server.md:3227
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -289,7 +304,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3207
+# %% chapters/16_server.md:3268
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -346,7 +361,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3270
+# %% chapters/16_server.md:3331
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -397,7 +412,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3325
+# %% chapters/16_server.md:3386
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -410,7 +425,18 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    engine, name = build_engine(args)
+    if args.engine_in_thread:
+        engine, name = build_engine(args)
+        blocks = engine.kv_cache_manager.num_blocks
+    else:  # "The engine in a process of its own", the default
+        from minillm.engine_core import EngineCoreClient
+
+        # by its module's name, which the new process imports (__main__ may be
+        # another program's, e.g. a profiler's)
+        from minillm.server import build_engine as build
+
+        engine = EngineCoreClient(build, args)
+        name, blocks = engine.model_name, engine.num_kv_blocks
     template = Path(args.chat_template).read_text() if args.chat_template else None
     app = create_app(engine, name, template, args.model)
     logger.info(
@@ -419,11 +445,12 @@ def main(argv: list[str] | None = None) -> None:
         args.host,
         args.port,
         engine.max_model_len,
-        engine.kv_cache_manager.num_blocks,
+        blocks,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    stack = {"loop": "asyncio", "http": "h11"} if args.http_stack == "asyncio" else {}
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3357
+# %% chapters/16_server.md:3430
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1544
+# %% chapters/16_server.md:1589
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -24,7 +24,6 @@ import jinja2
 import jinja2.sandbox
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import generate_latest
 
 from minillm.async_llm import AsyncLLM
 from minillm.engine import LLMEngine
@@ -48,7 +47,7 @@ from minillm.sampler import SampleLogprobs
 from minillm.sampling_params import SamplingParams
 
 
-# %% chapters/16_server.md:1594
+# %% chapters/16_server.md:1638
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -70,7 +69,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1624
+# %% chapters/16_server.md:1668
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -95,7 +94,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1659
+# %% chapters/16_server.md:1703
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -116,7 +115,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1689
+# %% chapters/16_server.md:1733
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -134,8 +133,10 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
-        self.metrics = EngineMetrics(served_model_name)
-        self.llm = AsyncLLM(engine, self.metrics)
+        if isinstance(engine, LLMEngine):  # stepped by a thread of this process
+            self.llm = AsyncLLM(engine, EngineMetrics(served_model_name))
+        else:  # an engine in a process of its own, behind its client (below)
+            self.llm = engine
         self.chat_template = (
             chat_template or self.tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
         )
@@ -150,7 +151,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1731
+    # %% chapters/16_server.md:1777
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -178,7 +179,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1766
+    # %% chapters/16_server.md:1812
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -208,7 +209,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1803
+    # %% chapters/16_server.md:1849
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -219,10 +220,10 @@ class OpenAIServing:
             prompt=self.tokenizer.decode(req.tokens, skip_special_tokens=False)
         )
 
-    def metrics_text(self) -> bytes:
-        return generate_latest(self.metrics.registry)
+    async def metrics_text(self) -> bytes:
+        return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:1826
+    # %% chapters/16_server.md:1872
     def constrain(self, req: SamplingRequest, params: SamplingParams) -> SamplingParams:
         """params with the request's structured-output constraint (chapter 15)."""
         if req.structured_outputs is None and req.response_format is None:
@@ -249,7 +250,7 @@ class OpenAIServing:
         processors = [*params.logits_processors, processor]
         return replace(params, logits_processors=processors)
 
-    # %% chapters/16_server.md:1915
+    # %% chapters/16_server.md:1961
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -283,7 +284,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1864
+# %% chapters/16_server.md:1910
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -298,7 +299,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1886
+# %% chapters/16_server.md:1932
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""
