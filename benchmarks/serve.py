@@ -448,10 +448,16 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
-def tree_cpu_seconds(pids: list[int]) -> float | None:
-    """CPU seconds of the processes pids, all together (None if one is gone)."""
-    seconds = [cpu_seconds(p) for p in pids]
-    return None if None in seconds else sum(seconds)
+def tree_cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of each of pids still running."""
+    seconds = {p: cpu_seconds(p) for p in pids}
+    return {p: s for p, s in seconds.items() if s is not None}
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two readings, over the processes alive at both (a
+    compile worker of the engine may come and go)."""
+    return sum(after[p] - before[p] for p in before.keys() & after.keys())
 
 
 def run_modes(
@@ -474,9 +480,10 @@ def run_modes(
         # what each side spent per output token (less noisy than throughput on a
         # shared CPU): the whole server, and its front end (HTTP) process alone
         after, front_after = tree_cpu_seconds(pids), cpu_seconds(pid)
-        if server_cpu is not None and after is not None:
+        if front_cpu is not None and front_after is not None:
             tokens = summary["output_tokens"]
-            summary["server_cpu_us_per_token"] = 1e6 * (after - server_cpu) / tokens
+            spent = cpu_spent(server_cpu, after)
+            summary["server_cpu_us_per_token"] = 1e6 * spent / tokens
             summary["front_end_cpu_us_per_token"] = (
                 1e6 * (front_after - front_cpu) / tokens
             )

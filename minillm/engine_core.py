@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:3754
+# %% chapters/16_server.md:3756
 """The engine in a process of its own (chapter 16, the section of that name).
 
 `EngineCoreClient` starts chapter 7's `LLMEngine` in a child process, where
@@ -17,6 +17,7 @@ vllm/v1/engine/core_client.py (`AsyncMPClient`), vllm/v1/engine/output_processor
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import logging
 import multiprocessing
@@ -36,7 +37,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:3794
+# %% chapters/16_server.md:3797
 class OutputDelta(NamedTuple):
     """What one step added to one request's output."""
 
@@ -54,7 +55,7 @@ def times(m: RequestMetrics | None) -> tuple | None:
     return None if m is None else tuple(vars(m).values())
 
 
-# %% chapters/16_server.md:3819
+# %% chapters/16_server.md:3822
 class EngineCore:
     """The child's side: commands from the socket, engine steps, deltas back."""
 
@@ -85,7 +86,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:3859
+    # %% chapters/16_server.md:3863
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -94,6 +95,8 @@ class EngineCore:
             for request_id in args[0]:
                 if self.sent.pop(request_id, None) is not None:
                     self.engine.abort_request(request_id)  # frees its blocks now
+            # the gauges, even if no step follows
+            self.conn.send(("stats", EngineStats.of(self.engine)))
 
     def add(self, requests) -> object:
         added = []
@@ -108,7 +111,7 @@ class EngineCore:
             self.sent[request_id] = {}
         return _ACCEPTED
 
-    # %% chapters/16_server.md:3899
+    # %% chapters/16_server.md:3905
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
@@ -132,7 +135,7 @@ class EngineCore:
         return OutputDelta(output.request_id, output.finished, prompt, completions)
 
 
-# %% chapters/16_server.md:3885
+# %% chapters/16_server.md:3891
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
@@ -142,11 +145,14 @@ def portable(e: Exception) -> Exception:
         return (ValueError if isinstance(e, ValueError) else RuntimeError)(str(e))
 
 
-# %% chapters/16_server.md:3932
-def run_engine_core(sock: socket.socket, build: Callable, build_args: tuple) -> None:
+# %% chapters/16_server.md:3940
+def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
     """The child process: build the engine, say what the front end needs, serve."""
     conn = Connection(sock.detach())  # multiprocessing's framing of messages
     try:
+        if isinstance(build, str):  # "module:function"
+            module, _, function = build.partition(":")
+            build = getattr(importlib.import_module(module), function)
         engine, name = build(*build_args)
         info = dict(
             tokenizer=engine.tokenizer,
@@ -165,7 +171,7 @@ def run_engine_core(sock: socket.socket, build: Callable, build_args: tuple) -> 
         pass
 
 
-# %% chapters/16_server.md:3961
+# %% chapters/16_server.md:3972
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -188,14 +194,14 @@ def frame(message) -> bytes:
     return struct.pack("!i", len(data)) + data
 
 
-# %% chapters/16_server.md:3985
+# %% chapters/16_server.md:3996
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
     It serves one event loop (the first that calls it), which reads the socket
     itself, in a task: the front end runs one thread and never waits for the GIL."""
 
-    def __init__(self, build: Callable, *build_args, timeout: float = 1800.0):
+    def __init__(self, build: Callable | str, *build_args, timeout: float = 1800.0):
         context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
         self._socket, theirs = socket.socketpair()
         self._process = context.Process(
@@ -218,7 +224,7 @@ class EngineCoreClient:
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4017
+    # %% chapters/16_server.md:4028
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -243,7 +249,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4049
+    # %% chapters/16_server.md:4060
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -263,7 +269,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4078
+    # %% chapters/16_server.md:4089
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -297,7 +303,7 @@ class EngineCoreClient:
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4119
+    # %% chapters/16_server.md:4130
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -321,7 +327,7 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4152
+    # %% chapters/16_server.md:4163
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
             deltas, self._stats = args
@@ -344,6 +350,9 @@ class EngineCoreClient:
                     self._sinks[request_id] = sink
                     self._num_completions[request_id] = params.n
             sink.put_now(answer)
+        elif kind == "stats":  # after an abort
+            self._stats = args[0]
+            self.metrics.update_gauges(self._stats)
         elif kind == "failed":
             request_ids, message, self._stats = args
             error = EngineStepError(f"the engine failed during a step: {message}")
@@ -353,7 +362,7 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4193
+    # %% chapters/16_server.md:4207
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
@@ -381,7 +390,7 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4229
+    # %% chapters/16_server.md:4243
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""

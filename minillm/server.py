@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2455
+# %% chapters/16_server.md:2456
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -50,12 +50,12 @@ from minillm.serving_completion import OpenAIServingCompletion
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2504
+# %% chapters/16_server.md:2505
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:2525
+# %% chapters/16_server.md:2526
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -80,7 +80,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:2558
+# %% chapters/16_server.md:2559
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -109,7 +109,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:2595
+# %% chapters/16_server.md:2596
 router = APIRouter()
 
 
@@ -132,7 +132,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:2624
+# %% chapters/16_server.md:2625
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -154,7 +154,7 @@ async def metrics(raw: Request):
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:2651
+# %% chapters/16_server.md:2652
 def create_app(
     engine: LLMEngine,
     served_model_name: str = "minillm-tiny",
@@ -185,7 +185,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:2687
+# %% chapters/16_server.md:2688
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -211,7 +211,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:2722
+    # %% chapters/16_server.md:2723
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -236,7 +236,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3187
+# %% chapters/16_server.md:3188
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -272,7 +272,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% chapters/16_server.md:3227
+# %% chapters/16_server.md:3228
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -304,7 +304,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3268
+# %% chapters/16_server.md:3269
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -361,7 +361,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3331
+# %% chapters/16_server.md:3332
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -412,7 +412,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3386
+# %% chapters/16_server.md:3387
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -431,11 +431,9 @@ def main(argv: list[str] | None = None) -> None:
     else:  # "The engine in a process of its own", the default
         from minillm.engine_core import EngineCoreClient
 
-        # by its module's name, which the new process imports (__main__ may be
-        # another program's, e.g. a profiler's)
-        from minillm.server import build_engine as build
-
-        engine = EngineCoreClient(build, args)
+        # named by its module, which the new process imports (this __main__ may be
+        # another program's, a profiler's say)
+        engine = EngineCoreClient("minillm.server:build_engine", args)
         name, blocks = engine.model_name, engine.num_kv_blocks
     template = Path(args.chat_template).read_text() if args.chat_template else None
     app = create_app(engine, name, template, args.model)
@@ -451,6 +449,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3430
+# %% chapters/16_server.md:3429
 if __name__ == "__main__":
     main()

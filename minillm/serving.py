@@ -137,6 +137,7 @@ class OpenAIServing:
             self.llm = AsyncLLM(engine, EngineMetrics(served_model_name))
         else:  # an engine in a process of its own, behind its client (below)
             self.llm = engine
+            engine.metrics = EngineMetrics(served_model_name)  # the name clients use
         self.chat_template = (
             chat_template or self.tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
         )
@@ -151,7 +152,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1777
+    # %% chapters/16_server.md:1778
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -179,7 +180,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1812
+    # %% chapters/16_server.md:1813
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -209,7 +210,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1849
+    # %% chapters/16_server.md:1850
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -223,7 +224,7 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:1872
+    # %% chapters/16_server.md:1873
     def constrain(self, req: SamplingRequest, params: SamplingParams) -> SamplingParams:
         """params with the request's structured-output constraint (chapter 15)."""
         if req.structured_outputs is None and req.response_format is None:
@@ -250,7 +251,7 @@ class OpenAIServing:
         processors = [*params.logits_processors, processor]
         return replace(params, logits_processors=processors)
 
-    # %% chapters/16_server.md:1961
+    # %% chapters/16_server.md:1962
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -284,7 +285,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1910
+# %% chapters/16_server.md:1911
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -299,7 +300,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1932
+# %% chapters/16_server.md:1933
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

@@ -1,0 +1,185 @@
+"""The engine in a process of its own (chapter 16, engine_core.py): the HTTP suite of
+test_server.py against a server whose engine runs in a spawned child, and what only a
+second process can do wrong (a failed step, a dead process, a failed start, deltas
+rebuilt into the outputs AsyncLLM gives)."""
+
+import asyncio
+import concurrent.futures
+
+import pytest
+from engine_builders import FAILING_MAX_TOKENS, build_broken, build_failing
+from openai import OpenAI
+
+# the end-to-end tests of test_server.py that read nothing of the engine object: here
+# they run against EngineCoreClient (their fixtures below replace test_server's)
+from test_server import (  # noqa: F401
+    MESSAGES,
+    MODEL,
+    PROMPT,
+    httpx,
+    metric,
+    test_bad_requests_get_openai_errors,
+    test_bad_schema_is_an_openai_400,
+    test_chat_json_schema_outputs_validate,
+    test_chat_logprobs_shape,
+    test_chat_stream_joins_to_the_non_streamed_message,
+    test_completion_json_object_and_structured_outputs,
+    test_completion_logprobs_shape,
+    test_greedy_stream_joins_to_the_non_streamed_text,
+    test_include_usage_adds_a_final_chunk_with_empty_choices,
+    test_malformed_json_is_a_400,
+    test_metrics_expose_the_named_metrics_with_the_model_label,
+    test_models_health_and_openapi,
+    test_n_gives_indexed_choices_and_prompts_lists_are_numbered,
+    test_seed_reproduces_a_sampled_output,
+    test_stop_string_and_max_tokens_set_the_finish_reason,
+    test_stop_token_ids_and_min_tokens,
+    test_tokenize_and_detokenize_round_trip,
+    test_usage_counts_are_exact,
+    test_vllm_extra_sampling_fields_are_accepted,
+    wait_for,
+)
+
+from minillm.async_llm import AsyncLLM, EngineDeadError
+from minillm.engine_core import EngineCoreClient
+from minillm.metrics import EngineMetrics
+from minillm.sampling_params import SamplingParams
+from minillm.server import ServerThread, build_engine, create_app, parse_args
+
+# test_server.py's engine: the tiny model, float32 on the CPU
+FLAGS = ["--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "256"]
+FLAGS += ["--max-model-len", "512", "--max-num-seqs", "16"]
+
+
+@pytest.fixture(scope="module")
+def live():
+    engine = EngineCoreClient(build_failing, parse_args(FLAGS))
+    with ServerThread(create_app(engine, MODEL)) as server:
+        server.engine_process = engine
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return OpenAI(
+        base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=30
+    )
+
+
+@pytest.fixture(scope="module")
+def http(live):
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        yield c
+
+
+def test_a_failed_step_is_a_500_and_the_engine_process_serves_on(http, live):
+    body = {"prompt": PROMPT, "max_tokens": FAILING_MAX_TOKENS}
+    r = http.post("/v1/completions", json=body)
+    stream = http.post("/v1/completions", json={**body, "stream": True})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+    assert "simulated failure" in r.json()["error"]["message"]
+    events = [line for line in stream.text.splitlines() if line]
+    assert '"InternalServerError"' in events[-2] and events[-1] == "data: [DONE]"
+    ok = http.post(
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True}
+    )
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    assert wait_for(lambda: metric(http, "minillm:kv_cache_usage_perc") == 0)
+    assert live.engine_process.is_alive()
+
+
+def test_a_disconnect_aborts_in_the_engine_process_and_frees_blocks(http, live):
+    aborted = metric(http, "minillm:request_success_total", finished_reason="abort")
+    body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert metric(http, "minillm:num_requests_running") == 1
+        assert metric(http, "minillm:kv_cache_usage_perc") > 0
+    # the gauges come from the engine's process: its answer to the abort
+    assert wait_for(
+        lambda: (
+            metric(http, "minillm:kv_cache_usage_perc") == 0
+            and metric(http, "minillm:num_requests_running") == 0
+        )
+    )
+    after = metric(http, "minillm:request_success_total", finished_reason="abort")
+    assert after == aborted + 1
+    assert live.engine_process._outputs == {} and live.engine_process._sinks == {}
+
+
+async def _outputs(llm, requests):
+    """The final output of each of requests, submitted as one call."""
+    stream = await llm.generate(requests)
+    final = {}
+    async for output in stream:
+        final[output.request_id] = output
+    return [final[request_id] for request_id, _, _ in requests]
+
+
+def _run(coroutine):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def test_deltas_rebuild_what_async_llm_gives_and_a_dead_process_fails_callers():
+    args = parse_args(FLAGS)
+    requests = [
+        ("stop", 'The "while" statement', SamplingParams(max_tokens=40, stop=["."])),
+        ("n2", [5, 6, 7], SamplingParams(n=2, seed=3, max_tokens=12, logprobs=3)),
+        ("eos", "x", SamplingParams(temperature=0, max_tokens=30, min_tokens=2)),
+    ]
+
+    async def in_thread():
+        llm = AsyncLLM(build_engine(args)[0], EngineMetrics(MODEL))
+        llm.start()
+        try:
+            return await _outputs(llm, requests)
+        finally:
+            llm.shutdown()
+
+    client = EngineCoreClient(build_engine, args)
+
+    async def in_process():
+        got = await _outputs(client, requests)
+        long = SamplingParams(max_tokens=400, ignore_eos=True)
+        stream = await client.generate([("long", PROMPT, long)])
+        await stream.__anext__()  # it runs...
+        client._process.kill()  # ...and the engine's process dies
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            await client.generate([("late", PROMPT, long)])
+        return got
+
+    try:
+        expected, got = _run(in_thread()), _run(in_process())
+    finally:
+        client.shutdown()
+    assert not client.is_alive()
+    for a, b in zip(got, expected):
+        assert (a.request_id, a.prompt, a.prompt_token_ids, a.finished) == (
+            b.request_id,
+            b.prompt,
+            b.prompt_token_ids,
+            b.finished,
+        )
+        for x, y in zip(a.outputs, b.outputs, strict=True):
+            assert (x.index, x.text, x.token_ids, x.finish_reason, x.stop_reason) == (
+                y.index,
+                y.text,
+                y.token_ids,
+                y.finish_reason,
+                y.stop_reason,
+            )
+            assert x.logprobs == y.logprobs and x.cumulative_logprob == pytest.approx(
+                y.cumulative_logprob
+            )
+    assert len(got[1].outputs) == 2
+
+
+def test_an_engine_that_cannot_start_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="failed to start: FileNotFoundError"):
+        EngineCoreClient(build_broken, parse_args(FLAGS))
