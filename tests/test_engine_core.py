@@ -8,15 +8,14 @@ import concurrent.futures
 
 import pytest
 from engine_builders import FAILING_MAX_TOKENS, build_broken, build_failing
-from openai import OpenAI
 
-# the end-to-end tests of test_server.py that read nothing of the engine object: here
-# they run against EngineCoreClient (their fixtures below replace test_server's)
+# the end-to-end tests of test_server.py that read nothing of the engine object, and
+# its client fixtures: here they run against EngineCoreClient (the `live` below)
 from test_server import (  # noqa: F401
-    MESSAGES,
     MODEL,
     PROMPT,
-    httpx,
+    client,
+    http,
     metric,
     test_bad_requests_get_openai_errors,
     test_bad_schema_is_an_openai_400,
@@ -59,20 +58,7 @@ def live():
         yield server
 
 
-@pytest.fixture(scope="module")
-def client(live):
-    return OpenAI(
-        base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=30
-    )
-
-
-@pytest.fixture(scope="module")
-def http(live):
-    with httpx.Client(base_url=live.url, timeout=30) as c:
-        yield c
-
-
-def test_a_failed_step_is_a_500_and_the_engine_process_serves_on(http, live):
+def test_a_failed_step_is_a_500_and_the_engine_process_serves_on(http, live):  # noqa: F811
     body = {"prompt": PROMPT, "max_tokens": FAILING_MAX_TOKENS}
     r = http.post("/v1/completions", json=body)
     stream = http.post("/v1/completions", json={**body, "stream": True})
@@ -88,7 +74,7 @@ def test_a_failed_step_is_a_500_and_the_engine_process_serves_on(http, live):
     assert live.engine_process.is_alive()
 
 
-def test_a_disconnect_aborts_in_the_engine_process_and_frees_blocks(http, live):
+def test_a_disconnect_aborts_in_the_engine_process_and_frees_blocks(http, live):  # noqa: F811
     aborted = metric(http, "minillm:request_success_total", finished_reason="abort")
     body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
     with http.stream("POST", "/v1/completions", json=body) as r:
@@ -139,26 +125,26 @@ def test_deltas_rebuild_what_async_llm_gives_and_a_dead_process_fails_callers():
         finally:
             llm.shutdown()
 
-    client = EngineCoreClient(build_engine, args)
+    core = EngineCoreClient(build_engine, args)
 
     async def in_process():
-        got = await _outputs(client, requests)
+        got = await _outputs(core, requests)
         long = SamplingParams(max_tokens=400, ignore_eos=True)
-        stream = await client.generate([("long", PROMPT, long)])
+        stream = await core.generate([("long", PROMPT, long)])
         await stream.__anext__()  # it runs...
-        client._process.kill()  # ...and the engine's process dies
+        core._process.kill()  # ...and the engine's process dies
         with pytest.raises(EngineDeadError):
             async for _ in stream:
                 pass
         with pytest.raises(EngineDeadError):
-            await client.generate([("late", PROMPT, long)])
+            await core.generate([("late", PROMPT, long)])
         return got
 
     try:
         expected, got = _run(in_thread()), _run(in_process())
     finally:
-        client.shutdown()
-    assert not client.is_alive()
+        core.shutdown()
+    assert not core.is_alive()
     for a, b in zip(got, expected):
         assert (a.request_id, a.prompt, a.prompt_token_ids, a.finished) == (
             b.request_id,
