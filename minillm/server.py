@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2456
+# %% chapters/16_server.md:2459
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import socket
@@ -23,6 +24,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -47,15 +49,18 @@ from minillm.serving import APIError, validation_error
 from minillm.serving_chat import OpenAIServingChat
 from minillm.serving_completion import OpenAIServingCompletion
 
+if TYPE_CHECKING:  # the section "The engine in a process of its own"
+    from minillm.engine_core import EngineCoreClient
+
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2505
+# %% chapters/16_server.md:2513
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:2526
+# %% chapters/16_server.md:2534
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -80,7 +85,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:2559
+# %% chapters/16_server.md:2567
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -109,7 +114,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:2596
+# %% chapters/16_server.md:2604
 router = APIRouter()
 
 
@@ -132,7 +137,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:2625
+# %% chapters/16_server.md:2633
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -154,9 +159,9 @@ async def metrics(raw: Request):
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:2652
+# %% chapters/16_server.md:2667
 def create_app(
-    engine: LLMEngine,
+    engine: LLMEngine | EngineCoreClient,
     served_model_name: str = "minillm-tiny",
     chat_template: str | None = None,
     model_path: str | None = None,
@@ -169,6 +174,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         server.llm.start()
+        gc.collect()
+        gc.freeze()  # what exists now lives as long as the server: skip it
         yield
         server.llm.shutdown()
 
@@ -185,7 +192,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:2688
+# %% chapters/16_server.md:2705
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -211,7 +218,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:2723
+    # %% chapters/16_server.md:2740
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -236,7 +243,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3188
+# %% chapters/16_server.md:3205
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -272,7 +279,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% chapters/16_server.md:3228
+# %% chapters/16_server.md:3245
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -304,7 +311,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3269
+# %% chapters/16_server.md:3286
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -361,7 +368,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3332
+# %% chapters/16_server.md:3349
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -412,7 +419,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3387
+# %% chapters/16_server.md:3404
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -449,6 +456,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3429
+# %% chapters/16_server.md:3446
 if __name__ == "__main__":
     main()

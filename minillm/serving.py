@@ -18,7 +18,7 @@ vllm/entrypoints/serve/tokenize/serving.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jinja2
 import jinja2.sandbox
@@ -46,8 +46,11 @@ from minillm.protocol import (
 from minillm.sampler import SampleLogprobs
 from minillm.sampling_params import SamplingParams
 
+if TYPE_CHECKING:  # the section "The engine in a process of its own"
+    from minillm.engine_core import EngineCoreClient
 
-# %% chapters/16_server.md:1638
+
+# %% chapters/16_server.md:1641
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -69,7 +72,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1668
+# %% chapters/16_server.md:1671
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -94,7 +97,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1703
+# %% chapters/16_server.md:1706
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -115,13 +118,13 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1733
+# %% chapters/16_server.md:1736
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: LLMEngine | EngineCoreClient,
         served_model_name: str,
         chat_template: str | None = None,
         model_path: str | None = None,
@@ -152,7 +155,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1778
+    # %% chapters/16_server.md:1781
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -180,7 +183,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1813
+    # %% chapters/16_server.md:1816
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -210,7 +213,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1850
+    # %% chapters/16_server.md:1853
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -224,7 +227,7 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:1873
+    # %% chapters/16_server.md:1876
     def constrain(self, req: SamplingRequest, params: SamplingParams) -> SamplingParams:
         """params with the request's structured-output constraint (chapter 15)."""
         if req.structured_outputs is None and req.response_format is None:
@@ -251,7 +254,7 @@ class OpenAIServing:
         processors = [*params.logits_processors, processor]
         return replace(params, logits_processors=processors)
 
-    # %% chapters/16_server.md:1962
+    # %% chapters/16_server.md:1965
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -285,7 +288,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1911
+# %% chapters/16_server.md:1914
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -300,7 +303,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1933
+# %% chapters/16_server.md:1936
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""
