@@ -155,3 +155,42 @@ def test_echo_puts_the_prompt_in_front_of_each_choice(tiny):
         ).json()
         text = http.post("/detokenize", json={"tokens": ids}).json()["prompt"]
         assert by_ids["choices"][0]["text"].startswith(text)
+
+
+# --- 16.4 An engine that comes back
+
+
+def test_restart_serves_again_after_the_engine_process_died():
+    """16.4: after a kill, restart() brings the engine back: same seed, same tokens."""
+    from _check import answer
+
+    from minillm.async_llm import EngineDeadError
+    from minillm.engine_core import EngineCoreClient
+    from minillm.server import build_engine, parse_args
+
+    answer(EngineCoreClient, "restart", "16.4")
+    args = parse_args(["--device", "cpu", "--num-kv-blocks", "64"])
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=8, ignore_eos=True)
+
+    async def tokens(client, request_id):
+        stream = await client.generate([(request_id, PROMPTS[0], params)])
+        async for output in stream:
+            pass
+        return output.outputs[0].token_ids
+
+    async def scenario(client):
+        before = await tokens(client, "a")
+        client._process.kill()
+        with pytest.raises(EngineDeadError):
+            await tokens(client, "b")
+        assert not client.is_alive()
+        await client.restart()
+        assert client.is_alive()
+        return before, await tokens(client, "c")
+
+    client = EngineCoreClient(build_engine, args)
+    try:
+        before, after = asyncio.run(scenario(client))
+    finally:
+        client.shutdown()
+    assert before == after and len(after) == 8
