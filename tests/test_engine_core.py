@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 
 import pytest
+import torch
 from engine_builders import FAILING_MAX_TOKENS, build_broken, build_failing
 
 # the end-to-end tests of test_server.py that read nothing of the engine object, and
@@ -50,9 +51,18 @@ FLAGS = ["--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "256"]
 FLAGS += ["--max-model-len", "512", "--max-num-seqs", "16"]
 
 
+def start(build, args) -> EngineCoreClient:
+    """An engine process computing with this process's thread count (spawn passes
+    the environment on): another count sums in another order, and floats such as
+    logprobs would differ in their last bits from an engine in this process."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        return EngineCoreClient(build, args)
+
+
 @pytest.fixture(scope="module")
 def live():
-    engine = EngineCoreClient(build_failing, parse_args(FLAGS))
+    engine = start(build_failing, parse_args(FLAGS))
     with ServerThread(create_app(engine, MODEL)) as server:
         server.engine_process = engine
         yield server
@@ -125,7 +135,7 @@ def test_deltas_rebuild_what_async_llm_gives_and_a_dead_process_fails_callers():
         finally:
             llm.shutdown()
 
-    core = EngineCoreClient(build_engine, args)
+    core = start(build_engine, args)
 
     async def in_process():
         got = await _outputs(core, requests)
