@@ -86,7 +86,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:3885
+    # %% chapters/16_server.md:3886
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -111,7 +111,7 @@ class EngineCore:
             self.sent[request_id] = {}
         return _ACCEPTED
 
-    # %% chapters/16_server.md:3927
+    # %% chapters/16_server.md:3928
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
@@ -135,7 +135,7 @@ class EngineCore:
         return OutputDelta(output.request_id, output.finished, prompt, completions)
 
 
-# %% chapters/16_server.md:3913
+# %% chapters/16_server.md:3914
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
