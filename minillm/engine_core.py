@@ -17,6 +17,8 @@ vllm/v1/engine/core_client.py (`AsyncMPClient`), vllm/v1/engine/output_processor
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
 import importlib
 import itertools
 import logging
@@ -37,7 +39,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:3819
+# %% chapters/16_server.md:3821
 class OutputDelta(NamedTuple):
     """What one step added to one request's output."""
 
@@ -55,7 +57,7 @@ def times(m: RequestMetrics | None) -> tuple | None:
     return None if m is None else tuple(vars(m).values())
 
 
-# %% chapters/16_server.md:3844
+# %% chapters/16_server.md:3846
 class EngineCore:
     """The child's side: commands from the socket, engine steps, deltas back."""
 
@@ -86,7 +88,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:3886
+    # %% chapters/16_server.md:3888
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -111,7 +113,7 @@ class EngineCore:
             self.sent[request_id] = {}
         return _ACCEPTED
 
-    # %% chapters/16_server.md:3928
+    # %% chapters/16_server.md:3930
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
@@ -135,7 +137,7 @@ class EngineCore:
         return OutputDelta(output.request_id, output.finished, prompt, completions)
 
 
-# %% chapters/16_server.md:3914
+# %% chapters/16_server.md:3916
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
@@ -145,7 +147,7 @@ def portable(e: Exception) -> Exception:
         return (ValueError if isinstance(e, ValueError) else RuntimeError)(str(e))
 
 
-# %% chapters/16_server.md:3962
+# %% chapters/16_server.md:3964
 def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
     """The child process: build the engine, say what the front end needs, serve."""
     conn = Connection(sock.detach())  # multiprocessing's framing of messages
@@ -171,7 +173,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
         pass
 
 
-# %% chapters/16_server.md:3994
+# %% chapters/16_server.md:3996
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -194,7 +196,15 @@ def frame(message) -> bytes:
     return struct.pack("!i", len(data)) + data
 
 
-# %% chapters/16_server.md:4018
+def stop_process(process: multiprocessing.Process, timeout: float = 10.0) -> None:
+    process.terminate()
+    process.join(timeout)
+    if process.is_alive():  # it ignored SIGTERM
+        process.kill()
+        process.join()
+
+
+# %% chapters/16_server.md:4028
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
@@ -211,6 +221,10 @@ class EngineCoreClient:
         )
         self._process.start()
         theirs.close()  # the child's end lives on in the child only
+        # a program that ends without shutdown() stops the child first: else
+        # multiprocessing would wait at exit for a child that waits for us
+        self._at_exit = functools.partial(stop_process, self._process)
+        atexit.register(self._at_exit)
         for key, value in self._wait_ready(timeout).items():
             setattr(self, key, value)  # tokenizer, max_model_len, ...
         self.metrics = EngineMetrics(self.model_name)  # fed by the deltas
@@ -224,7 +238,7 @@ class EngineCoreClient:
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4050
+    # %% chapters/16_server.md:4064
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -249,7 +263,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4082
+    # %% chapters/16_server.md:4096
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -269,7 +283,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4111
+    # %% chapters/16_server.md:4125
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -303,7 +317,7 @@ class EngineCoreClient:
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4152
+    # %% chapters/16_server.md:4166
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -327,7 +341,7 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4185
+    # %% chapters/16_server.md:4199
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
             deltas, self._stats = args
@@ -362,7 +376,7 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4229
+    # %% chapters/16_server.md:4243
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
@@ -390,15 +404,12 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4265
+    # %% chapters/16_server.md:4283
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""
-        self._process.terminate()
-        self._process.join(timeout)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        atexit.unregister(self._at_exit)
+        stop_process(self._process, timeout)
         if self._loop is None or self._loop.is_closed():  # nobody reads the socket
             self._socket.close()
             self._close(EngineDeadError("the server is shutting down"))
