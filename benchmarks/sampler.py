@@ -9,10 +9,22 @@ after a warm-up, with the device synchronised around each batch of calls.
 
     # on a GPU; writes benchmarks/results/sampler-*.json
     python benchmarks/sampler.py
+
+With --penalties, the penalty step alone instead (chapter 11, "Penalties in one
+kernel"): for 1, 64 and 256 rows of bfloat16 logits, every row with repetition 1.1,
+frequency 0.5 and presence 0.5 and the counts of a 512-token prompt and 512 output
+tokens, the time of `PenaltiesState.apply_elementwise` (chapter 6's formula in
+PyTorch, float32) and of `PenaltiesState.apply_kernel` (one Triton kernel), whether
+they give the same float32 logits, and the time of one step's count update (one
+token per row, `index_put_` with accumulate).
+
+    python benchmarks/sampler.py --penalties   # benchmarks/results/sampler_penalties-*
 """
 
 from __future__ import annotations
 
+import argparse
+import random
 import sys
 from pathlib import Path
 
@@ -21,7 +33,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import environment, save  # noqa: E402
 from minillm.kernels.sample import sample  # noqa: E402
+from minillm.request import Request  # noqa: E402
 from minillm.sampler import Sampler, stream_keys  # noqa: E402
+from minillm.sampling_ahead import PenaltiesState  # noqa: E402
 from minillm.sampling_metadata import SamplingMetadata  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
 
@@ -74,9 +88,90 @@ def measure(num_seqs: int, setting: str) -> dict:
     }
 
 
+PENALTIES = dict(repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5)
+PROMPT_LEN = OUTPUT_LEN = 512
+
+
+def penalty_step(num_seqs: int, device: str = "cuda", vocab: int = VOCAB):
+    """(PyTorch's apply, the kernel's, one step's count update) for num_seqs rows."""
+    rng = random.Random(num_seqs)
+    params = SamplingParams(**PENALTIES)
+    requests = []
+    for i in range(num_seqs):
+        r = Request(str(i), [rng.randrange(vocab) for _ in range(PROMPT_LEN)], params)
+        r.append_output_token_ids([rng.randrange(vocab) for _ in range(OUTPUT_LEN)])
+        requests.append(r)
+    state = PenaltiesState(num_seqs, torch.device(device))
+    rows = list(range(num_seqs))[::-1]  # batch row j is state row num_seqs - 1 - j
+    state.update(rows, requests, vocab, None)
+    md = SamplingMetadata.from_requests(
+        [params] * num_seqs, [[]] * num_seqs, [[]] * num_seqs, vocab
+    )
+    g = torch.Generator().manual_seed(num_seqs)
+    logits = (2 * torch.randn(num_seqs, vocab, generator=g)).to(device).bfloat16()
+    sel = list(range(num_seqs))
+    tokens = torch.randint(vocab, (num_seqs,), device=device)
+    return (
+        lambda: state.apply_elementwise(logits, sel, rows, md),
+        lambda: state.apply_kernel(logits, sel, rows, md),
+        lambda: state._count(rows, tokens),
+    )
+
+
+def measure_penalties(num_seqs: int) -> dict:
+    pytorch, kernel, update = penalty_step(num_seqs)
+    same = bool(torch.equal(pytorch(), kernel()))
+    update_ms = mean_ms(update)
+    return {
+        "num_seqs": num_seqs,
+        "pytorch_ms": mean_ms(pytorch),
+        "kernel_ms": mean_ms(kernel),
+        "count_update_ms": update_ms,
+        "same_logits": same,
+        # bytes the kernel must move: bf16 in, int32 counts, a mask byte, fp32 out
+        "kernel_bytes": num_seqs * VOCAB * (2 + 4 + 1 + 4),
+    }
+
+
+def main_penalties() -> None:
+    rows = []
+    for num_seqs in (1, 64, 256):
+        row = measure_penalties(num_seqs)
+        row["kernel_gb_per_s"] = row["kernel_bytes"] / row["kernel_ms"] / 1e6
+        rows.append(row)
+        print(
+            f"{num_seqs:4d} rows: PyTorch {row['pytorch_ms']:7.3f} ms, kernel "
+            f"{row['kernel_ms']:6.3f} ms ({row['kernel_gb_per_s']:,.0f} GB/s), count "
+            f"update {row['count_update_ms']:6.3f} ms, same {row['same_logits']}",
+            flush=True,
+        )
+    record = {
+        "benchmark": "sampler_penalties",
+        "environment": environment(),
+        "workload": {
+            "vocab": VOCAB,
+            "dtype": "bfloat16",
+            "logits": "2 * N(0, 1)",
+            "penalties": PENALTIES,
+            "prompt_len": PROMPT_LEN,
+            "output_len": OUTPUT_LEN,
+            "tokens": "uniform over the vocabulary, seed num_seqs",
+        },
+        "rows": rows,
+    }
+    print("wrote", save("sampler_penalties", record))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--penalties", action="store_true", help="time the penalty step alone"
+    )
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/sampler.py times a GPU kernel: no CUDA device found")
+    if args.penalties:
+        return main_penalties()
     rows = []
     for num_seqs in (1, 64, 256):
         for setting in SETTINGS:

@@ -27,7 +27,7 @@ def request(rid, prompt, output, placeholders=0):
 
 
 def counts_of(tokens):
-    return token_counts(torch.tensor([tokens], dtype=torch.int64), VOCAB)[0]
+    return token_counts(torch.tensor([tokens], dtype=torch.int64), VOCAB)[0].int()
 
 
 def test_rules_are_recognised():
@@ -118,9 +118,23 @@ def test_apply_is_chapter6s_apply_penalties():
     requests = [request(str(i), p, o) for i, (p, o) in enumerate(zip(prompts, outputs))]
     rows = [6, 0, 3, 1, 7]  # batch rows in any order
     state.update(rows, requests, VOCAB, None)
-    got = logits.clone()
-    state.apply(got, list(range(5)), rows, md)
+    got = state.apply(logits.clone(), list(range(5)), rows, md)
     assert torch.equal(got, expected)
+    # 16-bit logits: a float32 copy, penalised as chapter 6 penalises it
+    half = logits.bfloat16()
+    got = state.apply(half, list(range(5)), rows, md)
+    assert got.dtype == torch.float32 and half.dtype == torch.bfloat16
+    assert torch.equal(
+        got,
+        apply_penalties(
+            half.float(),
+            md.prompt_token_ids,
+            pad_token_ids(outputs, VOCAB),
+            md.presence_penalties,
+            md.frequency_penalties,
+            md.repetition_penalties,
+        ),
+    )
 
 
 def run(prompts, params, **options):
