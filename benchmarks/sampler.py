@@ -16,7 +16,9 @@ frequency 0.5 and presence 0.5 and the counts of a 512-token prompt and 512 outp
 tokens, the time of `PenaltiesState.apply_elementwise` (chapter 6's formula in
 PyTorch, float32) and of `PenaltiesState.apply_kernel` (one Triton kernel), whether
 they give the same float32 logits, and the time of one step's count update (one
-token per row, `index_put_` with accumulate).
+token per row, `index_put_` with accumulate), and the sampling kernel's top-p draw
+(T=0.8, top_p=0.95) on the penalised float32 logits against the same logits in
+bfloat16 (what a batch without penalties hands it).
 
     python benchmarks/sampler.py --penalties   # benchmarks/results/sampler_penalties-*
 """
@@ -120,14 +122,26 @@ def penalty_step(num_seqs: int, device: str = "cuda", vocab: int = VOCAB):
 
 def measure_penalties(num_seqs: int) -> dict:
     pytorch, kernel, update = penalty_step(num_seqs)
-    same = bool(torch.equal(pytorch(), kernel()))
+    penalised = kernel()
+    same = bool(torch.equal(pytorch(), penalised))
     update_ms = mean_ms(update)
+    # what the draw after them costs: the sampling kernel on the bf16 logits a
+    # batch without penalties hands it (16 passes a search), and on float32 (32)
+    params = [SamplingParams(**SETTINGS["top_p"], seed=i) for i in range(num_seqs)]
+    md = SamplingMetadata.from_requests(
+        params, [[0]] * num_seqs, [[]] * num_seqs, VOCAB, device="cuda"
+    )
+    keys = stream_keys(md, None)
+    draw = [md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions]
+    bf16 = penalised.bfloat16()
     return {
         "num_seqs": num_seqs,
         "pytorch_ms": mean_ms(pytorch),
         "kernel_ms": mean_ms(kernel),
         "count_update_ms": update_ms,
         "same_logits": same,
+        "sample_top_p_bf16_ms": mean_ms(lambda: sample(bf16, *draw)),
+        "sample_top_p_fp32_ms": mean_ms(lambda: sample(penalised, *draw)),
         # bytes the kernel must move: bf16 in, int32 counts, a mask byte, fp32 out
         "kernel_bytes": num_seqs * VOCAB * (2 + 4 + 1 + 4),
     }
@@ -142,7 +156,9 @@ def main_penalties() -> None:
         print(
             f"{num_seqs:4d} rows: PyTorch {row['pytorch_ms']:7.3f} ms, kernel "
             f"{row['kernel_ms']:6.3f} ms ({row['kernel_gb_per_s']:,.0f} GB/s), count "
-            f"update {row['count_update_ms']:6.3f} ms, same {row['same_logits']}",
+            f"update {row['count_update_ms']:6.3f} ms, same {row['same_logits']}; "
+            f"top-p draw: bf16 {row['sample_top_p_bf16_ms']:.3f} ms, float32 "
+            f"{row['sample_top_p_fp32_ms']:.3f} ms",
             flush=True,
         )
     record = {

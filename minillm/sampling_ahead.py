@@ -154,7 +154,7 @@ class PenaltiesState:
         )
         return logits
 
-    # %% chapters/11_cuda_graph.md:2979
+    # %% chapters/11_cuda_graph.md:2981
     def apply_kernel(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:

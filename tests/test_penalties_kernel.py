@@ -182,3 +182,38 @@ def test_engine_through_the_kernel_draws_chapter7s_tokens(tiny, monkeypatch):
     got, ahead = run(persistent_batch=True, async_scheduling=True)
     assert got == expected
     assert ahead.engine.stepper.num_in_step == 0 and sum(calls) > 0
+
+
+COMPILE_FOR_H100 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from minillm.kernels import penalties
+pointers = dict(logits_ptr="*bf16", out_ptr="*fp32", state_rows_ptr="*i32",
+                counts_ptr="*i32", seen_ptr="*u8", penalties_ptr="*fp32")
+sizes = dict.fromkeys(["num_rows", "V", "logits_stride", "out_stride",
+                       "state_stride"], "i32")
+constants = dict(IN_PLACE=False, BLOCK=penalties.BLOCK, PRECISE=True)
+source = ASTSource(penalties._penalties_kernel, {**pointers, **sizes}, constants)
+kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                        options=dict(enable_fp_fusion=False))
+ptx = kernel.asm["ptx"]
+print(ptx.count("fma.rn.f32"), ptx.count("div.rn.f32"), ptx.count("div.full.f32"))
+"""
+
+
+def test_compiled_kernel_rounds_as_pytorch_does():
+    """The kernel as launched, compiled for sm_90 (no GPU needed): correctly rounded
+    divisions and no fused multiply-add, so x - f * c rounds twice, as PyTorch's."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_H100],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    fma, div_rn, div_approx = map(int, run.stdout.split())
+    assert fma == 0 and div_rn > 0 and div_approx == 0
