@@ -92,10 +92,11 @@ def measure(num_seqs: int, setting: str) -> dict:
 
 PENALTIES = dict(repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5)
 PROMPT_LEN = OUTPUT_LEN = 512
+MAX_MODEL_LEN = 2 * 1024 + 16
 
 
 def penalty_step(num_seqs: int, device: str = "cuda", vocab: int = VOCAB):
-    """(PyTorch's apply, the kernel's, one step's count update) for num_seqs rows."""
+    """The state, and (PyTorch's apply, the kernel's, one step's count update)."""
     rng = random.Random(num_seqs)
     params = SamplingParams(**PENALTIES)
     requests = []
@@ -103,7 +104,8 @@ def penalty_step(num_seqs: int, device: str = "cuda", vocab: int = VOCAB):
         r = Request(str(i), [rng.randrange(vocab) for _ in range(PROMPT_LEN)], params)
         r.append_output_token_ids([rng.randrange(vocab) for _ in range(OUTPUT_LEN)])
         requests.append(r)
-    state = PenaltiesState(num_seqs, torch.device(device))
+    # the counts' dtype of benchmarks/throughput.py's engine (max_len 1024): int16
+    state = PenaltiesState(num_seqs, torch.device(device), MAX_MODEL_LEN)
     rows = list(range(num_seqs))[::-1]  # batch row j is state row num_seqs - 1 - j
     state.update(rows, requests, vocab, None)
     md = SamplingMetadata.from_requests(
@@ -113,7 +115,7 @@ def penalty_step(num_seqs: int, device: str = "cuda", vocab: int = VOCAB):
     logits = (2 * torch.randn(num_seqs, vocab, generator=g)).to(device).bfloat16()
     sel = list(range(num_seqs))
     tokens = torch.randint(vocab, (num_seqs,), device=device)
-    return (
+    return state, (
         lambda: state.apply_elementwise(logits, sel, rows, md),
         lambda: state.apply_kernel(logits, sel, rows, md),
         lambda: state._count(rows, tokens),
@@ -121,7 +123,7 @@ def penalty_step(num_seqs: int, device: str = "cuda", vocab: int = VOCAB):
 
 
 def measure_penalties(num_seqs: int) -> dict:
-    pytorch, kernel, update = penalty_step(num_seqs)
+    state, (pytorch, kernel, update) = penalty_step(num_seqs)
     penalised = kernel()
     same = bool(torch.equal(pytorch(), penalised))
     update_ms = mean_ms(update)
@@ -142,8 +144,9 @@ def measure_penalties(num_seqs: int) -> dict:
         "same_logits": same,
         "sample_top_p_bf16_ms": mean_ms(lambda: sample(bf16, *draw)),
         "sample_top_p_fp32_ms": mean_ms(lambda: sample(penalised, *draw)),
-        # bytes the kernel must move: bf16 in, int32 counts, a mask byte, fp32 out
-        "kernel_bytes": num_seqs * VOCAB * (2 + 4 + 1 + 4),
+        "counts_dtype": str(state.counts_dtype),
+        # bytes the kernel must move: bf16 in, the counts, a mask byte, fp32 out
+        "kernel_bytes": num_seqs * VOCAB * (2 + state.output_counts.element_size() + 5),
     }
 
 
@@ -171,6 +174,7 @@ def main_penalties() -> None:
             "penalties": PENALTIES,
             "prompt_len": PROMPT_LEN,
             "output_len": OUTPUT_LEN,
+            "max_model_len": MAX_MODEL_LEN,
             "tokens": "uniform over the vocabulary, seed num_seqs",
         },
         "rows": rows,

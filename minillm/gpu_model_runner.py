@@ -118,7 +118,7 @@ class GPUModelRunner(ModelRunner):
                 model, kv_cache, sizes, max_model_len, scratch_block=scratch
             )
             self.graph_runner.capture()
-        self._init_async(max_num_seqs)  # "Overlapping the CPU and the GPU"
+        self._init_async(max_num_seqs, max_model_len)  # "Overlapping the CPU and ..."
         if self.device.type == "cuda" and (self.torch_compile or self.cuda_graphs):
             gc.collect()
             gc.freeze()
@@ -242,7 +242,7 @@ class GPUModelRunner(ModelRunner):
         )
 
     # %% chapters/11_cuda_graph.md:1886
-    def _init_async(self, max_num_seqs: int) -> None:
+    def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
         # other (none on a CPU, where nothing runs ahead of the Python thread)
@@ -253,7 +253,7 @@ class GPUModelRunner(ModelRunner):
                 self.host_tokens.append(buffer.pin_memory())
         self.host_slot = 0
         # each row's counts for the penalties ("Penalties and token rules ahead")
-        self.penalties = PenaltiesState(max_num_seqs, self.device)
+        self.penalties = PenaltiesState(max_num_seqs, self.device, max_model_len)
 
     def _patch_for(self, output: SchedulerOutput, holes: list[int], previous):
         """A function that writes previous's tokens into the ids of the holes."""
@@ -361,7 +361,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2570
+    # %% chapters/11_cuda_graph.md:2576
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -423,7 +423,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3158
+    # %% chapters/11_cuda_graph.md:3166
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -444,7 +444,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3105
+# %% chapters/11_cuda_graph.md:3113
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -489,5 +489,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3186
+# %% chapters/11_cuda_graph.md:3194
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

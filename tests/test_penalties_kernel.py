@@ -27,7 +27,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def case(rng, num_rows, vocab, dtype, device=DEVICE, penalised=0.7):
+def case(rng, num_rows, vocab, dtype, device=DEVICE, penalised=0.7, counts=torch.int32):
     """(logits, kernel arguments, chapter 6's logits) for random rows: a state of
     more slots than rows, rows mapped to slots in any order, some without a penalty."""
     num_slots = num_rows + 3
@@ -48,10 +48,11 @@ def case(rng, num_rows, vocab, dtype, device=DEVICE, penalised=0.7):
         outputs.append([rng.randrange(top) for _ in range(rng.randint(0, 30))])
     md = SamplingMetadata.from_requests(params, prompts, outputs, vocab)
     slots = rng.sample(range(num_slots), num_rows)
-    counts = torch.zeros(num_slots, vocab, dtype=torch.int32)
+    counts_dtype = counts
+    counts = torch.zeros(num_slots, vocab, dtype=counts_dtype)
     seen = torch.zeros(num_slots, vocab, dtype=torch.bool)
     padded = pad_token_ids(outputs, vocab)
-    counts[slots] = token_counts(padded, vocab).int()
+    counts[slots] = token_counts(padded, vocab).to(counts_dtype)
     padded_prompts = pad_token_ids(prompts, vocab)
     seen[slots] = token_counts(padded_prompts, vocab) > 0
     state_rows = torch.tensor(
@@ -80,10 +81,12 @@ def case(rng, num_rows, vocab, dtype, device=DEVICE, penalised=0.7):
     num_rows=st.integers(1, 5),
     vocab=st.sampled_from([1, 7, 300, BLOCK + 37]),
     dtype=st.sampled_from(DTYPES),
+    counts=st.sampled_from([torch.int16, torch.int32]),
     seed=st.integers(0, 2**20),
 )
-def test_kernel_is_chapter6s_penalties(num_rows, vocab, dtype, seed):
-    logits, args, expected = case(random.Random(seed), num_rows, vocab, dtype)
+def test_kernel_is_chapter6s_penalties(num_rows, vocab, dtype, counts, seed):
+    rng = random.Random(seed)
+    logits, args, expected = case(rng, num_rows, vocab, dtype, counts=counts)
     got = apply_penalties(logits.clone(), *args)
     assert got.dtype == torch.float32
     assert torch.equal(got.cpu(), expected)
@@ -108,6 +111,7 @@ def test_bad_arguments_are_refused_and_change_nothing():
         (state_rows[:2], counts, seen, penalties),
         (state_rows, counts, seen, penalties[:2]),
         (state_rows, counts.float(), seen, penalties),
+        (state_rows, counts.long(), seen, penalties),
         (state_rows, counts[:, :49], seen, penalties),
         (state_rows, counts, seen[:, :49], penalties),
     ]:

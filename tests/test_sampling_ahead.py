@@ -66,6 +66,17 @@ def test_a_row_is_built_from_the_lists_then_follows_its_request():
     assert state.num_rebuilt == 3
 
 
+def test_counts_are_int16_where_no_output_can_overflow_them():
+    assert PenaltiesState(2, torch.device("cpu"), 2**15 - 1).counts_dtype == torch.int16
+    for max_model_len in (2**15, None):
+        state = PenaltiesState(2, torch.device("cpu"), max_model_len)
+        assert state.counts_dtype == torch.int32
+    state = PenaltiesState(2, torch.device("cpu"), 100)
+    a = request("a", [1], [7] * 40)
+    state.update([0], [a], VOCAB, None)
+    assert state.output_counts.dtype == torch.int16 and state.output_counts[0, 7] == 40
+
+
 def test_the_token_in_flight_is_counted_from_the_device():
     state = PenaltiesState(2, torch.device("cpu"))
     a = request("a", [1], [4, 6])

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:2870
+# %% chapters/11_cuda_graph.md:2877
 """Chapter 6's penalties as one Triton kernel for the steps launched ahead
 (chapter 11, "Penalties in one kernel").
 
@@ -61,7 +61,7 @@ def _penalties_kernel(
     tl.store(out_ptr + row * out_stride + offs, x, mask=offs < V)
 
 
-# %% chapters/11_cuda_graph.md:2938
+# %% chapters/11_cuda_graph.md:2945
 def apply_penalties(
     logits: Tensor,
     state_rows: Tensor,
@@ -71,8 +71,8 @@ def apply_penalties(
 ) -> Tensor:
     """(num_rows, vocab) float32: chapter 6's penalties on logits (float32 or 16-bit;
     float32 is penalised in place). state_rows: (num_rows,) int32, the row of
-    output_counts (int32) and prompt_seen (bool) holding each row's tokens, -1 for
-    none; penalties: (3, num_rows) float32, presence, frequency, repetition."""
+    output_counts (int16 or int32) and prompt_seen (bool) holding each row's tokens,
+    -1 for none; penalties: (3, num_rows) float32: presence, frequency, repetition."""
     num_rows, vocab = logits.shape
     if state_rows.shape != (num_rows,) or penalties.shape != (3, num_rows):
         raise ValueError(
@@ -80,8 +80,9 @@ def apply_penalties(
             f"penalties (3, {num_rows}); got {tuple(state_rows.shape)}, "
             f"{tuple(penalties.shape)}"
         )
-    if output_counts.dtype != torch.int32 or output_counts.shape[1] != vocab:
-        raise ValueError("output_counts must be int32 with a column per token")
+    integers = (torch.int16, torch.int32)
+    if output_counts.dtype not in integers or output_counts.shape[1] != vocab:
+        raise ValueError("output_counts: int16 or int32, a column per token")
     if prompt_seen.shape != output_counts.shape or not output_counts.is_contiguous():
         raise ValueError("prompt_seen and output_counts: one contiguous row per slot")
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
