@@ -423,7 +423,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3166
+    # %% chapters/11_cuda_graph.md:3167
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -444,7 +444,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3113
+# %% chapters/11_cuda_graph.md:3114
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -489,5 +489,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3194
+# %% chapters/11_cuda_graph.md:3195
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -159,7 +159,7 @@ class PenaltiesState:
         )
         return logits
 
-    # %% chapters/11_cuda_graph.md:2989
+    # %% chapters/11_cuda_graph.md:2990
     def apply_kernel(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:
