@@ -79,3 +79,38 @@ def test_scratch_block_not_needed():
     assert written.sum() == 2, "slot -1 wrote somewhere (the last slot, say)"
     parts = {"device": "cuda", "attention_backend": "triton", "persistent_batch": True}
     assert GPUModelRunner.num_reserved_blocks(EngineConfig(), parts) == 0
+
+
+def test_packed_prompt_mask():
+    """11.4: the prompt mask in bits, and the kernel reading it gives chapter 6's
+    logits."""
+    import random
+
+    from minillm.kernels import penalties
+    from minillm.logits_processors import apply_penalties, token_counts
+    from minillm.sampling_metadata import pad_token_ids
+
+    pack = answer(penalties, "pack_prompt_mask", "11.4")
+    apply_packed = answer(penalties, "apply_penalties_packed", "11.4")
+    rng, vocab, rows = random.Random(0), 1000, 4
+    prompts = [[rng.randrange(vocab) for _ in range(50)] for _ in range(rows)]
+    outputs = [[rng.randrange(vocab) for _ in range(30)] for _ in range(rows)]
+    seen = token_counts(pad_token_ids(prompts, vocab), vocab) > 0
+    packed = pack(seen)
+    assert packed.dtype == torch.int32 and packed.shape == (rows, (vocab + 31) // 32)
+    tokens = torch.arange(vocab)
+    bits = (packed[:, tokens // 32] >> (tokens % 32)) & 1
+    assert torch.equal(bits.bool(), seen)
+    counts = token_counts(pad_token_ids(outputs, vocab), vocab)
+    penalty_rows = torch.tensor([[0.5, 0.0, -0.3, 0.5], [0.5, 1.0, 0.0, -1.0],
+                                 [1.1, 0.8, 1.0, 2.0]])  # fmt: skip
+    logits = torch.randn(rows, vocab).round(decimals=1).bfloat16()
+    expected = apply_penalties(
+        logits.float(),
+        pad_token_ids(prompts, vocab),
+        pad_token_ids(outputs, vocab),
+        *penalty_rows,
+    )
+    state_rows = torch.arange(rows, dtype=torch.int32)
+    got = apply_packed(logits, state_rows, counts.int(), packed, penalty_rows)
+    assert torch.equal(got, expected)

@@ -118,7 +118,7 @@ class GPUModelRunner(ModelRunner):
                 model, kv_cache, sizes, max_model_len, scratch_block=scratch
             )
             self.graph_runner.capture()
-        self._init_async(max_num_seqs)  # "Overlapping the CPU and the GPU"
+        self._init_async(max_num_seqs, max_model_len)  # "Overlapping the CPU and ..."
         if self.device.type == "cuda" and (self.torch_compile or self.cuda_graphs):
             gc.collect()
             gc.freeze()
@@ -242,7 +242,7 @@ class GPUModelRunner(ModelRunner):
         )
 
     # %% chapters/11_cuda_graph.md:1886
-    def _init_async(self, max_num_seqs: int) -> None:
+    def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
         # other (none on a CPU, where nothing runs ahead of the Python thread)
@@ -253,7 +253,7 @@ class GPUModelRunner(ModelRunner):
                 self.host_tokens.append(buffer.pin_memory())
         self.host_slot = 0
         # each row's counts for the penalties ("Penalties and token rules ahead")
-        self.penalties = PenaltiesState(max_num_seqs, self.device)
+        self.penalties = PenaltiesState(max_num_seqs, self.device, max_model_len)
 
     def _patch_for(self, output: SchedulerOutput, holes: list[int], previous):
         """A function that writes previous's tokens into the ids of the holes."""
@@ -361,7 +361,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2547
+    # %% chapters/11_cuda_graph.md:2577
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -372,19 +372,19 @@ class GPUModelRunner(ModelRunner):
         md = None
         if ruled or not greedy:
             md = self.metadata_ahead(chosen, logits.shape[-1])
-        if md is not None and not md.no_penalties:
-            logits = logits.float()  # chapter 6 penalises float32 logits
+        if masked and md is not None and not md.no_penalties:
+            logits = logits.float()  # processors see chapter 6's float32 logits
         if masked:
             self._mask_ahead(logits, masked, [chosen[j] for j in masked], previous)
-        if ruled:
-            self._rules_ahead(logits, ruled, chosen, md, previous)
+        if ruled:  # float32 when penalised
+            logits = self._rules_ahead(logits, ruled, chosen, md, previous)
         if greedy:
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    def _rules_ahead(self, logits, ruled, chosen, md, previous) -> None:
-        """Allowed / banned tokens, min_tokens and penalties on rows `ruled` of
-        logits, in place."""
+    def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
+        """Allowed / banned tokens, min_tokens (in place) and penalties on rows
+        `ruled` of logits."""
         rows, cols = [], []
         for j in ruled:
             r = chosen[j]
@@ -410,7 +410,8 @@ class GPUModelRunner(ModelRunner):
             penalised = [chosen[j] for j in sel]
             rows = [self.input_batch.req_to_row[r.request_id] for r in penalised]
             self.penalties.update(rows, penalised, logits.shape[-1], previous)
-            self.penalties.apply(logits, sel, rows, md)
+            return self.penalties.apply(logits, sel, rows, md)
+        return logits
 
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 6's: True where request may not go.
@@ -422,7 +423,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:2816
+    # %% chapters/11_cuda_graph.md:3167
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -443,7 +444,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:2763
+# %% chapters/11_cuda_graph.md:3114
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -488,5 +489,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:2844
+# %% chapters/11_cuda_graph.md:3195
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:2380
+# %% chapters/11_cuda_graph.md:2381
 """What chapter 6's sampler reads from a request's tokens, kept for the steps
 launched ahead (chapter 11, "Penalties and token rules ahead").
 
@@ -46,7 +46,7 @@ def has_token_rules(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/11_cuda_graph.md:2435
+# %% chapters/11_cuda_graph.md:2436
 class PenaltiesState:
     """Per row of the persistent batch, on the device: the output-token counts and
     the prompt-token mask of a request (vLLM's PenaltiesState).
@@ -55,9 +55,14 @@ class PenaltiesState:
     owner[r] (at its num_preemptions generation[r]); update counts the rest.
     """
 
-    def __init__(self, max_num_reqs: int, device: torch.device):
+    def __init__(
+        self, max_num_reqs: int, device: torch.device, max_model_len: int | None = None
+    ):
         self.device = device
-        self.output_counts: Tensor | None = None  # (max_num_reqs, vocab) float32
+        # a count is at most the output's length: int16 holds it when that is short
+        short = max_model_len is not None and max_model_len < 2**15
+        self.counts_dtype = torch.int16 if short else torch.int32
+        self.output_counts: Tensor | None = None  # (max_num_reqs, vocab) counts_dtype
         self.prompt_seen: Tensor | None = None  # (max_num_reqs, vocab) bool
         self.owner: list[Request | None] = [None] * max_num_reqs
         self.generation = [0] * max_num_reqs
@@ -71,7 +76,9 @@ class PenaltiesState:
         that draws their tokens in flight)."""
         if self.output_counts is None:  # the first request with a penalty
             shape = (len(self.owner), vocab_size)
-            self.output_counts = torch.zeros(shape, device=self.device)
+            self.output_counts = torch.zeros(
+                shape, dtype=self.counts_dtype, device=self.device
+            )
             self.prompt_seen = torch.zeros(shape, dtype=torch.bool, device=self.device)
         fresh, add_rows, add_ids, flight_rows, flight_src = [], [], [], [], []
         src = (
@@ -104,7 +111,7 @@ class PenaltiesState:
         if flight_rows:
             self._count(flight_rows, previous.tokens[upload(flight_src, self.device)])
 
-    # %% chapters/11_cuda_graph.md:2500
+    # %% chapters/11_cuda_graph.md:2507
     def _rebuild(self, fresh: list[tuple[int, Request]]) -> None:
         rows = upload([row for row, _ in fresh], self.device)
         self.output_counts.index_fill_(0, rows, 0)
@@ -118,15 +125,25 @@ class PenaltiesState:
 
     def _count(self, rows: list[int], token_ids: Tensor) -> None:
         """Add one occurrence of token_ids[i] (on the device) to row rows[i]."""
-        ones = torch.ones(len(rows), device=self.device)
+        ones = torch.ones(len(rows), dtype=self.counts_dtype, device=self.device)
         index = (upload(rows, self.device), token_ids)
         self.output_counts.index_put_(index, ones, accumulate=True)
 
+    # %% chapters/11_cuda_graph.md:2532
     def apply(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
-    ) -> None:
-        """Chapter 6's penalties on the float32 logits[sel], in place; rows: their
-        rows here; row j of md (the step's metadata) is row j of logits."""
+    ) -> Tensor:
+        """float32 logits with chapter 6's penalties on rows sel (float32 logits: in
+        place); rows: their rows here; row j of md is row j of logits."""
+        if self.device.type == "cuda":  # "Penalties in one kernel"
+            return self.apply_kernel(logits, sel, rows, md)
+        return self.apply_elementwise(logits, sel, rows, md)
+
+    def apply_elementwise(
+        self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
+    ) -> Tensor:
+        """apply, by chapter 6's formula in PyTorch."""
+        logits = logits.float()  # chapter 6 penalises float32 logits
         at, here = upload(sel, self.device), upload(rows, self.device)
         penalties = [
             upload(t[sel], self.device)
@@ -136,6 +153,27 @@ class PenaltiesState:
                 md.repetition_penalties,
             )
         ]
+        counts = self.output_counts[here]  # integers: times a float32 penalty, float32
         logits[at] = apply_penalties_to_counts(
-            logits[at], self.prompt_seen[here], self.output_counts[here], *penalties
+            logits[at], self.prompt_seen[here], counts, *penalties
+        )
+        return logits
+
+    # %% chapters/11_cuda_graph.md:2990
+    def apply_kernel(
+        self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
+    ) -> Tensor:
+        """apply, by one Triton kernel (on a GPU)."""
+        from minillm.kernels.penalties import apply_penalties  # Triton: a GPU
+
+        state_rows = torch.full((logits.shape[0],), -1, dtype=torch.int32)
+        state_rows[sel] = torch.tensor(rows, dtype=torch.int32)
+        names = ("presence_penalties", "frequency_penalties", "repetition_penalties")
+        penalties = torch.stack([getattr(md, name) for name in names])  # (3, rows)
+        return apply_penalties(
+            logits,
+            upload(state_rows, self.device),
+            self.output_counts,
+            self.prompt_seen,
+            upload(penalties, self.device),
         )

@@ -27,7 +27,7 @@ def request(rid, prompt, output, placeholders=0):
 
 
 def counts_of(tokens):
-    return token_counts(torch.tensor([tokens], dtype=torch.int64), VOCAB)[0]
+    return token_counts(torch.tensor([tokens], dtype=torch.int64), VOCAB)[0].int()
 
 
 def test_rules_are_recognised():
@@ -64,6 +64,17 @@ def test_a_row_is_built_from_the_lists_then_follows_its_request():
     state.update([2], [a], VOCAB, None)
     assert torch.equal(state.output_counts[2], counts_of([5, 5, 9, 4]))
     assert state.num_rebuilt == 3
+
+
+def test_counts_are_int16_where_no_output_can_overflow_them():
+    assert PenaltiesState(2, torch.device("cpu"), 2**15 - 1).counts_dtype == torch.int16
+    for max_model_len in (2**15, None):
+        state = PenaltiesState(2, torch.device("cpu"), max_model_len)
+        assert state.counts_dtype == torch.int32
+    state = PenaltiesState(2, torch.device("cpu"), 100)
+    a = request("a", [1], [7] * 40)
+    state.update([0], [a], VOCAB, None)
+    assert state.output_counts.dtype == torch.int16 and state.output_counts[0, 7] == 40
 
 
 def test_the_token_in_flight_is_counted_from_the_device():
@@ -118,9 +129,23 @@ def test_apply_is_chapter6s_apply_penalties():
     requests = [request(str(i), p, o) for i, (p, o) in enumerate(zip(prompts, outputs))]
     rows = [6, 0, 3, 1, 7]  # batch rows in any order
     state.update(rows, requests, VOCAB, None)
-    got = logits.clone()
-    state.apply(got, list(range(5)), rows, md)
+    got = state.apply(logits.clone(), list(range(5)), rows, md)
     assert torch.equal(got, expected)
+    # 16-bit logits: a float32 copy, penalised as chapter 6 penalises it
+    half = logits.bfloat16()
+    got = state.apply(half, list(range(5)), rows, md)
+    assert got.dtype == torch.float32 and half.dtype == torch.bfloat16
+    assert torch.equal(
+        got,
+        apply_penalties(
+            half.float(),
+            md.prompt_token_ids,
+            pad_token_ids(outputs, VOCAB),
+            md.presence_penalties,
+            md.frequency_penalties,
+            md.repetition_penalties,
+        ),
+    )
 
 
 def run(prompts, params, **options):

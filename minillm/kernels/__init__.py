@@ -7,6 +7,7 @@ int4_gemm                chapters/12_int4_gemm.md
 paged_attention          chapters/10_triton_decode.md
 paged_decode             chapters/10_triton_decode.md
 paged_prefill            chapters/10_triton_decode.md
+penalties                chapters/11_cuda_graph.md
 reshape_and_cache        chapters/10_triton_decode.md
 sample                   chapters/11_cuda_graph.md
 skinny_gemm              chapters/10_triton_decode.md
