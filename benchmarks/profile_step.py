@@ -13,7 +13,7 @@ more with torch.profiler and writes:
 - GPU time per step by kind of kernel: attention (our Triton decode/prefill/reduce
   kernels), matrix products (cuBLAS/nvjet), everything else (element-wise, norms,
   copies);
-- the 25 kernels with the most GPU time, and the CPU functions with the most own time
+- the number of kernels a step launches, and the 40 with the most GPU time, and the CPU functions with the most own time
   (cProfile).
 
     python benchmarks/profile_step.py     # on a GPU; writes results/profile_step-*.json
@@ -135,7 +135,10 @@ def main() -> None:
             by_kind.get(kernel_kind(e.key), 0.0) + e.self_device_time_total
         )
     gpu_ms = sum(by_kind.values()) / 1e3 / args.profile_steps
-    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:40]
+    # launches per step, memcpy/memset included: at batch 1 a graph replay costs
+    # about a microsecond per kernel whatever the kernel does
+    launches = sum(e.count for e in kernels) / args.profile_steps
     record = {
         "benchmark": "profile_step",
         "environment": environment(),
@@ -153,6 +156,7 @@ def main() -> None:
         "wall_ms_per_step": wall_ms,
         "gpu_ms_per_step": gpu_ms,
         "gpu_idle_ms_per_step": wall_ms - gpu_ms,
+        "kernels_per_step": launches,
         "gpu_ms_per_step_by_kind": {
             k: v / 1e3 / args.profile_steps for k, v in by_kind.items()
         },
