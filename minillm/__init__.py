@@ -24,6 +24,7 @@ decode_linear            chapters/11_cuda_graph.md
 detokenizer              chapters/07_engine.md
 engine                   chapters/07_engine.md
 engine_core              chapters/16_server.md
+fused_layers             chapters/11_cuda_graph.md
 gguf_loader              chapters/01_model.md
 gpu_model_runner         chapters/11_cuda_graph.md
 hf                       chapters/01_model.md

@@ -28,6 +28,7 @@ from minillm.compilation import compile_layers
 from minillm.config import EngineConfig
 from minillm.cuda_graph import CUDAGraphRunner, default_capture_sizes
 from minillm.decode_linear import use_decode_linear
+from minillm.fused_layers import fuse_layers
 from minillm.input_batch import InputBatch, StepInputs, prepare_inputs, upload
 from minillm.kv_cache import PagedKVCache
 from minillm.kv_cache_manager import KVCacheManager
@@ -49,7 +50,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:514
+# %% chapters/11_cuda_graph.md:515
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -74,7 +75,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:548
+# %% chapters/11_cuda_graph.md:549
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -98,6 +99,7 @@ class GPUModelRunner(ModelRunner):
         )
         if self.torch_compile:  # "Fewer kernels"
             merge_projections(model)
+            fuse_layers(model)
             if self.device.type == "cuda":
                 use_decode_linear(model)
             compile_layers(model, kv_cache)
@@ -123,7 +125,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:602
+    # %% chapters/11_cuda_graph.md:604
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -153,7 +155,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:641
+    # %% chapters/11_cuda_graph.md:643
     def forward(
         self,
         output: SchedulerOutput,
@@ -185,7 +187,7 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:681
+    # %% chapters/11_cuda_graph.md:683
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -202,7 +204,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1704
+    # %% chapters/11_cuda_graph.md:1910
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -241,7 +243,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:1886
+    # %% chapters/11_cuda_graph.md:2092
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -274,7 +276,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:1946
+    # %% chapters/11_cuda_graph.md:2152
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -361,7 +363,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2577
+    # %% chapters/11_cuda_graph.md:2783
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -423,7 +425,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3167
+    # %% chapters/11_cuda_graph.md:3373
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -444,7 +446,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3114
+# %% chapters/11_cuda_graph.md:3320
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -489,5 +491,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3195
+# %% chapters/11_cuda_graph.md:3401
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

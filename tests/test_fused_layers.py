@@ -1,0 +1,61 @@
+"""Chapter 11's fused layers: the same numbers as chapter 1's layers, bit for bit in
+eager mode, with and without Qwen3's q/k norms, without and with a paged KV cache."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from minillm.attention import generate_paged
+from minillm.fused_layers import (
+    FusedAttention,
+    FusedDecoderModel,
+    fuse_layers,
+    stacked_qk_norm,
+)
+from minillm.merged_projections import merge_projections
+from minillm.model import CausalLM, DecoderModel
+
+
+def model_with_norms(config, seed=0):
+    torch.manual_seed(seed)
+    model = CausalLM(dataclasses.replace(config, qk_norm=True)).eval()
+    for module in model.modules():
+        if module.__class__.__name__ == "RMSNorm":
+            module.weight.data.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_fused_layers_compute_the_same_logits_and_tokens(tiny, qk_norm):
+    model = model_with_norms(tiny[0].config) if qk_norm else copy.deepcopy(tiny[0])
+    merge_projections(model)
+    fused = copy.deepcopy(model)
+    assert fuse_layers(fused)
+    assert type(fused.model) is FusedDecoderModel
+    assert all(type(layer.self_attn) is FusedAttention for layer in fused.model.layers)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (3, 17), generator=g)
+    positions = torch.arange(17).expand(3, 17)
+    with torch.no_grad():
+        assert torch.equal(fused(ids, positions), model(ids, positions))
+    prompts = [[1, 5, 6, 7], [2, 9], [3, 11, 12, 13, 14, 15, 16, 17, 18]]
+    assert generate_paged(fused, prompts, 6) == generate_paged(model, prompts, 6)
+
+
+def test_fuse_layers_leaves_other_models_alone(tiny):
+    plain = copy.deepcopy(tiny[0])  # projections not merged
+    assert not fuse_layers(plain)
+    assert type(plain.model) is DecoderModel
+
+
+def test_stacked_norm_refuses_different_eps(tiny):
+    model = model_with_norms(tiny[0].config)
+    merge_projections(model)
+    attn = model.model.layers[0].self_attn
+    norm = stacked_qk_norm(attn)
+    assert norm.weight.shape == (attn.n_heads + attn.n_kv_heads, attn.head_dim)
+    attn.k_norm.eps = attn.q_norm.eps * 2
+    with pytest.raises(ValueError, match="different eps"):
+        stacked_qk_norm(attn)
