@@ -33,8 +33,6 @@ def _decode_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
-    out_ptr,
-    count_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -45,8 +43,6 @@ def _decode_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
-    stride_ot,
-    stride_oh,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
@@ -58,7 +54,6 @@ def _decode_kernel(
     SPLIT_TOKENS: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     IEEE: tl.constexpr,
-    FUSED: tl.constexpr,
 ):
     # (1) the program's sequence, KV head and split: which tokens it reads
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -142,71 +137,9 @@ def _decode_kernel(
     )
     tl.store(m_ptr + row, m_i, mask=g_ok)
     tl.store(l_ptr + row, l_i, mask=g_ok)
-    # (6) fused: the last split of the (sequence, KV head) to finish combines
-    if FUSED:
-        # the barrier orders every thread's stores before the atomic (as in
-        # skinny_gemm.py's split-K); its count goes back to zero for the next call
-        tl.debug_barrier()
-        counter = count_ptr + seq * (NUM_HEADS // GROUP) + kv_head
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if arrived == NUM_SPLITS - 1:
-            for r in tl.static_range(GROUP):
-                _combine_splits(
-                    acc_ptr,
-                    m_ptr,
-                    l_ptr,
-                    out_ptr,
-                    seq,
-                    kv_head * GROUP + r,
-                    stride_ot,
-                    stride_oh,
-                    NUM_HEADS,
-                    HEAD_DIM,
-                    D_P2,
-                    NUM_SPLITS,
-                )
-            tl.store(counter, 0)
 
 
-# %% chapters/10_triton_decode.md:510
-@triton.jit
-def _combine_splits(
-    acc_ptr,
-    m_ptr,
-    l_ptr,
-    out_ptr,
-    seq,
-    head,
-    stride_ot,
-    stride_oh,
-    NUM_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-):
-    sp = tl.arange(0, NUM_SPLITS)
-    d = tl.arange(0, D_P2)
-    row = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
-    # .cg: from L2, where other programs of the same launch may have stored them
-    m = tl.load(m_ptr + row, cache_modifier=".cg")  # (SPLITS,)
-    l = tl.load(l_ptr + row, cache_modifier=".cg")
-    acc = tl.load(
-        acc_ptr + row[:, None] * HEAD_DIM + d[None, :],
-        mask=d[None, :] < HEAD_DIM,
-        other=0.0,
-        cache_modifier=".cg",
-    )
-    m_max = tl.max(m, axis=0)
-    # an empty split weighs nothing
-    w = tl.where(m > float("-inf"), tl.exp(m - m_max), 0.0)
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
-    tl.store(
-        out_ptr + seq * stride_ot + head * stride_oh + d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d < HEAD_DIM,
-    )
-
-
+# %% chapters/10_triton_decode.md:475
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -221,23 +154,28 @@ def _reduce_kernel(
     NUM_SPLITS: tl.constexpr,
 ):
     seq, head = tl.program_id(0), tl.program_id(1)
-    _combine_splits(
-        acc_ptr,
-        m_ptr,
-        l_ptr,
-        out_ptr,
-        seq,
-        head,
-        stride_ot,
-        stride_oh,
-        NUM_HEADS,
-        HEAD_DIM,
-        D_P2,
-        NUM_SPLITS,
+    sp = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, D_P2)
+    row = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
+    m = tl.load(m_ptr + row)  # (SPLITS,)
+    l = tl.load(l_ptr + row)
+    acc = tl.load(
+        acc_ptr + row[:, None] * HEAD_DIM + d[None, :],
+        mask=d[None, :] < HEAD_DIM,
+        other=0.0,
+    )
+    m_max = tl.max(m, axis=0)
+    # an empty split weighs nothing
+    w = tl.where(m > float("-inf"), tl.exp(m - m_max), 0.0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    tl.store(
+        out_ptr + seq * stride_ot + head * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
     )
 
 
-# %% chapters/10_triton_decode.md:591
+# %% chapters/10_triton_decode.md:523
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -273,25 +211,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:640
-# arrival counts of the fused reduction per device, zero between launches
-_COUNTERS: dict[torch.device, Tensor] = {}
-
-
-def decode_counters(device: torch.device, n: int) -> Tensor:
-    """n int32 counters, zero; made before any CUDA-graph capture (a warm-up call)."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "paged_decode: call it once before CUDA-graph capture, so that its "
-                "counters exist"
-            )
-        buf = torch.zeros(max(n, 16384), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
-
-
+# %% chapters/10_triton_decode.md:572
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -303,11 +223,9 @@ def decode_partials(
     num_warps: int,
     num_stages: int,
     split_tokens: int,
-    out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
     num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
-    With out (like q) given, the same launch also combines them into out.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -316,28 +234,24 @@ def decode_partials(
     acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(shape, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    fused = out is not None
-    count = decode_counters(q.device, num_seqs * num_kv_heads) if fused else m
-    out = out if fused else m  # not written
     # fmt: off
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, out, count,
-        head_dim**-0.5, q.stride(0), q.stride(1),
+        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, head_dim**-0.5,
+        q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), out.stride(0) if fused else 0,
-        out.stride(1) if fused else 0,
+        block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         SPLIT_TOKENS=split_tokens, NUM_STAGES=num_stages,
-        IEEE=q.dtype == torch.float32, FUSED=fused, num_warps=num_warps,
+        IEEE=q.dtype == torch.float32, num_warps=num_warps,
     )
     # fmt: on
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:708
+# %% chapters/10_triton_decode.md:616
 def reduce_splits(acc: Tensor, m: Tensor, l: Tensor, out: Tensor) -> Tensor:
     """Pass 2: out (num_seqs, n_heads, D) from the splits' partial results, rescaled to
     their common maximum and divided by the combined sum.
@@ -353,7 +267,7 @@ def reduce_splits(acc: Tensor, m: Tensor, l: Tensor, out: Tensor) -> Tensor:
     return out
 
 
-# %% chapters/10_triton_decode.md:727
+# %% chapters/10_triton_decode.md:635
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -367,14 +281,12 @@ def paged_decode(
     num_stages: int = 2,
     programs_per_sm: int = 16,
     split_tokens: int = 0,
-    fused: bool = True,
 ) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
     cached in key_cache, value_cache (num_blocks, block_size, n_kv_heads, D).
 
     Returns (num_seqs, n_heads, D). num_splits (or pieces of split_tokens tokens, a
-    multiple of block_n) and the other knobs are benchmarks/paged_attention.py's;
-    fused=False combines the splits in a second launch.
+    multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
     """
     if split_tokens and num_splits is not None:
         raise ValueError("give num_splits or split_tokens, not both")
@@ -383,7 +295,6 @@ def paged_decode(
         num_splits = decode_num_splits(
             len(q), num_kv_heads, max_seq_len, block_n, programs_per_sm, split_tokens
         )
-    out = torch.empty_like(q)
     acc, m, l = decode_partials(
         q,
         key_cache,
@@ -395,6 +306,5 @@ def paged_decode(
         num_warps,
         num_stages,
         split_tokens,
-        out if fused else None,
     )
-    return out if fused else reduce_splits(acc, m, l, out)
+    return reduce_splits(acc, m, l, torch.empty_like(q))

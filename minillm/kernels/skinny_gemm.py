@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1853
+# %% chapters/10_triton_decode.md:1723
 """A Triton matrix product for the few rows of a decode step (chapter 10, "Matrix
 products for a handful of rows").
 
@@ -28,7 +28,7 @@ from torch import Tensor
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:1882
+# %% chapters/10_triton_decode.md:1752
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -126,7 +126,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:2022
+# %% chapters/10_triton_decode.md:1892
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -155,7 +155,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:2057
+# %% chapters/10_triton_decode.md:1927
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -174,7 +174,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:2085
+# %% chapters/10_triton_decode.md:1955
 def skinny_linear(x: Tensor, weight: Tensor, **knobs) -> Tensor:
     """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
     override default_config (block_n, block_k, num_warps, num_stages, split_k,
@@ -217,7 +217,7 @@ def skinny_linear(x: Tensor, weight: Tensor, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/10_triton_decode.md:2137
+# %% chapters/10_triton_decode.md:2007
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
