@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1221
+# %% chapters/11_cuda_graph.md:1227
 """Compiled decoder layers (chapter 11, "Fewer kernels"). vLLM compiles the whole
 model with its own passes: vllm/compilation/."""
 
@@ -17,11 +17,14 @@ def compile_layers(model: CausalLM, kv_cache: PagedKVCache) -> None:
     stays chapter 10's. One compilation serves all layers and all batch sizes.
     """
     import torch._dynamo
+    import torch._inductor.config
 
     limit = torch._dynamo.config.cache_size_limit
     torch._dynamo.config.cache_size_limit = max(limit, 64)
     # a layer's index is an int attribute, which Dynamo would take for a constant
     torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    # round bf16 results where eager PyTorch does, also inside a fused kernel
+    torch._inductor.config.emulate_precision_casts = True
     # the graph breaks here: Triton kernels run as they are
     kv_cache.attend = torch.compiler.disable(kv_cache.attend)
     for layer in model.model.layers:

@@ -2,11 +2,11 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1278
+# %% chapters/11_cuda_graph.md:1292
 """Fused layers (chapter 11, "Fewer kernels"): the decoder layer rearranged so that
-torch.compile makes fewer kernels — q and k normed and rotated as one tensor, and each
-residual sum made by the kernel of the norm that reads it. Same operations, same
-results.
+torch.compile makes fewer kernels — q and k normed and rotated as one tensor, each
+residual sum made by the kernel of the norm that reads it, the MLP's activation made
+by the down projection's kernel. Same operations, same results.
 
 vLLM: Qwen3DecoderLayer in vllm/model_executor/models/qwen3.py (hidden states and
 residual passed on together), QKNormRoPEFusionPass in
@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from minillm.merged_projections import MergedAttention
+from minillm.kernels.skinny_gemm import silu_and_linear
+from minillm.merged_projections import MergedAttention, MergedMLP
 from minillm.model import (
     CausalLM,
     DecoderLayer,
@@ -29,7 +30,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/11_cuda_graph.md:1314
+# %% chapters/11_cuda_graph.md:1329
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
@@ -72,7 +73,15 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/11_cuda_graph.md:1363
+# %% chapters/11_cuda_graph.md:1381
+class FusedMLP(MergedMLP):
+    """MergedMLP whose down projection makes the activation as it loads its input."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return silu_and_linear(self.gate_up_proj(x), self.down_proj.weight)
+
+
+# %% chapters/11_cuda_graph.md:1395
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -104,10 +113,11 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1401
+# %% chapters/11_cuda_graph.md:1433
 def fuse_layers(model: CausalLM) -> bool:
-    """Surgery, in place, after merge_projections: FusedAttention, FusedDecoderLayer
-    and FusedDecoderModel; True if the model was changed. Outputs are unchanged.
+    """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
+    FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs
+    are unchanged.
     """
     layers, decoder = model.model.layers, model.model
     if type(decoder) is not DecoderModel or not all(
@@ -120,6 +130,10 @@ def fuse_layers(model: CausalLM) -> bool:
         attn.qk_norm = stacked_qk_norm(attn)
         del attn.q_norm, attn.k_norm
         attn.__class__ = FusedAttention
+        mlp = layer.mlp
+        if type(mlp) is MergedMLP and isinstance(mlp.down_proj, nn.Linear):
+            assert mlp.down_proj.bias is None  # chapter 1's MLP has none
+            mlp.__class__ = FusedMLP
         layer.__class__ = FusedDecoderLayer
     decoder.__class__ = FusedDecoderModel
     return True

@@ -204,7 +204,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1910
+    # %% chapters/11_cuda_graph.md:1947
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -243,7 +243,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2092
+    # %% chapters/11_cuda_graph.md:2129
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -276,7 +276,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2152
+    # %% chapters/11_cuda_graph.md:2189
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -363,7 +363,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2783
+    # %% chapters/11_cuda_graph.md:2820
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -425,7 +425,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3373
+    # %% chapters/11_cuda_graph.md:3410
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -446,7 +446,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3320
+# %% chapters/11_cuda_graph.md:3357
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -491,5 +491,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3401
+# %% chapters/11_cuda_graph.md:3438
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -11,6 +11,7 @@ from minillm.attention import generate_paged
 from minillm.fused_layers import (
     FusedAttention,
     FusedDecoderModel,
+    FusedMLP,
     fuse_layers,
     stacked_qk_norm,
 )
@@ -35,6 +36,7 @@ def test_fused_layers_compute_the_same_logits_and_tokens(tiny, qk_norm):
     assert fuse_layers(fused)
     assert type(fused.model) is FusedDecoderModel
     assert all(type(layer.self_attn) is FusedAttention for layer in fused.model.layers)
+    assert all(type(layer.mlp) is FusedMLP for layer in fused.model.layers)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (3, 17), generator=g)
     positions = torch.arange(17).expand(3, 17)

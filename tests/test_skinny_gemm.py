@@ -128,6 +128,37 @@ def test_linear_and_the_operator_under_torch_compile():
     )
 
 
+@pytest.mark.parametrize("M,N,K,knobs", CONFIGS[::2])
+def test_gated_load_is_silu_mul_then_the_product(M, N, K, knobs):
+    gate_up, w = make(M, N, 2 * K)[0], make(M, N, K, seed=1)[1]
+    ref = F.linear(skinny_gemm.silu_mul(gate_up), w)
+    got = skinny_linear(gate_up, w, gated=True, **knobs)
+    check(got, skinny_gemm.silu_mul(gate_up), w)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="gated: 2K"):
+        skinny_linear(gate_up[:, :K], w, gated=True)
+
+
+def test_silu_and_linear_and_its_operator():
+    gate_up, w = make(3, 40, 128)[0], make(3, 40, 64, seed=1)[1]
+    expected = F.linear(skinny_gemm.silu_mul(gate_up), w)
+    torch.testing.assert_close(
+        skinny_gemm.silu_and_linear(gate_up, w), expected, rtol=1e-5, atol=1e-5
+    )
+    wide = torch.randn(2, 20, 128).to(DEVICE)  # 40 rows: PyTorch's arithmetic
+    torch.testing.assert_close(
+        skinny_gemm.silu_and_linear(wide, w),
+        F.linear(skinny_gemm.silu_mul(wide), w),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    torch.library.opcheck(
+        torch.ops.minillm.silu_and_linear.default,
+        (gate_up, w),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="bfloat16 at real sizes needs a GPU")
 @pytest.mark.parametrize(
     "N,K",
@@ -145,6 +176,9 @@ def test_bf16_projection_shapes_on_gpu(N, K):
         x, w = make(M, N, K, torch.bfloat16, seed=M)
         check(skinny_linear(x, w), x, w)
         check(linear(x, w), x, w)
+        gate_up = make(M, N, 2 * K, torch.bfloat16, seed=M + 1)[0]
+        act = skinny_gemm.silu_mul(gate_up)  # PyTorch's bf16 activation
+        check(skinny_linear(gate_up, w, gated=True), act, w)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

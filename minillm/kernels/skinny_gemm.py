@@ -28,7 +28,20 @@ from torch import Tensor
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:1752
+# %% chapters/10_triton_decode.md:1759
+@triton.jit
+def _load_x(ptrs, mask, K, GATED: tl.constexpr):
+    """x at ptrs; GATED: silu(x) * x[K:] (gate, then up), PyTorch's roundings."""
+    if GATED:
+        gate = tl.load(ptrs, mask=mask, other=0.0)
+        up = tl.load(ptrs + K, mask=mask, other=0.0)
+        g = gate.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+        return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+# %% chapters/10_triton_decode.md:1775
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -52,6 +65,7 @@ def _skinny_kernel(
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     # (1) the program's band of W's rows and its slice of K
     # a band of BLOCK_N weight rows; a slice of K
@@ -76,10 +90,11 @@ def _skinny_kernel(
         # tensor cores: x padded with zero rows to BLOCK_M = 16, W in the big
         # operand's slot
         if USE_DOT:
-            x = tl.load(
+            x = _load_x(
                 x_ptr + m[:, None] * stride_xm + (k0 + k)[None, :],
-                mask=m_ok[:, None] & k_ok[None, :],
-                other=0.0,
+                m_ok[:, None] & k_ok[None, :],
+                K,
+                GATED,
             )
             # float32: exact products rather than TF32 (the tests compare at 1e-5)
             if IEEE:
@@ -89,10 +104,8 @@ def _skinny_kernel(
         else:  # CUDA cores: one multiply-and-sum over K per row of x
             wf = w.to(tl.float32)
             for r in tl.static_range(BLOCK_M):
-                xr = tl.load(
-                    x_ptr + tl.minimum(r, M - 1) * stride_xm + k0 + k,
-                    mask=k_ok,
-                    other=0.0,
+                xr = _load_x(
+                    x_ptr + tl.minimum(r, M - 1) * stride_xm + k0 + k, k_ok, K, GATED
                 )
                 col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
                 # rows r >= M are never stored
@@ -126,7 +139,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:1892
+# %% chapters/10_triton_decode.md:1915
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -155,7 +168,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:1927
+# %% chapters/10_triton_decode.md:1950
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -174,17 +187,18 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:1955
-def skinny_linear(x: Tensor, weight: Tensor, **knobs) -> Tensor:
+# %% chapters/10_triton_decode.md:1978
+def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Tensor:
     """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
     override default_config (block_n, block_k, num_warps, num_stages, split_k,
-    use_dot).
+    use_dot). gated: x is (M, 2K), gate then up, and the product is silu_mul(x) @ W.T.
     """
-    (M, K), (N, K_w) = x.shape, weight.shape
-    if K != K_w or not 1 <= M <= MAX_M or x.dtype != weight.dtype:
+    (M, K_x), (N, K) = x.shape, weight.shape
+    if K_x != (2 * K if gated else K) or not 1 <= M <= MAX_M or x.dtype != weight.dtype:
         raise ValueError(
-            f"skinny_linear takes x (1..{MAX_M}, K) and weight (N, K) of one dtype, "
-            f"got {tuple(x.shape)} {x.dtype} and {tuple(weight.shape)} {weight.dtype}"
+            f"skinny_linear takes x (1..{MAX_M}, K) (gated: 2K) and weight (N, K) of "
+            f"one dtype, got {tuple(x.shape)} {x.dtype} and {tuple(weight.shape)} "
+            f"{weight.dtype}"
         )
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
@@ -211,13 +225,13 @@ def skinny_linear(x: Tensor, weight: Tensor, **knobs) -> Tensor:
         BLOCK_N=bn, BLOCK_K=bk, USE_DOT=cfg["use_dot"], SPLIT=splits > 1,
         IEEE=x.dtype == torch.float32,
         NUM_STAGES=cfg["num_stages"],  # stages: on the K loop
-        num_warps=cfg["num_warps"], num_stages=1,
+        GATED=gated, num_warps=cfg["num_warps"], num_stages=1,
     )
     # fmt: on
     return y
 
 
-# %% chapters/10_triton_decode.md:2007
+# %% chapters/10_triton_decode.md:2031
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -243,3 +257,33 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         *x.shape[:-1], weight.shape[0]
     )
     return y if bias is None else y + bias
+
+
+# %% chapters/10_triton_decode.md:2064
+def silu_mul(x: Tensor) -> Tensor:
+    """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@torch.library.custom_op("minillm::silu_and_linear", mutates_args=())
+def _silu_and_linear_op(x: Tensor, weight: Tensor) -> Tensor:
+    if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
+        return skinny_linear(x, weight, gated=True)
+    return F.linear(silu_mul(x), weight)
+
+
+@_silu_and_linear_op.register_fake
+def _(x: Tensor, weight: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """F.linear(silu_mul(x), weight), the activation done in the skinny kernel's load
+    for at most MAX_M rows on a GPU.
+    """
+    rows = x.numel() // x.shape[-1]
+    if not (x.is_cuda and 1 <= rows <= MAX_M):
+        return F.linear(silu_mul(x), weight)
+    y = torch.ops.minillm.silu_and_linear(x.reshape(rows, x.shape[-1]), weight)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
