@@ -204,7 +204,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1947
+    # %% chapters/11_cuda_graph.md:1992
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -243,7 +243,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2129
+    # %% chapters/11_cuda_graph.md:2174
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -276,7 +276,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2189
+    # %% chapters/11_cuda_graph.md:2234
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -363,7 +363,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2820
+    # %% chapters/11_cuda_graph.md:2865
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -425,7 +425,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3410
+    # %% chapters/11_cuda_graph.md:3498
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -446,7 +446,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3357
+# %% chapters/11_cuda_graph.md:3445
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -491,5 +491,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3438
+# %% chapters/11_cuda_graph.md:3526
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
