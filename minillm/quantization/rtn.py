@@ -79,7 +79,7 @@ def fake_quantize(w: Tensor, bits: int = 4, group_size: int = 128) -> Tensor:
     return dequantize_groups(*quantize_rtn_groups(w, bits, group_size)).to(w.dtype)
 
 
-# %% chapters/13_quantization.md:370
+# %% chapters/13_quantization.md:382
 def output_error(w: Tensor, w_hat: Tensor, hessian: Tensor) -> float:
     """||X (W - W_hat)^T||^2 = tr(E H E^T), E = W - W_hat, for H = X^T X."""
     e = (w.detach().double() - w_hat.detach().double()).to(hessian.device)  # (N, K)
