@@ -48,6 +48,20 @@ def main(argv: list[str] | None = None) -> None:
     held_out = token_windows(tokenizer, "held_out", 4, 256)
     base = evaluate(model, held_out)[0]
     rows = []
+    record = {
+        "benchmark": "gptq_calibration",
+        "environment": environment() | {"threads": args.threads},
+        "workload": {
+            "model": "smollm2",
+            "method": "GPTQ int4 act-order",
+            "group_size": args.group_size,
+            "held_out": [4, 256],
+            "calibration_split": "train",
+            "samples": args.samples,
+        },
+        "baseline_ppl": base,
+        "rows": rows,
+    }
     for n in args.samples:
         calib = token_windows(tokenizer, "train", n, 256)
         for mode in ("one-shot", "sequential"):
@@ -68,20 +82,8 @@ def main(argv: list[str] | None = None) -> None:
                    "seconds": time.perf_counter() - t0}  # fmt: skip
             rows.append(row)
             print(row, flush=True)
-    record = {
-        "benchmark": "gptq_calibration",
-        "environment": environment() | {"threads": args.threads},
-        "workload": {
-            "model": "smollm2",
-            "method": "GPTQ int4 act-order",
-            "group_size": args.group_size,
-            "held_out": [4, 256],
-            "calibration_split": "train",
-        },  # fmt: skip
-        "baseline_ppl": base,
-        "rows": rows,
-    }
-    print(save("gptq_calibration", record))
+            path = save("gptq_calibration", record)  # after every row: a partial
+    print(path)  # run leaves the rows it finished
 
 
 if __name__ == "__main__":
