@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1826
+# %% chapters/13_quantization.md:1834
 """The quality table: held-out perplexity and greedy agreement of each quantization
 method against the unquantized model (chapter 13). Cached in
 $MINILLM_CACHE/quantized/; `python -m minillm.quantization.quality smollm2` prints
@@ -48,7 +48,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(torch.exp(torch.tensor(nll / count))), torch.cat(top1)
 
 
-# %% chapters/13_quantization.md:1878
+# %% chapters/13_quantization.md:1887
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -86,7 +86,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:1921
+# %% chapters/13_quantization.md:1930
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256), held_out: tuple[int, int] = (8, 256),
     group_size: int = 128, stored: str | Path | None = None,
@@ -158,6 +158,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['label']:36} ppl {row['ppl']:8.3f}  agree {row['agreement']:.1%}")
 
 
-# %% chapters/13_quantization.md:1994
+# %% chapters/13_quantization.md:2003
 if __name__ == "__main__":
     main()
