@@ -52,3 +52,28 @@ def test_three_bits(tiny):
     three, four = gptq_gain(tiny[0], stats, 3), gptq_gain(tiny[0], stats, 4)
     assert 0 < three < 1 and 0 < four < 1
     print(f"GPTQ / RTN output error: 3 bits {three:.2f}, 4 bits {four:.2f}")
+
+
+def test_true_sequential(tiny):
+    """13.4: layer 0's q, k, v as gptq_sequential's; layer 0's down_proj statistics
+    from the layer with its other six projections quantized."""
+    import copy
+
+    from minillm.quantization import sequential
+
+    gptq_true_sequential = answer(sequential, "gptq_true_sequential", "13.4")
+    model, tokenizer = tiny
+    windows = token_windows(tokenizer, "train", 4, 64)
+    codes, stats = gptq_true_sequential(model, windows, group_size=64)
+    plain, _ = sequential.gptq_sequential(model, windows, group_size=64)
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        name = f"model.layers.0.self_attn.{proj}"
+        assert all(torch.equal(a, b) for a, b in zip(codes[name], plain[name]))
+    down = "model.layers.0.mlp.down_proj"
+    done = {n: c for n, c in codes.items() if n.startswith("model.layers.0.")}
+    del done[down]
+    assert len(done) == 6
+    prefix = copy.deepcopy(model)
+    apply.fake_quantize_layers(prefix, done)
+    seen = capture(prefix, windows)[down].hessian
+    assert torch.allclose(stats[down].hessian, seen, rtol=1e-9)

@@ -203,6 +203,7 @@ def test_engine_builds_a_gptq_model_once_and_loads_it_after(tmp_path, monkeypatc
     files = sorted(p.name for p in (tmp_path / "quantized").glob("*.safetensors"))
     assert len(files) == 1 and files[0].startswith("gptq-")
     monkeypatch.setattr(methods, "capture", None)  # a second build must not calibrate
+    monkeypatch.setattr(apply, "gptq_sequential", None)  # in either way
     second = LLM(quantization="gptq", **opts)
     outs = [
         llm.generate([[5, 6, 7]], greedy, use_tqdm=False)[0] for llm in (first, second)

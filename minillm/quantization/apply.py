@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:686
+# %% chapters/13_quantization.md:845
 """Quantizing a whole model: scaling groups, the passes of each method, and the
 modules that replace nn.Linear (chapter 13)."""
 
@@ -20,6 +20,7 @@ from minillm.quantization.calibration import LinearStats, decoder_linears
 from minillm.quantization.fp8 import Fp8Linear
 from minillm.quantization.gptq import gptq_quantize
 from minillm.quantization.rtn import quantize_rtn_groups
+from minillm.quantization.sequential import gptq_sequential
 from minillm.quantization.w8a8 import Int8Linear, smooth_scales
 
 
@@ -45,7 +46,7 @@ def _div_norm(norm: nn.Module) -> Callable[[Tensor], None]:
     return lambda s: norm.weight.div_(s.to(norm.weight))
 
 
-# %% chapters/13_quantization.md:730
+# %% chapters/13_quantization.md:890
 def scaling_groups(model: nn.Module) -> list[ScalingGroup]:
     """Per decoder layer: (q, k, v) after the first norm; o after v where every
     query head has its own v head; (gate, up) after the second norm; down after up.
@@ -86,7 +87,7 @@ def apply_scales(model: nn.Module, group: ScalingGroup, s: Tensor) -> None:
         group.fold(s)
 
 
-# %% chapters/13_quantization.md:1074
+# %% chapters/13_quantization.md:1236
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
@@ -94,12 +95,17 @@ Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 def int4_codes(
     model: nn.Module, method: str, stats: dict[str, LinearStats] | None,
     group_size: int = 128, act_order: bool = False, damp: float = 0.01,
-    sym: bool = False, awq_grid: int = 20,
+    sym: bool = False, awq_grid: int = 20, windows: Tensor | None = None,
 ) -> dict[str, Codes]:  # fmt: skip
-    """4-bit codes of every decoder projection by method ("rtn", "gptq", "awq");
-    awq first folds its scales into model (in place)."""
-    if method not in ("rtn", "gptq", "awq"):
+    """4-bit codes of every decoder projection by method ("rtn", "gptq", "awq",
+    "gptq-seq": from calibration windows); awq folds its scales into model."""
+    if method not in ("rtn", "gptq", "awq", "gptq-seq"):
         raise ValueError(f"unknown 4-bit method {method!r}")
+    if method == "gptq-seq":
+        if windows is None:
+            raise ValueError("sequential GPTQ needs the calibration windows")
+        args = (4, group_size, damp, act_order, sym)
+        return gptq_sequential(model, windows, *args)[0]
     if method != "rtn" and stats is None:
         raise ValueError(f"{method} needs calibration statistics")
     if method == "awq":
@@ -120,7 +126,7 @@ def int4_codes(
     return out
 
 
-# %% chapters/13_quantization.md:1116
+# %% chapters/13_quantization.md:1283
 def int4_layers(model: nn.Module, codes: dict[str, Codes]) -> list[str]:
     """Replace each projection named in codes by chapter 12's Int4Linear."""
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:227
+# %% chapters/13_quantization.md:228
 """Calibration: the statistics of every projection's inputs (chapter 13).
 
 capture() runs a model on calibration token windows and records, at the input of
@@ -13,6 +13,7 @@ LinearStats.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -49,7 +50,7 @@ def token_windows(
     return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
 
 
-# %% chapters/13_quantization.md:281
+# %% chapters/13_quantization.md:283
 @dataclass
 class LinearStats:
     """Sums over the calibration tokens of one projection input of width k."""
@@ -78,13 +79,11 @@ class LinearStats:
         return self.abs_sum / max(self.num_tokens, 1)
 
 
-# %% chapters/13_quantization.md:311
-@torch.no_grad()
-def capture(
-    model: nn.Module, windows: Tensor, batch_size: int = 4
-) -> dict[str, LinearStats]:
-    """The input statistics of every decoder projection, from running model on
-    windows [num_samples, seq_len] (token ids)."""
+# %% chapters/13_quantization.md:317
+@contextmanager
+def recording(linears: dict[str, nn.Linear]):
+    """While the with-block runs, record the input statistics of linears (by name)
+    into the dict it yields."""
     stats: dict[str, LinearStats] = {}
     last: list = [None, None]  # the last input tensor seen, and its stats
 
@@ -100,17 +99,26 @@ def capture(
 
         return hook
 
-    linears = decoder_linears(model)
-    device = next(model.parameters()).device
     handles = [m.register_forward_pre_hook(hook_for(n, m)) for n, m in linears.items()]
     try:
-        for batch in windows.split(batch_size):
-            positions = torch.arange(batch.shape[1]).expand_as(batch)
-            model(batch.to(device), positions.to(device))
+        yield stats
     finally:
         for handle in handles:
             handle.remove()
         last[0] = None
     for name, s in stats.items():
         s.names.append(name)
+
+
+@torch.no_grad()
+def capture(
+    model: nn.Module, windows: Tensor, batch_size: int = 4
+) -> dict[str, LinearStats]:
+    """The input statistics of every decoder projection, from running model on
+    windows [num_samples, seq_len] (token ids)."""
+    device = next(model.parameters()).device
+    with recording(decoder_linears(model)) as stats:
+        for batch in windows.split(batch_size):
+            positions = torch.arange(batch.shape[1]).expand_as(batch)
+            model(batch.to(device), positions.to(device))
     return stats

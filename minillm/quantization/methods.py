@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1193
+# %% chapters/13_quantization.md:1360
 """The engine's quantization methods "gptq", "awq", "w8a8" and "fp8" (chapter 13),
 registered in chapter 12's QUANTIZATION_METHODS seam; calibrated results are cached
 in $MINILLM_CACHE/quantized/ and loaded on the next build."""
@@ -40,7 +40,8 @@ CACHE_VERSION = 1  # bump when a method's code changes its output
 class QuantizationOptions:
     """Chapter 13's settings (the group size is chapter 12's int4_group_size)."""
 
-    gptq_act_order: bool = False
+    gptq_act_order: bool = True  # the quality table's best GPTQ row: both on
+    gptq_sequential: bool = True  # False: one-shot Hessians from the float model
     gptq_damp: float = 0.01
     gptq_sym: bool = False  # the zero point fixed at 8, as vLLM's GPTQ needs
     smoothquant_alpha: float | None = 0.5  # None: W8A8 without smoothing
@@ -60,7 +61,7 @@ class QuantizationOptions:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/13_quantization.md:1257
+# %% chapters/13_quantization.md:1425
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -86,7 +87,7 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/13_quantization.md:1290
+# %% chapters/13_quantization.md:1458
 KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
 
 
@@ -123,23 +124,29 @@ def load_quantized(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/13_quantization.md:1333
+# %% chapters/13_quantization.md:1506
 def _settings(method: str, config: EngineConfig) -> dict:
     common = {"calib": [config.calibration_samples, config.calibration_seq_len]}
     return {
         "gptq": {"g": config.int4_group_size, "act_order": config.gptq_act_order,
-                 "damp": config.gptq_damp, "sym": config.gptq_sym, **common},
+                 "damp": config.gptq_damp, "sym": config.gptq_sym,
+                 "sequential": config.gptq_sequential, **common},
         "awq": {"g": config.int4_group_size, **common},
         "w8a8": {"alpha": config.smoothquant_alpha, **common},
     }[method]  # fmt: skip
 
 
-def _build(model: nn.Module, method: str, config: EngineConfig, stats) -> None:
+def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None:
+    if method == "gptq" and config.gptq_sequential:
+        method, stats = "gptq-seq", None  # the layers calibrate one by one
+    else:
+        stats = capture(model, windows) if windows is not None else None
     if method == "w8a8":
         apply.w8a8_layers(model, stats, config.smoothquant_alpha)
         return
     g, act_order, sym = config.int4_group_size, config.gptq_act_order, config.gptq_sym
-    codes = apply.int4_codes(model, method, stats, g, act_order, config.gptq_damp, sym)
+    codes = apply.int4_codes(model, method, stats, g, act_order, config.gptq_damp,
+                             sym, windows=windows)  # fmt: skip
     apply.int4_layers(model, codes)
 
 
@@ -156,12 +163,11 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
         if path.is_file():
             return load_quantized(model, path)
         device = next(model.parameters()).device
-        stats = capture(model, windows.to(device)) if needs else None
-        _build(model, method, config, stats)
+        _build(model, method, config, windows.to(device) if needs else None)
         save_quantized(model, path)
 
 
-# %% chapters/13_quantization.md:1372
+# %% chapters/13_quantization.md:1550
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 12's format (calibrated, cached)."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1655
+# %% chapters/13_quantization.md:1834
 """The quality table: held-out perplexity and greedy agreement of each quantization
 method against the unquantized model (chapter 13). Cached in
 $MINILLM_CACHE/quantized/; `python -m minillm.quantization.quality smollm2` prints
@@ -29,7 +29,7 @@ from minillm.quantization import apply
 from minillm.quantization.calibration import capture, token_windows
 from minillm.tiny import default_cache_dir, tiny_model_path
 
-QUALITY_VERSION = 1
+QUALITY_VERSION = 2  # 2: the sequential GPTQ rows
 
 
 @torch.no_grad()
@@ -48,15 +48,25 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(torch.exp(torch.tensor(nll / count))), torch.cat(top1)
 
 
-# %% chapters/13_quantization.md:1707
+# %% chapters/13_quantization.md:1887
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
         ("unquantized", None, {}),
         ("RTN int4 g32", "rtn", {"group_size": 32}),
         (f"RTN int4 g{g}", "rtn", {"group_size": g}),
-        (f"GPTQ int4 g{g}", "gptq", {"group_size": g}),
-        (f"GPTQ int4 g{g} act-order", "gptq", {"group_size": g, "act_order": True}),
+        (f"GPTQ int4 g{g} one-shot", "gptq", {"group_size": g}),
+        (
+            f"GPTQ int4 g{g} act-order one-shot",
+            "gptq",
+            {"group_size": g, "act_order": True},
+        ),
+        (f"GPTQ int4 g{g} sequential", "gptq-seq", {"group_size": g}),
+        (
+            f"GPTQ int4 g{g} act-order sequential",
+            "gptq-seq",
+            {"group_size": g, "act_order": True},
+        ),
         (f"AWQ int4 g{g}", "awq", {"group_size": g, "awq_grid": 10}),
         ("W8A8 int8, no smoothing", "w8a8", {"alpha": None}),
         ("W8A8 SmoothQuant a=0.5", "w8a8", {"alpha": 0.5}),
@@ -64,18 +74,19 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     ]
 
 
-def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats):
-    if method in ("rtn", "gptq", "awq"):
-        apply.fake_quantize_layers(
-            model, apply.int4_codes(model, method, stats, **settings)
-        )
+def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats,
+                       windows: Tensor) -> None:  # fmt: skip
+    """Quantize model by one row's method (calibration: stats or windows)."""
+    if method in ("rtn", "gptq", "awq", "gptq-seq"):
+        codes = apply.int4_codes(model, method, stats, windows=windows, **settings)
+        apply.fake_quantize_layers(model, codes)
     elif method == "w8a8":
         apply.w8a8_layers(model, stats, settings["alpha"])
     elif method == "fp8":
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:1739
+# %% chapters/13_quantization.md:1930
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256), held_out: tuple[int, int] = (8, 256),
     group_size: int = 128, stored: str | Path | None = None,
@@ -107,7 +118,8 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
     merge_projections(model)  # same results per row, fewer and larger products
     windows = token_windows(tokenizer, "held_out", *held_out)
     t0 = time.perf_counter()
-    stats = capture(model, token_windows(tokenizer, "train", *calib))
+    calib_windows = token_windows(tokenizer, "train", *calib)
+    stats = capture(model, calib_windows)
     env = {"torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
            "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
     table = {"model": name, "environment": env, "calib": calib,
@@ -118,7 +130,7 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
         t0 = time.perf_counter()
         model, _ = load_pretrained(folder)  # fresh weights for each row
         merge_projections(model)
-        quantize_for_table(model, method, settings, stats)
+        quantize_for_table(model, method, settings, stats, calib_windows)
         ppl, top1 = evaluate(model, windows)
         reference = top1 if reference is None else reference
         agreement = float((top1 == reference).float().mean())
@@ -143,9 +155,9 @@ def main(argv: list[str] | None = None) -> None:
             default_cache_dir() / "quantized" / f"quality-{key}.json", args.store
         )
     for row in table["rows"]:
-        print(f"{row['label']:28} ppl {row['ppl']:8.3f}  agree {row['agreement']:.1%}")
+        print(f"{row['label']:36} ppl {row['ppl']:8.3f}  agree {row['agreement']:.1%}")
 
 
-# %% chapters/13_quantization.md:1811
+# %% chapters/13_quantization.md:2003
 if __name__ == "__main__":
     main()
