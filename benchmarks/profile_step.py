@@ -13,8 +13,8 @@ more with torch.profiler and writes:
 - GPU time per step by kind of kernel: attention (our Triton decode/prefill/reduce
   kernels), matrix products (cuBLAS/nvjet), everything else (element-wise, norms,
   copies);
-- the number of kernels a step launches, and the 40 with the most GPU time, and the CPU functions with the most own time
-  (cProfile).
+- the number of kernels a step launches, the 40 with the most GPU time, and the CPU
+  functions with the most own time (cProfile).
 
     python benchmarks/profile_step.py     # on a GPU; writes results/profile_step-*.json
 """

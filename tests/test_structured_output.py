@@ -360,3 +360,37 @@ def test_constrained_requests_run_ahead_like_chapter7():
     assert run(fast) == expected
     stepper = fast.engine.stepper
     assert stepper.num_ahead > 0 and stepper.num_in_step == 0
+
+
+def test_processor_pickles_as_its_constraint(compiler, tiny):
+    import pickle
+
+    from minillm.structured import processor as proc_mod
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    proc = StructuredOutputsParams(json=schema).logits_processor(compiler, 16)
+    proc.next_token_mask([])  # a matcher seen: it stays behind, replayed later
+    sent = pickle.dumps(proc)
+    whole = pickle.dumps(proc_mod.StructuredOutputLogitsProcessor(proc.compiled, 16))
+    assert len(sent) < 2_000 < len(whole)
+    back = pickle.loads(sent)
+    # compiled by this process's first compiler of the vocabulary, then cached
+    assert pickle.loads(sent).compiled is back.compiled and back.max_tokens == 16
+    assert not back.prefixes
+    assert (back.next_token_mask([]) == proc.next_token_mask([])).all()
+    # another process: no compiler yet, only the registered tokenizer
+    saved, tokenizers = dict(proc_mod.COMPILERS), list(proc_mod._TOKENIZERS)
+    try:
+        proc_mod.COMPILERS.clear()
+        proc_mod._TOKENIZERS.clear()
+        with pytest.raises(proc_mod.GrammarError, match="register_tokenizer"):
+            pickle.loads(sent)
+        proc_mod.compiler_for.cache_clear()
+        proc_mod.register_tokenizer(tiny[1])
+        elsewhere = pickle.loads(sent)
+        assert elsewhere.compiled is not back.compiled  # compiled again, here
+        assert (elsewhere.next_token_mask([]) == proc.next_token_mask([])).all()
+    finally:
+        proc_mod.COMPILERS.clear()
+        proc_mod.COMPILERS.update(saved)
+        proc_mod._TOKENIZERS[:] = tokenizers

@@ -15,7 +15,9 @@ StructuredOutputManager.grammar_bitmask and apply_grammar_bitmask do.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import pickle
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -36,7 +38,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3331
+# %% chapters/15_structured_output.md:3333
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -62,7 +64,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3359
+    # %% chapters/15_structured_output.md:3361
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -101,10 +103,11 @@ class StructuredOutputsParams:
         if not hasattr(compiler, "compile"):  # a tokenizer
             compiler = compiler_for(compiler)
         compiled = compiler.compile(self)
-        return StructuredOutputLogitsProcessor(compiled, max_tokens)
+        source = (self, compiler.fingerprint)  # what it pickles as ("Sent elsewhere")
+        return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:3408
+# %% chapters/15_structured_output.md:3411
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -118,6 +121,8 @@ class GrammarCompiler:
         )
         self.cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self.cache_size = cache_size
+        self.fingerprint = vocabulary_fingerprint(self.index)
+        COMPILERS.setdefault(self.fingerprint, self)  # "Sent elsewhere"
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         key = params.key()
@@ -135,7 +140,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:3445
+# %% chapters/15_structured_output.md:3450
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -149,11 +154,19 @@ class StructuredOutputLogitsProcessor:
         compiled: CompiledGrammar,
         max_tokens: int | None = None,
         max_prefixes: int = 4096,
+        source: tuple[StructuredOutputsParams, str] | None = None,
     ):
-        self.compiled, self.max_tokens = compiled, max_tokens
+        self.compiled, self.max_tokens, self.source = compiled, max_tokens, source
         self.budget = None if max_tokens is None else finish_budget(compiled)
         self.prefixes: OrderedDict[tuple[int, ...], GrammarMatcher] = OrderedDict()
         self.max_prefixes = max_prefixes
+
+    def __reduce__(self):
+        """Pickled as its constraint when it has one (below, "Sent elsewhere")."""
+        if self.source is None:  # the compiled tables themselves
+            return type(self), (self.compiled, self.max_tokens, self.max_prefixes)
+        params, fingerprint = self.source
+        return _rebuild, (params, self.max_tokens, fingerprint)
 
     def matcher(self, output_token_ids) -> GrammarMatcher:
         key = tuple(output_token_ids)
@@ -172,7 +185,7 @@ class StructuredOutputLogitsProcessor:
         self.prefixes.move_to_end(key)
         return self.prefixes[key]
 
-    # %% chapters/15_structured_output.md:3484
+    # %% chapters/15_structured_output.md:3497
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         m = self.matcher(output_token_ids)
@@ -190,7 +203,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:3520
+    # %% chapters/15_structured_output.md:3533
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -216,7 +229,7 @@ class StructuredOutputLogitsProcessor:
         return apply_token_bitmask_inplace(logits, host, indices)
 
 
-# %% chapters/15_structured_output.md:3548
+# %% chapters/15_structured_output.md:3561
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -226,14 +239,52 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:3557
+# %% chapters/15_structured_output.md:3570
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:3581
+# %% chapters/15_structured_output.md:3605
+# compilers by vocabulary fingerprint, and tokenizers to build one for on demand
+COMPILERS: dict[str, GrammarCompiler] = {}
+_TOKENIZERS: list = []
+
+
+def vocabulary_fingerprint(index: TokenIndex) -> str:
+    """Names a vocabulary: every token's bytes, the end-of-text ids, the size."""
+    data = pickle.dumps((index.token_bytes, index.eos_token_ids, index.vocab_size))
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def register_tokenizer(tokenizer) -> None:
+    """Let this process build the compiler of tokenizer's vocabulary on demand."""
+    _TOKENIZERS.append(tokenizer)
+
+
+def compiler_by_fingerprint(fingerprint: str) -> GrammarCompiler:
+    if fingerprint not in COMPILERS:
+        for tokenizer in _TOKENIZERS:  # build each one's compiler, once
+            if compiler_for(tokenizer).fingerprint == fingerprint:
+                break
+    if fingerprint not in COMPILERS:
+        raise GrammarError(
+            "a structured-output constraint arrived for a vocabulary this process "
+            "has no tokenizer for (structured.processor.register_tokenizer)"
+        )
+    return COMPILERS[fingerprint]
+
+
+def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
+    compiler = compiler_by_fingerprint(fingerprint)
+    source = (params, fingerprint)
+    return StructuredOutputLogitsProcessor(
+        compiler.compile(params), max_tokens, source=source
+    )
+
+
+# %% chapters/15_structured_output.md:3679
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
