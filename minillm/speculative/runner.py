@@ -210,10 +210,10 @@ class SpeculativeRunnerMixin:
         input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         if isinstance(self.proposer, EagleProposer):  # the target's features
-            for r, n, end in zip(requests, query_lens, metadata.query_start_loc[1:]):
-                self.proposer.observe(
-                    r.request_id, r.num_computed_tokens, hidden[end - n : end]
-                )
+            ends = metadata.query_start_loc[1:].tolist()
+            for r, n, end in zip(requests, query_lens, ends):
+                start = r.num_computed_tokens
+                self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
     # %% chapters/14_speculative.md:1489
