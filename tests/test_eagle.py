@@ -2,7 +2,8 @@
 buffer's bookkeeping, and the engine with EAGLE against the engine without it
 (greedy: identical tokens; sampling: the target's distribution)."""
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from minillm.speculative.eagle import (
     save_eagle,
     train_eagle,
 )
+from minillm.speculative.medusa import MedusaRecipe, train_medusa
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 QWEN3 = next(config for cls, config in MODELS if cls is Qwen3ForCausalLM)
@@ -35,6 +37,20 @@ def quick_eagle(tiny, tmp_path_factory):
     model, tokenizer = tiny
     folder = tmp_path_factory.mktemp("eagle")
     save_eagle(*train_eagle(model, tokenizer, QUICK), QUICK, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def quick_medusa(tiny, tmp_path_factory):
+    """Medusa heads of the tiny model, trained briefly on the same data."""
+    from safetensors.torch import save_file
+
+    model, tokenizer = tiny
+    recipe = MedusaRecipe(data=QUICK, steps=60, batch_size=64)
+    heads, _ = train_medusa(model, tokenizer, recipe)
+    folder = tmp_path_factory.mktemp("medusa")
+    save_file(heads.state_dict(), folder / "medusa.safetensors")
+    (folder / "recipe.json").write_text(json.dumps(asdict(recipe)))
     return folder
 
 
@@ -228,6 +244,41 @@ def test_a_draft_of_another_target_is_refused(tiny, hf_checkpoint, tmp_path):
     save_eagle(EagleDraft(other), {}, EagleRecipe(), tmp_path)
     spec = {"method": "eagle", "model": str(tmp_path)}
     with pytest.raises(ValueError, match="does not fit"):
+        LLMEngine(
+            model, tokenizer, EngineConfig(num_kv_blocks=64, speculative_config=spec)
+        )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(prefix_cache_impl="hash"), dict(enable_chunked_prefill=True)],
+)
+def test_greedy_is_unchanged_by_medusa(tiny, quick_medusa, options):
+    """Medusa's heads through the same runner hook: the same tokens, no leftovers,
+    and aborted requests forgotten."""
+    model, tokenizer = tiny
+    prompts, _ = prompts_of(tokenizer)
+    small = dict(num_kv_blocks=28, block_size=4, max_num_seqs=6)
+    small["max_num_batched_tokens"] = 9 if "enable_chunked_prefill" in options else 24
+    base = LLMEngine(model, tokenizer, EngineConfig(**small, **options))
+    expected = generate(base, prompts, GREEDY)
+    spec = {"method": "medusa", "num_speculative_tokens": 3, "model": str(quick_medusa)}
+    config = EngineConfig(**small, **options, speculative_config=spec)
+    engine = LLMEngine(model, tokenizer, config)
+    assert generate(engine, prompts, GREEDY) == expected
+    stats = engine.model_runner.spec_stats
+    assert engine.num_preemptions > 0
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert not engine.kv_cache_manager.req_to_blocks
+    assert not engine.model_runner.proposer.features
+    aborted = generate(LLMEngine(model, tokenizer, config), prompts, GREEDY, 3)
+    assert aborted[1] is None and aborted[0] == expected[0]
+
+
+def test_more_speculative_tokens_than_medusa_heads_is_refused(tiny, quick_medusa):
+    model, tokenizer = tiny
+    spec = {"method": "medusa", "num_speculative_tokens": 5, "model": str(quick_medusa)}
+    with pytest.raises(ValueError, match="4 Medusa heads"):
         LLMEngine(
             model, tokenizer, EngineConfig(num_kv_blocks=64, speculative_config=spec)
         )

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:745
+# %% chapters/14_speculative.md:743
 """The EAGLE proposer: one decoder layer that predicts the target's next feature (its
 last hidden state) from the current one and the next token (chapter 14).
 
@@ -54,7 +54,7 @@ class EagleDraft(nn.Module):
     def logits(self, features: Tensor) -> Tensor:
         return self.frozen[1](features).float()  # the target's LM head
 
-    # %% chapters/14_speculative.md:799
+    # %% chapters/14_speculative.md:797
     def forward(self, features, token_ids, positions, valid, past=None):
         """Predicted next features (B, T, hidden) of rows (f_i, x_{i+1}), and the K/V
         of past plus these rows. features: (B, T, hidden); token_ids, positions:
@@ -86,7 +86,7 @@ class EagleDraft(nn.Module):
         return x, (k, v)
 
 
-# %% chapters/14_speculative.md:870
+# %% chapters/14_speculative.md:868
 class EagleProposer:
     """Chain drafts of an EagleDraft from each request's last target features.
 
@@ -108,7 +108,7 @@ class EagleProposer:
         rows = torch.cat([old[: start - first], hidden])[-(self.window + self.k) :]
         self.features[request_id] = (start + len(hidden) - len(rows), rows)
 
-    # %% chapters/14_speculative.md:894
+    # %% chapters/14_speculative.md:892
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks) -> list[list[int]]:
         """ks[i] greedy drafts to follow contexts[i] (ks[i] may be 0), batched."""
@@ -142,7 +142,7 @@ class EagleProposer:
         return out
 
 
-# %% chapters/14_speculative.md:942
+# %% chapters/14_speculative.md:940
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -187,7 +187,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/14_speculative.md:988
+# %% chapters/14_speculative.md:986
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -231,7 +231,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/14_speculative.md:1039
+# %% chapters/14_speculative.md:1037
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -265,7 +265,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/14_speculative.md:1074
+# %% chapters/14_speculative.md:1072
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -278,26 +278,35 @@ def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
 
 
 # %% chapters/14_speculative.md:1098
-def eagle_path(recipe: EagleRecipe = EagleRecipe(), cache_dir=None) -> Path:
-    """The folder of the tiny model's EAGLE draft, trained first if no cache holds
-    it (a few seconds of generation and about half a minute of training, 2 cores)."""
+def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
+    """cache_dir/{prefix}-{hash of the tiny model's folder and key}; if absent,
+    build(target, tokenizer, folder) fills it, under a lock, written atomically."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_dir = tiny_model_path(cache_dir, progress=False)
-    key = json.dumps([target_dir.name, asdict(recipe)], sort_keys=True)
-    folder = cache_dir / f"tiny-eagle-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (folder / "eagle.safetensors").is_file():
+    key = json.dumps([target_dir.name, key], sort_keys=True)
+    folder = cache_dir / f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if (folder / "training_log.json").is_file():
         return folder
     with open(cache_dir / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits while one trains
-        if not (folder / "eagle.safetensors").is_file():
+        if not (folder / "training_log.json").is_file():
             tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=cache_dir))
             try:
-                target, tokenizer = tiny_model(cache_dir, progress=False)
-                save_eagle(*train_eagle(target, tokenizer, recipe), recipe, tmp)
+                build(*tiny_model(cache_dir, progress=False), tmp)
                 tmp.rename(folder)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def eagle_path(recipe: EagleRecipe = EagleRecipe(), cache_dir=None) -> Path:
+    """The folder of the tiny model's EAGLE draft, trained first if no cache holds
+    it (a few seconds of generation and about half a minute of training, 2 cores)."""
+
+    def build(target, tokenizer, folder: Path) -> None:
+        save_eagle(*train_eagle(target, tokenizer, recipe), recipe, folder)
+
+    return cached_build("tiny-eagle", asdict(recipe), build, cache_dir)
 
 
 def save_eagle(draft: EagleDraft, log: dict, recipe: EagleRecipe, folder: Path):
@@ -319,7 +328,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/14_speculative.md:1145
+# %% chapters/14_speculative.md:1154
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions

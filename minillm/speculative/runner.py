@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1233
+# %% chapters/14_speculative.md:1448
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -29,10 +29,11 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS, SamplingType
 from minillm.speculative.draft_model import DraftModelProposer, draft_model_path
 from minillm.speculative.eagle import EagleProposer, eagle_path, load_eagle
+from minillm.speculative.medusa import load_medusa, medusa_path
 from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
 
-METHODS = ("ngram", "draft_model", "eagle")  # the proposers built so far
+METHODS = ("ngram", "draft_model", "eagle", "medusa")  # the proposers built
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     # propose nothing after a step of at least this many requests (None: always)
     disable_by_batch_size: int | None = None
-    # draft_model, eagle: the draft's folder; None: the course's, of the tiny model
+    # draft_model, eagle, medusa: the draft's folder; None: the course's, of the tiny
+    # model
     model: str | None = None
 
     @classmethod
@@ -65,7 +67,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1297
+# %% chapters/14_speculative.md:1514
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -114,7 +116,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1363
+# %% chapters/14_speculative.md:1580
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -137,7 +139,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1392
+# %% chapters/14_speculative.md:1609
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -161,6 +163,9 @@ class SpeculativeRunnerMixin:
         if spec.method == "eagle":
             folder = spec.model or eagle_path()
             return load_eagle(self.model, folder, spec.num_speculative_tokens)
+        if spec.method == "medusa":
+            folder = spec.model or medusa_path()
+            return load_medusa(self.model, folder, spec.num_speculative_tokens)
         param = next(self.model.parameters())
         path = spec.model or draft_model_path()
         draft, _ = load_pretrained(path, dtype=param.dtype, device=param.device)
@@ -209,14 +214,14 @@ class SpeculativeRunnerMixin:
                 drafts[r.request_id] = r.spec_token_ids[:num_drafts]
         input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
-        if isinstance(self.proposer, EagleProposer):  # the target's features
+        if isinstance(self.proposer, EagleProposer):  # features, for EAGLE and Medusa
             ends = metadata.query_start_loc[1:].tolist()
             for r, n, end in zip(requests, query_lens, ends):
                 start = r.num_computed_tokens
                 self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:1489
+    # %% chapters/14_speculative.md:1709
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -275,7 +280,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1564
+    # %% chapters/14_speculative.md:1784
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -310,7 +315,7 @@ class SpeculativeRunnerMixin:
         )
 
 
-# %% chapters/14_speculative.md:1605
+# %% chapters/14_speculative.md:1825
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
