@@ -19,6 +19,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class EagleDraft(nn.Module):
     def logits(self, features: Tensor) -> Tensor:
         return self.frozen[1](features).float()  # the target's LM head
 
-    # %% chapters/14_speculative.md:797
+    # %% chapters/14_speculative.md:798
     def forward(self, features, token_ids, positions, valid, past=None):
         """Predicted next features (B, T, hidden) of rows (f_i, x_{i+1}), and the K/V
         of past plus these rows. features: (B, T, hidden); token_ids, positions:
@@ -86,7 +87,7 @@ class EagleDraft(nn.Module):
         return x, (k, v)
 
 
-# %% chapters/14_speculative.md:868
+# %% chapters/14_speculative.md:869
 class EagleProposer:
     """Chain drafts of an EagleDraft from each request's last target features.
 
@@ -108,7 +109,7 @@ class EagleProposer:
         rows = torch.cat([old[: start - first], hidden])[-(self.window + self.k) :]
         self.features[request_id] = (start + len(hidden) - len(rows), rows)
 
-    # %% chapters/14_speculative.md:892
+    # %% chapters/14_speculative.md:893
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks) -> list[list[int]]:
         """ks[i] greedy drafts to follow contexts[i] (ks[i] may be 0), batched."""
@@ -142,7 +143,7 @@ class EagleProposer:
         return out
 
 
-# %% chapters/14_speculative.md:940
+# %% chapters/14_speculative.md:941
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -187,7 +188,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/14_speculative.md:986
+# %% chapters/14_speculative.md:987
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -231,7 +232,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/14_speculative.md:1037
+# %% chapters/14_speculative.md:1038
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -265,7 +266,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/14_speculative.md:1072
+# %% chapters/14_speculative.md:1073
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -277,7 +278,7 @@ def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     return round(same.float().mean().item(), 4)
 
 
-# %% chapters/14_speculative.md:1098
+# %% chapters/14_speculative.md:1099
 def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
     """cache_dir/{prefix}-{hash of the tiny model's folder and key}; if absent,
     build(target, tokenizer, folder) fills it, under a lock, written atomically."""
@@ -292,7 +293,11 @@ def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
         if not (folder / "training_log.json").is_file():
             tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=cache_dir))
             try:
+                start = time.perf_counter()
                 build(*tiny_model(cache_dir, progress=False), tmp)
+                took = {"seconds": time.perf_counter() - start}
+                took["threads"] = torch.get_num_threads()
+                (tmp / "build.json").write_text(json.dumps(took) + "\n")
                 tmp.rename(folder)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -301,7 +306,7 @@ def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
 
 def eagle_path(recipe: EagleRecipe = EagleRecipe(), cache_dir=None) -> Path:
     """The folder of the tiny model's EAGLE draft, trained first if no cache holds
-    it (a few seconds of generation and about half a minute of training, 2 cores)."""
+    it (the time it took is in the folder's build.json)."""
 
     def build(target, tokenizer, folder: Path) -> None:
         save_eagle(*train_eagle(target, tokenizer, recipe), recipe, folder)
@@ -328,7 +333,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/14_speculative.md:1154
+# %% chapters/14_speculative.md:1159
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions
