@@ -282,3 +282,15 @@ def test_more_speculative_tokens_than_medusa_heads_is_refused(tiny, quick_medusa
         LLMEngine(
             model, tokenizer, EngineConfig(num_kv_blocks=64, speculative_config=spec)
         )
+
+
+def test_server_flag_builds_an_eagle_engine(quick_eagle):
+    pytest.importorskip("prometheus_client")
+    from minillm.server import build_engine, parse_args
+
+    spec = json.dumps({"method": "eagle", "model": str(quick_eagle)})
+    args = parse_args(
+        ["--device", "cpu", "--num-kv-blocks", "64", "--speculative-config", spec]
+    )
+    served, _ = build_engine(args)
+    assert isinstance(served.model_runner.proposer, EagleProposer)
