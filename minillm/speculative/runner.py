@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1465
+# %% chapters/14_speculative.md:1470
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -67,7 +67,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1531
+# %% chapters/14_speculative.md:1536
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -116,7 +116,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1597
+# %% chapters/14_speculative.md:1602
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -139,7 +139,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1626
+# %% chapters/14_speculative.md:1631
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -221,7 +221,7 @@ class SpeculativeRunnerMixin:
                 self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:1726
+    # %% chapters/14_speculative.md:1731
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -280,7 +280,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1801
+    # %% chapters/14_speculative.md:1806
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -315,7 +315,7 @@ class SpeculativeRunnerMixin:
         )
 
 
-# %% chapters/14_speculative.md:1842
+# %% chapters/14_speculative.md:1847
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
