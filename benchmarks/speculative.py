@@ -12,8 +12,10 @@ Two measurements, in one run:
    corpus's held-out topics, "repetitive" and "open") on the course's tiny trained
    model (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32
    and 128 (all requests submitted at once, max_num_seqs = batch): without
-   speculation, with the n-gram proposer (k = 3 and k = 5; lookup 2..4), and at
-   batch >= 32 with k = 3 and disable_by_batch_size = 32. All on chapter 7's runner
+   speculation, with the n-gram proposer (k = 3 and k = 5; lookup 2..4), with the
+   EAGLE proposer (k = 3; the tiny model's draft, minillm/speculative/eagle.py,
+   trained on the CPU first if the cache lacks it), and at batch >= 32 with k = 3
+   and disable_by_batch_size = 32 (n-gram and EAGLE). All on chapter 7's runner
    (speculation does not run on chapter 11's persistent batch yet), each after an
    untimed warm-up run of the same configuration. Reported: output tokens/s, the
    mean acceptance length tau, the speed-up over the run without speculation at the
@@ -28,6 +30,7 @@ Two measurements, in one run:
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -45,6 +48,7 @@ from minillm.kv_cache import PagedKVCache  # noqa: E402
 from minillm.model import CausalLM, build_attention_metadata  # noqa: E402
 from minillm.registry import ATTENTION_BACKENDS, load_plugins  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
+from minillm.speculative.eagle import eagle_path  # noqa: E402
 from minillm.speculative.workloads import held_out_prompts  # noqa: E402
 from minillm.tiny import tiny_model  # noqa: E402
 
@@ -137,19 +141,21 @@ def main() -> None:
     steps, backend = step_vs_query_tokens(device, args.quick)
     model, tokenizer = tiny_model(device=device, dtype=torch.float32, progress=False)
     batches, max_tokens = ((1, 4), 16) if args.quick else ((1, 8, 32, 128), 64)
-    methods = {"ngram k=3": 3, "ngram k=5": 5}
+    methods = {"ngram k=3": ("ngram", 3), "ngram k=5": ("ngram", 5)}
+    methods["eagle k=3"] = ("eagle", 3)
+    eagle_folder = eagle_path()
     runs = []
     for kind in ("repetitive", "open"):
         for batch in batches:
             prompts = held_out_prompts(tokenizer, kind, batch)
             configs = {"none": None}
             configs.update(
-                {m: {"method": "ngram", "num_speculative_tokens": k}
-                 for m, k in methods.items()}
+                {m: {"method": method, "num_speculative_tokens": k}
+                 for m, (method, k) in methods.items()}
             )  # fmt: skip
-            if batch >= 32:
-                configs["ngram k=3, disable_by_batch_size=32"] = {
-                    "method": "ngram",
+            for method in ("ngram", "eagle") if batch >= 32 else ():
+                configs[f"{method} k=3, disable_by_batch_size=32"] = {
+                    "method": method,
                     "num_speculative_tokens": 3,
                     "disable_by_batch_size": 32,
                 }
@@ -182,6 +188,13 @@ def main() -> None:
         "attention_backend": backend,
         "runner": "chapter 7 ModelRunner (persistent_batch=False)",
         "max_tokens": max_tokens,
+        "eagle_draft": {
+            "folder": eagle_folder.name,
+            "recipe": json.loads((eagle_folder / "recipe.json").read_text()),
+            "held_out_top1": json.loads(
+                (eagle_folder / "training_log.json").read_text()
+            )["held_out_top1"],
+        },
         "step_vs_query_tokens": steps,
         "runs": runs,
         "environment": environment(),

@@ -56,3 +56,28 @@ def test_residual():
         overlap = torch.minimum(p, q)
         assert torch.allclose(overlap + (1 - overlap.sum()) * r, p, atol=1e-6)
     assert torch.allclose(residual(p, p), p)
+
+
+def test_chain():
+    """14.4: how often the first j chained EAGLE guesses all equal the target's."""
+    from minillm.model import CausalLM
+    from minillm.speculative import eagle
+    from minillm.tiny import TINY_CONFIG
+
+    chain_acceptance = answer(eagle, "chain_acceptance", "14.4")
+    torch.manual_seed(0)
+    target = CausalLM(TINY_CONFIG).eval()
+    draft = eagle.EagleDraft(target).eval()
+    N, W, depth, vocab = 8, 8, 3, TINY_CONFIG.vocab_size
+    tokens = torch.randint(0, vocab, (N, W + 1 + depth))
+    features = torch.randn(N, W + depth, TINY_CONFIG.hidden_size)
+    for i in range(N):  # sequence i: its first i % 4 guesses are the target's tokens
+        seq = tokens[i].tolist()
+        guesses = eagle.eagle_propose_ref(draft, features[i, :W], seq[: W + 1], depth)
+        m = i % (depth + 1)
+        tokens[i, W + 1 : W + 1 + m] = torch.tensor(guesses[:m], dtype=torch.long)
+        if m < depth:
+            tokens[i, W + 1 + m] = (guesses[m] + 1) % vocab
+    want = [sum(i % (depth + 1) > j for i in range(N)) / N for j in range(depth)]
+    got = chain_acceptance(draft, tokens, features, W, depth)
+    assert got == pytest.approx(want)

@@ -265,7 +265,7 @@ def test_disable_by_batch_size_turns_proposals_off_in_large_steps(tiny):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ({"method": "eagle"}, "one of"),
+        ({"method": "suffix"}, "one of"),
         ({"num_speculative_tokens": 3}, "needs 'method'"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"method": "ngram", "k": 3}, "takes"),

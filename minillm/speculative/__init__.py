@@ -4,6 +4,8 @@
 
 module                   chapter
 draft_model              chapters/14_speculative.md
+eagle                    chapters/14_speculative.md
+medusa                   chapters/14_speculative.md
 ngram                    chapters/14_speculative.md
 rejection                chapters/14_speculative.md
 runner                   chapters/14_speculative.md

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:750
+# %% chapters/14_speculative.md:1470
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -28,10 +28,12 @@ from minillm.request import Request
 from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS, SamplingType
 from minillm.speculative.draft_model import DraftModelProposer, draft_model_path
+from minillm.speculative.eagle import EagleProposer, eagle_path, load_eagle
+from minillm.speculative.medusa import load_medusa, medusa_path
 from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
 
-METHODS = ("ngram", "draft_model")  # the proposers built so far
+METHODS = ("ngram", "draft_model", "eagle", "medusa")  # the proposers built
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     # propose nothing after a step of at least this many requests (None: always)
     disable_by_batch_size: int | None = None
-    # draft_model: its folder; None: the course's draft of the tiny model
+    # draft_model, eagle, medusa: the draft's folder; None: the course's, of the tiny
+    # model
     model: str | None = None
 
     @classmethod
@@ -64,7 +67,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:813
+# %% chapters/14_speculative.md:1536
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -113,7 +116,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:879
+# %% chapters/14_speculative.md:1602
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -136,7 +139,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:908
+# %% chapters/14_speculative.md:1631
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -157,6 +160,12 @@ class SpeculativeRunnerMixin:
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
             return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        if spec.method == "eagle":
+            folder = spec.model or eagle_path()
+            return load_eagle(self.model, folder, spec.num_speculative_tokens)
+        if spec.method == "medusa":
+            folder = spec.model or medusa_path()
+            return load_medusa(self.model, folder, spec.num_speculative_tokens)
         param = next(self.model.parameters())
         path = spec.model or draft_model_path()
         draft, _ = load_pretrained(path, dtype=param.dtype, device=param.device)
@@ -180,7 +189,7 @@ class SpeculativeRunnerMixin:
     def remove_request(self, request_id: str) -> None:
         super().remove_request(request_id)
         self.generators.pop(request_id, None)
-        if isinstance(self.proposer, DraftModelProposer):
+        if hasattr(self.proposer, "forget"):  # a draft model's or EAGLE's state
             self.proposer.forget(request_id)
 
     @torch.inference_mode()
@@ -205,9 +214,14 @@ class SpeculativeRunnerMixin:
                 drafts[r.request_id] = r.spec_token_ids[:num_drafts]
         input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
+        if isinstance(self.proposer, EagleProposer):  # features, for EAGLE and Medusa
+            ends = metadata.query_start_loc[1:].tolist()
+            for r, n, end in zip(requests, query_lens, ends):
+                start = r.num_computed_tokens
+                self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:993
+    # %% chapters/14_speculative.md:1731
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -242,6 +256,9 @@ class SpeculativeRunnerMixin:
             return [
                 self.proposer.propose(c, k) if k else [] for c, k in zip(contexts, ks)
             ]
+        ids = [r.request_id for r in requests]
+        if isinstance(self.proposer, EagleProposer):
+            return self.proposer.propose(ids, contexts, ks)
         tables = [self.block_tables[r.request_id] for r in requests]
         # a draft model writes K/V up to the last proposal but one: only as far
         # as the blocks the request holds
@@ -250,7 +267,6 @@ class SpeculativeRunnerMixin:
             max(0, min(k, len(t) * size - len(c) + 1))
             for k, t, c in zip(ks, tables, contexts)
         ]
-        ids = [r.request_id for r in requests]
         return self.proposer.propose(ids, contexts, ks, tables)
 
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
@@ -264,7 +280,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1066
+    # %% chapters/14_speculative.md:1806
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -299,7 +315,7 @@ class SpeculativeRunnerMixin:
         )
 
 
-# %% chapters/14_speculative.md:1107
+# %% chapters/14_speculative.md:1847
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
