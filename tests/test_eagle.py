@@ -151,6 +151,36 @@ def test_greedy_is_unchanged_by_eagle(tiny, quick_eagle, options):
     assert not kv.req_to_blocks and not engine.model_runner.proposer.features
 
 
+def test_steps_too_large_to_draft_keep_no_features(tiny, quick_eagle):
+    """disable_by_batch_size: a step of that many requests drafts nothing and keeps
+    no features; drafting resumes once the batch is smaller, tokens unchanged."""
+    model, tokenizer = tiny
+    prompts, _ = prompts_of(tokenizer)
+    params = [
+        SamplingParams(temperature=0, max_tokens=6 if i % 2 else 30, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    small = dict(num_kv_blocks=64, block_size=4, max_num_seqs=8)
+    expected = generate(
+        LLMEngine(model, tokenizer, EngineConfig(**small)), prompts, params
+    )
+    spec = {"method": "eagle", "num_speculative_tokens": 3, "model": str(quick_eagle)}
+    spec["disable_by_batch_size"] = 3
+    engine = LLMEngine(model, tokenizer, EngineConfig(**small, speculative_config=spec))
+    runner, seen = engine.model_runner, []
+    execute = runner.execute_model
+
+    def recording(output, kv_cache_manager):
+        result = execute(output, kv_cache_manager)
+        seen.append((len(output.scheduled_requests), len(runner.proposer.features)))
+        return result
+
+    runner.execute_model = recording
+    assert generate(engine, prompts, params) == expected
+    assert any(n >= 3 for n, _ in seen) and all(f == 0 for n, f in seen if n >= 3)
+    assert any(f > 0 for n, f in seen if n < 3) and runner.spec_stats.num_drafts > 0
+
+
 def test_aborted_requests_leave_no_blocks_or_features(tiny, quick_eagle):
     model, tokenizer = tiny
     prompts, _ = prompts_of(tokenizer)

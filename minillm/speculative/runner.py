@@ -215,13 +215,21 @@ class SpeculativeRunnerMixin:
         input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         if isinstance(self.proposer, EagleProposer):  # features, for EAGLE and Medusa
-            ends = metadata.query_start_loc[1:].tolist()
-            for r, n, end in zip(requests, query_lens, ends):
-                start = r.num_computed_tokens
-                self.proposer.observe(r.request_id, start, hidden[end - n : end])
+            if not self.speculating(len(requests)):  # no drafts: keep no features
+                self.proposer.features.clear()
+            else:
+                ends = metadata.query_start_loc[1:].tolist()
+                for r, n, end in zip(requests, query_lens, ends):
+                    start = r.num_computed_tokens
+                    self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:1731
+    def speculating(self, batch_size: int) -> bool:
+        """False once a step holds disable_by_batch_size requests or more."""
+        limit = self.spec_config.disable_by_batch_size
+        return limit is None or batch_size < limit
+
+    # %% chapters/14_speculative.md:1743
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -238,8 +246,8 @@ class SpeculativeRunnerMixin:
             sampled = {r.request_id: [t] for r, t in zip(plain, token_ids)}
         if verified:
             sampled.update(self.verify(verified, hidden, rows, drafts))
-        spec, k = self.spec_config, self.spec_config.num_speculative_tokens
-        if len(requests) >= (spec.disable_by_batch_size or len(requests) + 1):
+        k = self.spec_config.num_speculative_tokens
+        if not self.speculating(len(requests)):
             k = 0  # a batch this large fills the step by itself
         contexts, ks = [], []
         for r in chosen:
@@ -280,7 +288,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1806
+    # %% chapters/14_speculative.md:1818
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -315,7 +323,7 @@ class SpeculativeRunnerMixin:
         )
 
 
-# %% chapters/14_speculative.md:1847
+# %% chapters/14_speculative.md:1859
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
