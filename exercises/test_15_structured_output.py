@@ -60,3 +60,30 @@ def test_budget(compiler):
     got = exact(fb, m.stacks)
     assert 1 <= got <= fb.min_tokens(m.stacks)
     assert exact(fb, compiled.initial) >= 1
+
+
+def test_mask_single(compiler):
+    """15.4: mask_single(stacks) equals mask(stacks) along a walk of a recursive
+    schema (calls and returns, several configurations)."""
+    import random
+
+    import numpy as np
+
+    from minillm.structured.matcher import CompiledGrammar, allowed_tokens
+
+    mask_single = answer(CompiledGrammar, "mask_single", "15.4")
+    tree = {"type": "object", "properties": {"v": {"type": "integer"},
+            "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+            "required": ["v"]}  # fmt: skip
+    for compact in (True, False):
+        params = StructuredOutputsParams(json=tree, disable_any_whitespace=compact)
+        compiled, rng = compiler.compile(params), random.Random(0)
+        m = GrammarMatcher(compiled)
+        for _ in range(40):
+            expected = compiled.mask(m.stacks)
+            assert np.array_equal(mask_single(compiled, m.stacks), expected)
+            allowed = allowed_tokens(expected, compiler.index.vocab_size).tolist()
+            allowed = [t for t in allowed if t not in compiler.index.eos_token_ids]
+            if not allowed:
+                break
+            assert m.accept_token(rng.choice(allowed))

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3097
+# %% chapters/15_structured_output.md:3149
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -24,7 +24,7 @@ from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3120
+# %% chapters/15_structured_output.md:3172
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -33,6 +33,7 @@ class FinishBudget:
         self.walks: dict[int, tuple] = {}  # state -> (token ids, their end states)
         # stacks -> the room below which the budget may cut tokens (INF: always)
         self.bites_below: OrderedDict[Stacks, int] = OrderedDict()
+        self.cuts: OrderedDict[tuple[Stacks, int], np.ndarray] = OrderedDict()
 
     def _distances(self) -> np.ndarray:
         """(states + 1,) the fewest single-byte tokens from each state to the end of
@@ -72,7 +73,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3175
+    # %% chapters/15_structured_output.md:3228
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -101,8 +102,25 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
+    # %% chapters/15_structured_output.md:3278
+    def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
+        """mask(stacks, remaining), or the grammar's mask where that is empty (the
+        bound is loose); where the budget bites, remembered per (stacks, remaining)."""
+        c = self.compiled
+        bound = self.bites_below.get(stacks)
+        if bound is not None and bound <= remaining - 1:  # it cannot bite
+            return c.mask(stacks)
+        key = (stacks, remaining)
+        words = self.cuts.get(key)
+        if words is None:
+            words = self.mask(stacks, remaining)
+            if not words.any():  # no way to finish in time that the bound sees
+                words = c.mask(stacks)
+            c._remember(self.cuts, key, words)
+        return words
 
-# %% chapters/15_structured_output.md:3207
+
+# %% chapters/15_structured_output.md:3260
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

@@ -16,6 +16,7 @@ context-dependent ones), plus EOS once the document is complete.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 import numpy as np
@@ -37,7 +38,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/15_structured_output.md:2811
+# %% chapters/15_structured_output.md:2812
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -48,8 +49,12 @@ class CompiledGrammar:
         self.state_masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.masks: OrderedDict[Stacks, np.ndarray] = OrderedDict()
         self.closures: OrderedDict[Stacks, Stacks] = OrderedDict()
+        # (stacks, token id) -> stacks after it: the engine's per-step advance
+        self.steps: OrderedDict[tuple[Stacks, int], Stacks | None] = OrderedDict()
         self.cache_size = cache_size
         self.initial: Stacks = ((grammar.rule_start[grammar.names[0]],),)
+        self.eos_mask = np.zeros(self.num_words, np.uint32)  # only EOS
+        set_bits(self.eos_mask, self.eos)
 
     @property
     def events(self) -> np.ndarray | None:
@@ -72,7 +77,7 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:2855
+    # %% chapters/15_structured_output.md:2860
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -96,12 +101,12 @@ class CompiledGrammar:
         self._remember(self.closures, stacks, closed)
         return closed
 
-    def _remember(self, cache: OrderedDict, key, value) -> None:
+    def _remember(self, cache: OrderedDict, key, value, size: int = 0) -> None:
         cache[key] = value
-        if len(cache) > self.cache_size:
+        if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:2893
+    # %% chapters/15_structured_output.md:2898
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -144,13 +149,51 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:2946
+    # %% chapters/15_structured_output.md:2951
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
 
+    def advance_token(self, stacks: Stacks, token_id: int) -> Stacks | None:
+        """advance by one token's bytes, remembered per (stacks, token): a token
+        seen before from the same stacks is one dictionary lookup."""
+        key = (stacks, token_id)
+        if key in self.steps:
+            return self.steps[key]
+        token_bytes = self.index.token_bytes
+        data = token_bytes[token_id] if token_id < len(token_bytes) else b""
+        new = self.advance_single(stacks, data) if data else None
+        self._remember(self.steps, key, new, 16 * self.cache_size)
+        return new
 
-# %% chapters/15_structured_output.md:2954
+    # %% chapters/15_structured_output.md:2984
+    def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
+        """advance, quicker where there is one configuration and the bytes pass
+        only plain states (no call, not accepting: nothing for closure to add)."""
+        closed = self.closure(stacks)
+        if len(closed) > 1:
+            return self.advance(stacks, data)
+        flat, sink, plain = self.grammar.flat, self.grammar.SINK, self.plain
+        stack = closed[0]
+        g = stack[-1]
+        for i, b in enumerate(data):
+            g = flat[g * 256 + b]
+            if g == sink:  # the one configuration cannot read it
+                return None
+            if not plain[g] and i + 1 < len(data):  # closure may branch here
+                return self.advance(stacks, data)
+        return self.closure((stack[:-1] + (g,),))
+
+    @functools.cached_property
+    def plain(self) -> list[bool]:
+        """Per DFA state: closure leaves a stack topped by it as it is."""
+        g = self.grammar
+        if not g.has_calls:
+            return [True] * (g.num_states + 1)
+        return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
+
+
+# %% chapters/15_structured_output.md:3013
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     np.bitwise_or.at(
         words, tokens >> 5, (np.uint32(1) << (tokens & 31).astype(np.uint32))
@@ -163,7 +206,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:2968
+# %% chapters/15_structured_output.md:3027
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -185,12 +228,7 @@ class GrammarMatcher:
             self.history.append(self.stacks)
             self.terminated = True
             return True
-        data = (
-            c.index.token_bytes[token_id]
-            if token_id < len(c.index.token_bytes)
-            else None
-        )
-        new = c.advance(self.stacks, data) if data else None
+        new = c.advance_token(self.stacks, token_id)
         if new is None:
             return False
         self.history.append(self.stacks)
@@ -201,12 +239,10 @@ class GrammarMatcher:
         """(num_words,) uint32; after EOS only EOS (a request that ignores EOS keeps
         producing it)."""
         if self.terminated:
-            words = np.zeros(self.compiled.num_words, np.uint32)
-            set_bits(words, self.compiled.eos)
-            return words
+            return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:3018
+    # %% chapters/15_structured_output.md:3070
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3296
+# %% chapters/15_structured_output.md:3375
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
 with caches, and the logits processor that masks the grammar rows (chapter 15).
 
@@ -31,14 +31,14 @@ from minillm.structured.charset import utf8
 from minillm.structured.grammar import Grammar
 from minillm.structured.ir import GrammarError, alt, lit
 from minillm.structured.json_schema import JsonOptions, SchemaCompiler
-from minillm.structured.matcher import CompiledGrammar, GrammarMatcher
+from minillm.structured.matcher import CompiledGrammar, GrammarMatcher, set_bits
 from minillm.structured.regex import regex_expr
 from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3333
+# %% chapters/15_structured_output.md:3412
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -64,7 +64,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3361
+    # %% chapters/15_structured_output.md:3440
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -107,7 +107,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:3411
+# %% chapters/15_structured_output.md:3490
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -140,7 +140,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:3450
+# %% chapters/15_structured_output.md:3529
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -169,32 +169,34 @@ class StructuredOutputLogitsProcessor:
         return _rebuild, (params, self.max_tokens, fingerprint)
 
     def matcher(self, output_token_ids) -> GrammarMatcher:
-        key = tuple(output_token_ids)
-        if key not in self.prefixes:
-            parent = self.prefixes.get(key[:-1]) if key else None
-            if parent is None:  # the first call, or a prefix evicted: replay it
-                m, tokens = GrammarMatcher(self.compiled), key
-            else:
-                m, tokens = _fork(parent), key[-1:]
-            for t in tokens:
-                if not m.accept_token(t) and not m.terminated:
-                    m.terminated = True  # a token the mask forbade: only EOS from here
-            self.prefixes[key] = m
-            if len(self.prefixes) > self.max_prefixes:
-                self.prefixes.popitem(last=False)
-        self.prefixes.move_to_end(key)
-        return self.prefixes[key]
+        key = tuple(output_token_ids)  # a tuple hashes anew each use: one get
+        m = self.prefixes.get(key)
+        if m is not None:
+            self.prefixes.move_to_end(key)
+            return m
+        parent = self.prefixes.get(key[:-1]) if key else None
+        if parent is None:  # the first call, or a prefix evicted: replay it
+            m, tokens = GrammarMatcher(self.compiled), key
+        else:
+            m, tokens = _fork(parent), key[-1:]
+        for t in tokens:
+            if not m.accept_token(t) and not m.terminated:
+                m.terminated = True  # a token the mask forbade: only EOS from here
+        self.prefixes[key] = m  # newest last, as move_to_end would put it
+        if len(self.prefixes) > self.max_prefixes:
+            self.prefixes.popitem(last=False)
+        return m
 
-    # %% chapters/15_structured_output.md:3497
+    # %% chapters/15_structured_output.md:3578
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
-        m = self.matcher(output_token_ids)
+        return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
+
+    def mask_after(self, m: GrammarMatcher, num_output_tokens: int) -> np.ndarray:
+        """The mask of matcher m, num_output_tokens into the output."""
         if self.budget is None or m.terminated:
             return m.next_token_mask()
-        words = self.budget.mask(m.stacks, self.max_tokens - len(output_token_ids))
-        if not words.any():  # the bound is loose: it may see no way to finish
-            words = m.next_token_mask()  # in time; then the grammar alone
-        return words
+        return self.budget.final_mask(m.stacks, self.max_tokens - num_output_tokens)
 
     def __call__(self, output_token_ids: list[int], logits: Tensor) -> Tensor:
         """One row (the reference path): logits (vocab,), masked in place."""
@@ -203,7 +205,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:3533
+    # %% chapters/15_structured_output.md:3614
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -217,19 +219,23 @@ class StructuredOutputLogitsProcessor:
         num_words = processors[0].compiled.num_words
         host = host_bitmask(len(slot), num_words, logits.device)  # (rows, words)
         words = host.numpy().view(np.uint32)
-        filled = set()
-        for row, p, ids in zip(rows, processors, output_token_ids):
-            k = slot[row]
-            if k in filled:  # a second grammar on this row: both must allow
-                words[k] &= p.next_token_mask(ids)
-            else:
-                words[k] = p.next_token_mask(ids)  # a row copy of a cached mask
-                filled.add(k)
+        masks = [p.next_token_mask(i) for p, i in zip(processors, output_token_ids)]
+        if len(slot) == len(rows):  # one grammar per row: one copy of all rows
+            np.concatenate(masks, out=words.reshape(-1))  # a view: rows are contiguous
+        else:
+            filled = set()
+            for row, mask in zip(rows, masks):
+                k = slot[row]
+                if k in filled:  # a second grammar on this row: both must allow
+                    words[k] &= mask
+                else:
+                    words[k] = mask
+                    filled.add(k)
         indices = None if list(slot) == list(range(logits.shape[0])) else list(slot)
         return apply_token_bitmask_inplace(logits, host, indices)
 
 
-# %% chapters/15_structured_output.md:3561
+# %% chapters/15_structured_output.md:3646
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -239,14 +245,14 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:3570
+# %% chapters/15_structured_output.md:3655
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:3605
+# %% chapters/15_structured_output.md:3690
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -284,7 +290,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:3679
+# %% chapters/15_structured_output.md:3764
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -312,3 +318,34 @@ def structured_outputs_from_response_format(
                                "a JSON Schema object")  # fmt: skip
         fields["json"] = schema
     return StructuredOutputsParams(**fields) if fields else None
+
+
+# %% chapters/15_structured_output.md:4306
+RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
+
+
+def reference_step(compiled: CompiledGrammar, state: RowState, token: int):
+    """The row's state after token: advance over its bytes (uncached)."""
+    stacks, done = state
+    if done or token in compiled.index.eos_token_ids:
+        return stacks, True  # after EOS (or a token the mask forbade): only EOS
+    token_bytes = compiled.index.token_bytes
+    data = token_bytes[token] if token < len(token_bytes) else b""
+    new = compiled.advance(stacks, data) if data else None
+    return (stacks, True) if new is None else (new, False)
+
+
+def reference_next_token_mask(
+    proc: StructuredOutputLogitsProcessor, state: RowState, remaining: int | None
+) -> np.ndarray:
+    """The row's mask as the processor computed it before its per-step caches;
+    remaining: tokens left under max_tokens (None: the grammar's mask alone)."""
+    c, (stacks, done) = proc.compiled, state
+    if done:
+        words = np.zeros(c.num_words, np.uint32)
+        set_bits(words, c.eos)
+        return words
+    if proc.budget is None or remaining is None:
+        return c.mask(stacks)
+    words = proc.budget.mask(stacks, remaining)
+    return words if words.any() else c.mask(stacks)
