@@ -96,15 +96,19 @@ def test_rtn_error_is_at_most_half_a_step(dtype, group):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int4_linear_on_cpu_is_the_reference(dtype):
-    qw = quantize_rtn(torch.randn(40, 128), 64)
-    bias = torch.randn(40)
+    g = torch.Generator().manual_seed(0)
+    qw = quantize_rtn(torch.randn(40, 128, generator=g), 64)
+    bias = torch.randn(40, generator=g)
     layer = Int4Linear.from_weight(qw, bias)
-    x = torch.randn(2, 3, 128).to(dtype)
+    x = torch.randn(2, 3, 128, generator=g).to(dtype)
     y = layer.to(dtype)(x)
     assert y.shape == (2, 3, 40) and y.dtype == dtype
     dense = x.float() @ qw.dequantize().T + bias
-    tol = dict(rtol=2e-2, atol=5e-2) if dtype == torch.bfloat16 else dict(atol=1e-4)
-    assert torch.allclose(y.float(), dense, **tol)
+    # bf16: scales, bias and the output each rounded to 8 significant bits, so the
+    # error is a small fraction of the output's scale (an element near zero can be
+    # off by more than 5e-2 in absolute terms); float32: exact to summation order
+    err = (y.float() - dense).abs().max() / dense.abs().max()
+    assert err <= (2e-2 if dtype == torch.bfloat16 else 1e-5), err
     assert torch.equal(y, int4_linear_ref(x, layer.weight_int4, layer.bias))
     assert not list(layer.parameters()), "the packed weight is buffers, not parameters"
 
