@@ -1,0 +1,369 @@
+"""Schema coverage on folders of real-world JSON Schemas (JSONSchemaBench's subsets),
+minillm's compiler next to xgrammar's, on the CPU.
+
+For every schema file, each library compiles it (a refusal is classified: minillm's
+GrammarError naming a keyword, another failure, or the time limit); then, for each
+library that compiled it, a seeded "random model" (a uniform choice among the tokens
+the mask allows) writes a few outputs in compact JSON, and jsonschema checks every
+output that finished. Each (schema, library) job runs in a forked child with a time
+limit, so a compile that hangs (in Python or in C++) is counted and stopped.
+
+    python benchmarks/schema_coverage.py /path/to/jsonschemabench/data/Glaiveai2K \
+        /path/to/jsonschemabench/data/Github_medium --limit 50 \
+        --source Glaiveai2K=OWNER/REPO@COMMIT --source Github_medium=OWNER/REPO@COMMIT
+
+Writes benchmarks/results/schema_coverage-cpu-DATE.json (or --out DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import multiprocessing
+import random
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import environment, save  # noqa: E402
+from minillm.structured.ir import GrammarError  # noqa: E402
+from minillm.structured.processor import (  # noqa: E402
+    GrammarCompiler,
+    StructuredOutputsParams,
+)
+from minillm.tokenizer import Tokenizer  # noqa: E402
+
+LICENSE = (
+    "no LICENSE file in the stored copy of guidance-ai/jsonschemabench; its README "
+    "says the schemas come from json-schema-corpus and glaive-function-calling-v2. "
+    "Only derived counts and file names are stored here, never the schemas."
+)
+
+
+def model_folder(model: str) -> Path:
+    if model == "tiny":
+        from minillm.tiny import tiny_model_path
+
+        return tiny_model_path(progress=False)
+    from minillm.convert import resolve_model
+
+    return resolve_model(model)
+
+
+class Libraries:
+    """Both libraries on one tokenizer, as chapter 15's xgrammar cells set them up."""
+
+    def __init__(self, folder: Path):
+        import xgrammar as xgr
+        from transformers import PreTrainedTokenizerFast
+
+        self.compiler = GrammarCompiler(Tokenizer.from_pretrained(folder))
+        self.index = self.compiler.index
+        hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+        self.xgr = xgr
+        self.xgr_info = xgr.TokenizerInfo.from_huggingface(
+            hf_tok, stop_token_ids=self.index.eos_token_ids
+        )
+        self.xgr_compiler = xgr.GrammarCompiler(
+            self.xgr_info, max_threads=1, cache_enabled=False
+        )
+        self.pieces = hf_tok.convert_ids_to_tokens(list(range(self.index.vocab_size)))
+
+    def text(self, ids: list[int]) -> tuple[str, int]:
+        """The output's text and how many special tokens (no bytes of their own in
+        our index: <|im_start|> and the like) it holds, written as their names."""
+        raw = self.index.token_bytes
+        parts = [raw[t] if raw[t] is not None else self.pieces[t].encode() for t in ids]
+        return b"".join(parts).decode(errors="replace"), sum(
+            raw[t] is None for t in ids
+        )
+
+    def minillm(self, schema, rng, walks, max_tokens, send):
+        """Compile with minillm (compact JSON, a budget of max_tokens), then walk."""
+        params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+        t0 = time.perf_counter()
+        try:
+            params.logits_processor(self.compiler, max_tokens=max_tokens)
+        except GrammarError as e:
+            keyword, message = getattr(e, "keyword", None), str(e).splitlines()[0]
+            kind = "unsupported" if keyword else "refused"
+            return send(("refused", kind, keyword or message[:120], message[:200]))
+        send(("compiled", 1e3 * (time.perf_counter() - t0)))
+        eos, outputs = set(self.index.eos_token_ids), []
+        for _ in range(walks):
+            proc = params.logits_processor(self.compiler, max_tokens=max_tokens)
+            out, done = [], None
+            for _ in range(max_tokens + 1):
+                logits = proc(out, torch.zeros(self.index.vocab_size))
+                allowed = torch.nonzero(logits > float("-inf")).flatten().tolist()
+                if not allowed:
+                    done = "stuck"  # the mask allowed nothing: a bug, counted apart
+                    break
+                token = rng.choice(allowed)
+                if token in eos:
+                    done = "finished"
+                    break
+                out.append(token)
+            text, special = self.text(out)
+            outputs.append(
+                {"end": done or "unfinished", "text": text, "special": special}
+            )
+        send(("outputs", outputs))
+
+    def xgrammar(self, schema, rng, walks, max_tokens, send):
+        """Compile with xgrammar (compact JSON, its own defaults otherwise), walk."""
+        xgr, t0 = self.xgr, time.perf_counter()
+        try:
+            compiled = self.xgr_compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False
+            )
+        except Exception as e:  # xgrammar raises RuntimeError or ValueError
+            message = str(e).splitlines()[0]
+            return send(("refused", "refused", message[:120], message[:200]))
+        send(("compiled", 1e3 * (time.perf_counter() - t0)))
+        bitmask = xgr.allocate_token_bitmask(1, self.xgr_info.vocab_size)
+        shifts, outputs = torch.arange(32, dtype=torch.int32), []
+        for _ in range(walks):
+            m, out, done = xgr.GrammarMatcher(compiled), [], None
+            for _ in range(max_tokens + 1):
+                m.fill_next_token_bitmask(bitmask)
+                bits = (bitmask[0, :, None] >> shifts) & 1  # (words, 32)
+                allowed = torch.nonzero(bits.flatten()).flatten().tolist()
+                if not allowed:
+                    done = "stuck"
+                    break
+                token = rng.choice(allowed)
+                if token in self.index.eos_token_ids:
+                    done = "finished"
+                    break
+                if not m.accept_token(token):
+                    done = "stuck"
+                    break
+                out.append(token)
+            text, special = self.text(out)
+            outputs.append(
+                {"end": done or "unfinished", "text": text, "special": special}
+            )
+        send(("outputs", outputs))
+
+
+def run_job(libs, lib, schema, seed, walks, max_tokens, limit_s):
+    """One library on one schema in a forked child: its compile status and its
+    outputs, or a timeout (the child is killed)."""
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def child():
+        try:
+            getattr(libs, lib)(
+                schema, random.Random(seed), walks, max_tokens, send.send
+            )
+        except Exception as e:  # anything else (RecursionError too): an error
+            message = f"{type(e).__name__}: {e}"
+            send.send(("refused", "error", message[:120], message[:200]))
+
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    send.close()
+    row, deadline = {"status": "timeout"}, time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0 and recv.poll(left):
+        try:
+            message = recv.recv()
+        except EOFError:  # the child died (a crash in C++, say)
+            row.setdefault("detail", f"child exited with {proc.exitcode}")
+            if row["status"] == "timeout":
+                row["status"] = "error"
+            break
+        if message[0] == "refused":
+            row.update(status=message[1], detail=message[2], message=message[3])
+            break
+        if message[0] == "compiled":
+            row.update(status="compiled", compile_ms=round(message[1], 2))
+        if message[0] == "outputs":
+            row["outputs"] = message[1]
+            break
+    proc.kill()
+    proc.join()
+    if row["status"] == "timeout":
+        row["detail"] = f"compile over {limit_s:g} s"
+    return row
+
+
+def checker(schema):
+    """jsonschema's validator for the schema's own draft (formats checked), or None
+    where jsonschema itself rejects the schema."""
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def judge(validator, outputs):
+    """Each output: unfinished / stuck, or finished and valid / invalid; a finished
+    output that jsonschema cannot check (a $ref it cannot resolve) is "unchecked"."""
+    verdicts = []
+    for o in outputs:
+        if o["end"] != "finished":
+            verdicts.append(o["end"])
+            continue
+        try:
+            ok = validator is not None and validator.is_valid(json.loads(o["text"]))
+            verdicts.append("valid" if ok else "invalid")
+        except ValueError:
+            verdicts.append("invalid")  # not JSON at all
+        except Exception:  # referencing's Unresolvable and the like
+            verdicts.append("unchecked")
+    return verdicts
+
+
+def summarize(rows):
+    out = {"schemas": len(rows)}
+    out["jsonschema_rejects"] = sum(not r["jsonschema_ok"] for r in rows)
+    for lib in ("minillm", "xgrammar"):
+        status = collections.Counter(r[lib]["status"] for r in rows)
+        verdicts = collections.Counter(
+            v for r in rows for v in r[lib].get("verdicts", [])
+        )
+        ms = sorted(r[lib]["compile_ms"] for r in rows if "compile_ms" in r[lib])
+        out[lib] = {
+            "compiled": status["compiled"],
+            "status": dict(status),
+            "outputs": sum(verdicts.values()),
+            "finished": sum(verdicts[v] for v in ("valid", "invalid", "unchecked")),
+            **{
+                v: verdicts[v]
+                for v in (
+                    "valid",
+                    "invalid",
+                    "unchecked",
+                    "unfinished",
+                    "timeout",
+                    "stuck",
+                )
+            },
+            "compile_ms_median": ms[len(ms) // 2] if ms else None,
+            "outputs_with_special_tokens": sum(r[lib].get("special", 0) for r in rows),
+            "refusals": dict(
+                collections.Counter(
+                    r[lib]["detail"] for r in rows if r[lib]["status"] != "compiled"
+                ).most_common()
+            ),
+            "schemas_all_valid": sum(
+                bool(r[lib].get("verdicts")) and set(r[lib]["verdicts"]) == {"valid"}
+                for r in rows
+            ),
+        }
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="folders of *.json schemas")
+    parser.add_argument("--limit", type=int, default=80, help="first N files per dir")
+    parser.add_argument("--walks", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--time-limit", type=float, default=10.0, help="s per job")
+    parser.add_argument("--model", default="smollm2", help="tokenizer: smollm2, tiny")
+    parser.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        help="SUBSET=OWNER/REPO@COMMIT, where a folder came from",
+    )
+    parser.add_argument("--name", default="schema_coverage")
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    libs = Libraries(model_folder(args.model))
+    setup_s = time.perf_counter() - t0
+    sources = dict(s.split("=", 1) for s in args.source)
+    subsets = {}
+    for folder in args.dirs:
+        files = sorted(folder.glob("*.json"))[: args.limit]
+        rows = []
+        for i, path in enumerate(files):
+            schema = json.loads(path.read_text())
+            row = {"file": path.name}
+            validator = checker(schema)
+            row["jsonschema_ok"] = validator is not None
+            for lib in ("minillm", "xgrammar"):
+                seed = f"{path.name}:{lib}"
+                job = run_job(
+                    libs,
+                    lib,
+                    schema,
+                    seed,
+                    args.walks,
+                    args.max_tokens,
+                    args.time_limit,
+                )
+                outputs = job.pop("outputs", [])
+                job["verdicts"] = judge(validator, outputs)
+                if job["status"] == "compiled" and not outputs:  # the walks ran out
+                    job["verdicts"] = ["timeout"] * args.walks
+                job["invalid_outputs"] = [  # what was let through, for reading
+                    o["text"][:300]
+                    for o, v in zip(outputs, job["verdicts"])
+                    if v == "invalid"
+                ]
+                job["special"] = sum(o["special"] > 0 for o in outputs)
+                row[lib] = job
+            rows.append(row)
+            print(
+                f"{folder.name} {i + 1}/{len(files)} {path.name}: "
+                f"minillm {row['minillm']['status']} {row['minillm']['verdicts']}, "
+                f"xgrammar {row['xgrammar']['status']} {row['xgrammar']['verdicts']}",
+                flush=True,
+            )
+        subsets[folder.name] = {
+            "source": sources.get(folder.name),
+            "summary": summarize(rows),
+            "rows": rows,
+        }
+    from importlib.metadata import version
+
+    env = environment()
+    env.update(xgrammar=version("xgrammar"), jsonschema=version("jsonschema"))
+    record = {
+        "benchmark": "schema_coverage",
+        "environment": env,
+        "workload": {
+            "tokenizer": args.model,
+            "vocab_size": libs.index.vocab_size,
+            "walks_per_schema": args.walks,
+            "max_tokens": args.max_tokens,
+            "time_limit_s": args.time_limit,
+            "files_per_subset": args.limit,
+            "compact_json": True,
+            "setup_s": round(setup_s, 1),
+            "random_model": "uniform over the allowed tokens, seeded by file name",
+        },
+        "dataset": {"name": "JSONSchemaBench", "license": LICENSE},
+        "subsets": subsets,
+        "total_s": round(time.perf_counter() - t0, 1),
+    }
+    path = save(args.name, record, args.out) if args.out else save(args.name, record)
+    for name, sub in subsets.items():
+        s = sub["summary"]
+        print(
+            f"{name}: {s['schemas']} schemas; compiled minillm "
+            f"{s['minillm']['compiled']}, xgrammar {s['xgrammar']['compiled']}; "
+            f"valid/finished minillm {s['minillm']['valid']}/"
+            f"{s['minillm']['finished']}, xgrammar {s['xgrammar']['valid']}/"
+            f"{s['xgrammar']['finished']}"
+        )
+    print(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
