@@ -191,6 +191,7 @@ def test_eos_only_when_complete(compiler):
         ({"type": "integer", "multipleOf": 7}, "multipleOf"),
         ({"type": "strnig"}, "type"),
         ({"$ref": "#/$defs/missing"}, "$ref"),
+        ({"type": "string", "format": "email", "maxLength": 255}, "maxLength"),
     ],
 )
 def test_unsupported_keyword_is_named(compiler, schema, keyword):
@@ -394,3 +395,127 @@ def test_processor_pickles_as_its_constraint(compiler, tiny):
         proc_mod.COMPILERS.clear()
         proc_mod.COMPILERS.update(saved)
         proc_mod._TOKENIZERS[:] = tokenizers
+
+
+LONG_KEYS = [f"a_rather_long_property_{i}" for i in range(6)]
+
+
+def long_keys_processor(compiler, max_tokens):
+    """Six required properties with long names that are tokens of their own (added to
+    the tiny vocabulary): the shortest document is about 180 bytes but 40-odd tokens,
+    as a real schema's keys are a few tokens each (JSONSchemaBench's o43230, say)."""
+    from minillm.structured.grammar import Grammar
+    from minillm.structured.matcher import CompiledGrammar
+    from minillm.structured.processor import StructuredOutputLogitsProcessor
+    from minillm.structured.token_index import TokenIndex
+
+    base = compiler.index
+    vocab = list(base.token_bytes) + [k.encode() for k in LONG_KEYS]
+    index = TokenIndex(vocab, base.eos_token_ids, len(vocab))
+    schema = {
+        "type": "object",
+        "properties": {k: {"type": "string"} for k in LONG_KEYS},
+        "required": LONG_KEYS,
+        "additionalProperties": False,
+    }
+    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    compiled = CompiledGrammar(Grammar(params.rules()), index)
+    return schema, StructuredOutputLogitsProcessor(compiled, max_tokens)
+
+
+def test_budget_finishes_where_bytes_would_not_fit(compiler):
+    """Regression: the budget counted bytes (single-byte tokens), so a schema whose
+    shortest document has more bytes than max_tokens got no budget at all (the mask
+    fell back to the grammar's) and random walks ran out inside a string. Counted in
+    tokens it fits, and every walk finishes by max_tokens and validates."""
+    from minillm.structured.budget import byte_steps
+
+    max_tokens = 60
+    schema, proc = long_keys_processor(compiler, max_tokens)
+    c, eos = proc.compiled, set(proc.compiled.index.eos_token_ids)
+    assert byte_steps(c)[0][c.initial[0][-1]] > 3 * max_tokens  # bytes: no room
+    assert proc.budget.min_tokens(c.initial) < max_tokens
+    for seed in range(4):
+        rng, out = random.Random(seed), []
+        for _ in range(max_tokens + 1):
+            allowed = allowed_tokens(proc.next_token_mask(out), c.index.vocab_size)
+            token = rng.choice(allowed.tolist())
+            if token in eos:
+                break
+            out.append(token)
+        assert len(out) <= max_tokens and c.is_complete(proc.matcher(out).stacks)
+        text = b"".join(c.index.token_bytes[t] for t in out).decode()
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_max_tokens_below_the_budget_is_refused(compiler):
+    """A max_tokens below what the budget needs to finish the document is a clear
+    error when the request is made (not a silent cut-off); at the need it is not."""
+    from minillm.structured.ir import GrammarError
+
+    _, proc = long_keys_processor(compiler, 1000)
+    need = proc.budget.min_tokens(proc.compiled.initial)
+    with pytest.raises(GrammarError, match=f"max_tokens={need - 1} .*{need} tokens"):
+        long_keys_processor(compiler, need - 1)
+    assert long_keys_processor(compiler, need)[1].next_token_mask([]).any()
+    # 22 bytes or more in one token: no way at all, and it says so
+    short = StructuredOutputsParams(json={"type": "string", "minLength": 20})
+    with pytest.raises(GrammarError, match="max_tokens=1 is too few"):
+        short.logits_processor(compiler, max_tokens=1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lo=st.integers(0, 6),
+    span=st.one_of(st.none(), st.integers(0, 6)),
+    pattern=st.sampled_from([None, "^[a-c]+$", "x", "^(ab|c)*$"]),
+    texts=st.lists(st.text(alphabet='abcx"\\\u00e9\u0001', max_size=14), max_size=12),
+)
+def test_counted_strings_equal_the_unrolled_expression(lo, span, pattern, texts):
+    """json_string's directly built automaton (layers of one character's states)
+    accepts exactly what the unrolled "char{lo,hi}" expression, with its pattern,
+    accepts; for a bound it has the same (minimal) number of states."""
+    from minillm.structured import charset as cs
+    from minillm.structured.fsm import determinize
+    from minillm.structured.ir import And, Rep, lit, seq
+    from minillm.structured.json_text import json_char, json_string
+    from minillm.structured.regex import regex_expr
+
+    hi = None if span is None else lo + span
+    body = Rep(json_char(cs.ANY), lo, hi)
+    if pattern is not None:
+        body = And(regex_expr(pattern, json_char, search=True), body)
+    unrolled = determinize(seq(lit('"'), body, lit('"')))
+    direct = json_string(lo, hi, pattern)
+    if pattern is None and hi is not None:
+        assert direct.num_states == unrolled.num_states
+    for text in texts + ["a" * lo, "c" * (hi or lo + 3)]:
+        data = json.dumps(text, ensure_ascii=False).encode()
+        assert direct.matches(data) == unrolled.matches(data), (text, lo, hi)
+
+
+def test_long_strings_compile_and_validate(compiler):
+    """maxLength 255 (13 s to compile when unrolled) is a few seconds at most; two
+    properties share one rule for it; every walk's output validates."""
+    import time
+
+    long = {"type": "string", "maxLength": 255}
+    schema = {
+        "type": "object",
+        "properties": {"a": long, "b": long, "c": {**long, "pattern": "^[^,]+$"}},
+        "required": ["a", "b", "c"],
+        "additionalProperties": False,
+    }
+    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    t0 = time.perf_counter()
+    compiled = compiler.compile(params)
+    assert time.perf_counter() - t0 < 8  # shared 2-core CI machines: a loose bound
+    assert [n for n in compiled.grammar.names if n.startswith("string:")] == [
+        "string:0",
+        "string:1",
+    ]  # a and b call one rule, c (with its pattern) another
+    rng = random.Random(3)
+    for _ in range(3):
+        ids = random_walk(compiler, {"json": schema, "disable_any_whitespace": True},
+                          rng, max_tokens=120)  # fmt: skip
+        jsonschema.validate(json.loads(text_of(compiler, ids)), schema)

@@ -2,14 +2,15 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3149
+# %% chapters/15_structured_output.md:3291
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
 A grammar-constrained request can still end invalid: cut off by max_tokens in the
-middle of a string. Every state has a shortest way to finish (in bytes that are
-tokens of their own, so in at most that many tokens); when the tokens left run short,
-the mask keeps only the tokens after which the document can still be finished.
+middle of a string. Every state has a way to finish in a known number of tokens (its
+shortest text, cut into the vocabulary's longest tokens); a request whose max_tokens
+is below that number at the start is refused; when the tokens left run short, the
+mask keeps only the tokens after which the document can still be finished.
 """
 
 from __future__ import annotations
@@ -19,41 +20,22 @@ from collections import OrderedDict
 
 import numpy as np
 
+from minillm.structured.ir import GrammarError
 from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits
 
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3172
+# %% chapters/15_structured_output.md:3316
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
-        self.dist = self._distances()
+        self.dist = token_distances(compiled)
         self.worst: dict[int, int] = {}  # state -> the largest distance after a token
         self.walks: dict[int, tuple] = {}  # state -> (token ids, their end states)
         # stacks -> the room below which the budget may cut tokens (INF: always)
         self.bites_below: OrderedDict[Stacks, int] = OrderedDict()
         self.cuts: OrderedDict[tuple[Stacks, int], np.ndarray] = OrderedDict()
-
-    def _distances(self) -> np.ndarray:
-        """(states + 1,) the fewest single-byte tokens from each state to the end of
-        its rule (a call costs the called rule's shortest text)."""
-        g, index = self.compiled.grammar, self.compiled.index
-        single = np.zeros(256, bool)
-        first = index.levels[0]
-        single[first.byte[first.count > 0]] = True
-        moves = g.table[:, single]  # (states + 1, single bytes)
-        dist = np.where(g.accepting, 0, INF).astype(np.int64)
-        dist[g.SINK] = INF
-        called = [(s, c, r) for s, cs in enumerate(g.calls) for c, r in cs]
-        while True:
-            new = np.minimum(dist, 1 + dist[moves].min(axis=1, initial=INF))
-            for s, callee, ret in called:
-                new[s] = min(new[s], dist[callee] + dist[ret])
-            new[g.SINK] = INF
-            if (new == dist).all():
-                return dist
-            dist = new
 
     def min_tokens(self, stacks: Stacks) -> int:
         """The fewest tokens that finish the document from here."""
@@ -73,7 +55,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3228
+    # %% chapters/15_structured_output.md:3437
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -102,10 +84,11 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3278
+    # %% chapters/15_structured_output.md:3495
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
-        """mask(stacks, remaining), or the grammar's mask where that is empty (the
-        bound is loose); where the budget bites, remembered per (stacks, remaining)."""
+        """mask(stacks, remaining), or the grammar's mask where that is empty (only
+        after a token the budget did not allow); where the budget bites, remembered
+        per (stacks, remaining)."""
         c = self.compiled
         bound = self.bites_below.get(stacks)
         if bound is not None and bound <= remaining - 1:  # it cannot bite
@@ -114,13 +97,89 @@ class FinishBudget:
         words = self.cuts.get(key)
         if words is None:
             words = self.mask(stacks, remaining)
-            if not words.any():  # no way to finish in time that the bound sees
+            if not words.any():  # a token outside the budget's mask came before
                 words = c.mask(stacks)
             c._remember(self.cuts, key, words)
         return words
 
+    def require(self, max_tokens: int) -> None:
+        """Refuse (GrammarError) a max_tokens below the tokens that the budget
+        needs to finish the document from its start."""
+        need = self.min_tokens(self.compiled.initial)
+        if need > max_tokens:
+            raise GrammarError(
+                f"max_tokens={max_tokens} is too few for this schema: its shortest "
+                f"document takes up to {need if need < INF else 'unknown'} tokens "
+                "(the finish budget's count); raise max_tokens"
+            )
 
-# %% chapters/15_structured_output.md:3260
+
+# %% chapters/15_structured_output.md:3354
+def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
+    """Per state: the fewest single-byte tokens to the end of its rule (a call costs
+    the called rule's shortest text), and the first step of such a way: (byte, next
+    state), or (None, callee, return) for a call; None where the rule may end."""
+    g, first = compiled.grammar, compiled.index.levels[0]
+    byte_ids = first.byte[first.count > 0].astype(np.int64)  # single-byte tokens
+    moves = g.table[:, byte_ids]  # (states + 1, single bytes)
+    calls = [(s, c, r) for s, cs in enumerate(g.calls) for c, r in cs]
+    calls = np.array(calls, np.int64).reshape(-1, 3)
+    dist = np.where(g.accepting, 0, INF).astype(np.int64)
+    dist[g.SINK] = INF
+    while True:  # a fixpoint: bytes inside the rule, and calls
+        new = np.minimum(dist, 1 + dist[moves].min(axis=1, initial=INF))
+        np.minimum.at(new, calls[:, 0], dist[calls[:, 1]] + dist[calls[:, 2]])
+        new[g.SINK] = INF
+        if (new == dist).all():
+            break
+        dist = new
+    best, steps = dist[moves].argmin(axis=1), [None] * len(dist)
+    for s in np.flatnonzero((dist > 0) & (dist < INF)).tolist():
+        if 1 + dist[moves[s, best[s]]] == dist[s]:
+            steps[s] = (int(byte_ids[best[s]]), int(moves[s, best[s]]))
+        else:
+            steps[s] = next(
+                (None, c, r) for c, r in g.calls[s] if dist[c] + dist[r] == dist[s]
+            )
+    return dist, steps
+
+
+# %% chapters/15_structured_output.md:3392
+@functools.lru_cache(maxsize=8)
+def vocabulary_sets(index) -> tuple[set, set]:
+    """The vocabulary's token bytes, and every prefix of them."""
+    tokens = {b for b in index.token_bytes if b}
+    return tokens, {t[:i] for t in tokens for i in range(1, len(t) + 1)}
+
+
+def token_distances(compiled: CompiledGrammar) -> np.ndarray:
+    """(states + 1,) tokens that finish each state's rule: its shortest way in
+    bytes, cut into the longest tokens of the vocabulary that it begins with."""
+    dist, steps = byte_steps(compiled)
+    tokens, prefixes = vocabulary_sets(compiled.index)
+    out = np.where(dist == 0, 0, INF).astype(np.int64)
+    order = [s for s in np.argsort(dist, kind="stable").tolist() if 0 < dist[s] < INF]
+    while True:  # twice at least: a call may need a state of its own distance
+        before = out.copy()
+        for s in order:
+            if steps[s][0] is None:  # a call: the callee's tokens, then the return's
+                out[s] = min(out[s], out[steps[s][1]] + out[steps[s][2]])
+                continue
+            text, path, t = b"", [s], s  # the way in the rule, while tokens spell it
+            while steps[t] is not None and steps[t][0] is not None:
+                longer = text + bytes([steps[t][0]])
+                if longer not in prefixes:
+                    break
+                text, t = longer, steps[t][1]
+                path.append(t)
+            n = max(i for i in range(1, len(text) + 1) if text[:i] in tokens)
+            out[s] = min(out[s], 1 + out[path[n]])
+        if (out == before).all():
+            break
+    return out
+
+
+# %% chapters/15_structured_output.md:3469
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minillm.structured.ir import GrammarError
 
-# %% chapters/15_structured_output.md:731
+
+# %% chapters/15_structured_output.md:733
 @dataclass
 class DFA:
     """State 0 is the start. trans[state, byte class] is the next state or -1;
@@ -53,7 +55,7 @@ class DFA:
         return bool(self.accepting[state])
 
 
-# %% chapters/15_structured_output.md:776
+# %% chapters/15_structured_output.md:778
 def keep_states(dfa: DFA, keep: np.ndarray) -> DFA:
     """The DFA restricted to the states where keep is true (state 0 is kept)."""
     keep = keep.copy()
@@ -88,7 +90,7 @@ def coreachable(dfa: DFA) -> np.ndarray:
     return alive
 
 
-# %% chapters/15_structured_output.md:812
+# %% chapters/15_structured_output.md:814
 def reachable(dfa: DFA) -> np.ndarray:
     rows = dfa.trans.tolist()
     seen = [False] * dfa.num_states
@@ -119,7 +121,7 @@ def row_ids(rows: np.ndarray) -> np.ndarray:
     return np.unique(keys, return_inverse=True)[1].reshape(-1)
 
 
-# %% chapters/15_structured_output.md:851
+# %% chapters/15_structured_output.md:853
 def minimize(dfa: DFA) -> DFA:
     """Moore's partition refinement: merge states that no input can tell apart."""
     call_sig = {}
@@ -130,14 +132,14 @@ def minimize(dfa: DFA) -> DFA:
         ],
         dtype=np.int64,
     )
+    callers = [s for s, c in enumerate(dfa.calls) if c]  # few states call
     while True:
         moved = np.where(dfa.trans >= 0, part[dfa.trans], -1)  # (states, classes)
-        returns = {}
-        ret = [
-            returns.setdefault(tuple(int(part[d]) for _, d in c), len(returns))
-            for c in dfa.calls
-        ]
-        sig = np.concatenate([part[:, None], moved, np.array(ret)[:, None]], axis=1)
+        returns, ret = {}, np.zeros(dfa.num_states, np.int64)
+        for s in callers:
+            key = tuple(int(part[d]) for _, d in dfa.calls[s])
+            ret[s] = 1 + returns.setdefault(key, len(returns))
+        sig = np.concatenate([part[:, None], moved, ret[:, None]], axis=1)
         new = row_ids(sig)
         if new.max() == part.max():
             break
@@ -154,9 +156,10 @@ def minimize(dfa: DFA) -> DFA:
     return DFA(trans, dfa.classes, dfa.accepting[reps], calls)
 
 
-# %% chapters/15_structured_output.md:893
-def product(a: DFA, b: DFA, both: bool) -> DFA:
-    """Strings in a and b (both) or in a and not in b; a and b have no calls."""
+# %% chapters/15_structured_output.md:895
+def product(a: DFA, b: DFA, both: bool, limit: int = 1 << 62) -> DFA:
+    """Strings in a and b (both) or in a and not in b; a and b have no calls.
+    GrammarError past `limit` states (before the time they would take)."""
     classes = row_ids(np.stack([a.classes, b.classes], axis=1))
     pairs = np.zeros((classes.max() + 1, 2), dtype=np.int64)
     pairs[classes] = np.stack([a.classes, b.classes], axis=1)
@@ -175,6 +178,8 @@ def product(a: DFA, b: DFA, both: bool) -> DFA:
             if row[-1] == len(order):
                 order.append((ta, tb))
         rows.append(row)
+        if len(order) > limit:
+            raise GrammarError(f"the product needs more than {limit} states")
         in_b = sb >= 0 and bool(b.accepting[sb])
         accepting.append(bool(a.accepting[sa]) and (in_b if both else not in_b))
     dfa = DFA(

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:932
+# %% chapters/15_structured_output.md:937
 """Automata over bytes: expressions -> NFA -> DFA, products and minimization
 (chapter 15)."""
 
@@ -30,7 +30,7 @@ class GrammarTooLarge(GrammarError):
     pass
 
 
-# %% chapters/15_structured_output.md:961
+# %% chapters/15_structured_output.md:966
 class NFA:
     """Thompson's construction: states with byte-range, epsilon and call edges."""
 
@@ -50,7 +50,7 @@ class NFA:
         self.calls.append([])
         return len(self.eps) - 1
 
-    # %% chapters/15_structured_output.md:983
+    # %% chapters/15_structured_output.md:988
     def add(self, expr) -> tuple[int, int]:
         """Build expr into the automaton; returns its (start, end) states."""
         if isinstance(expr, Bytes):
@@ -86,7 +86,7 @@ class NFA:
             return self.add_dfa(product(left, right, isinstance(expr, And)))
         raise TypeError(f"not a grammar expression: {expr!r}")
 
-    # %% chapters/15_structured_output.md:1025
+    # %% chapters/15_structured_output.md:1030
     def _rep(self, rep: Rep) -> tuple[int, int]:
         s = e = self.state()
         for _ in range(rep.min):
@@ -120,7 +120,7 @@ class NFA:
             self.eps[nodes[f]].append(end)
         return nodes[graph.start], end
 
-    # %% chapters/15_structured_output.md:1065
+    # %% chapters/15_structured_output.md:1070
     def add_dfa(self, dfa: DFA) -> tuple[int, int]:
         """Embed a DFA (without calls): its states become NFA states."""
         states = [self.state() for _ in range(dfa.num_states)]
@@ -158,7 +158,7 @@ class NFA:
             classes[lo:hi] = k
         return classes
 
-    # %% chapters/15_structured_output.md:1111
+    # %% chapters/15_structured_output.md:1116
     def to_dfa(self, start: int, end: int) -> DFA:
         """The subset construction, over byte classes; call edges are symbols too."""
         classes = self.byte_classes()
@@ -197,9 +197,11 @@ class NFA:
         return DFA(trans, classes, np.array(accepting, dtype=bool), calls)
 
 
-# %% chapters/15_structured_output.md:1152
+# %% chapters/15_structured_output.md:1157
 def determinize(expr) -> DFA:
-    """The minimal trimmed DFA of an expression."""
+    """The minimal trimmed DFA of an expression (a DFA without calls: itself)."""
+    if isinstance(expr, DFA) and not any(expr.calls):
+        return expr  # built and minimised before (json_string's, say)
     nfa = NFA()
     start, end = nfa.add(expr)
     return minimize(trim(nfa.to_dfa(start, end)))

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1170
+# %% chapters/15_structured_output.md:1177
 """A grammar's rules as DFAs, laid out as one byte-level table (chapter 15)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from minillm.structured.fsm import determinize
 from minillm.structured.ir import GrammarError
 
 
-# %% chapters/15_structured_output.md:1183
+# %% chapters/15_structured_output.md:1190
 class Grammar:
     """Rules (name -> expression; `root` is the document) compiled to DFAs.
 
@@ -24,7 +24,7 @@ class Grammar:
     """
 
     def __init__(self, rules: dict, root: str = "root"):
-        dfas = {name: determinize(expr) for name, expr in rules.items()}
+        dfas = before = {name: determinize(expr) for name, expr in rules.items()}
         productive: set[str] = set()
         while True:  # a rule is productive if some text finishes it (calls included)
             new = {n for n, d in dfas.items() if coreachable(trim(d, productive))[0]}
@@ -33,8 +33,12 @@ class Grammar:
             productive = new
         if root not in productive:
             raise GrammarError("the schema admits no value: no JSON text satisfies it")
-        dfas = {
-            n: minimize(trim(d, productive)) for n, d in dfas.items() if n in productive
+        dfas = {n: trim(d, productive) for n, d in dfas.items() if n in productive}
+        dfas = {  # a DFA that trimming left whole is minimal already
+            n: d
+            if d.calls == before[n].calls and d.num_states == before[n].num_states
+            else minimize(d)
+            for n, d in dfas.items()
         }
         self.names = self._reachable(dfas, root)
         self.dfas = [dfas[n] for n in self.names]
@@ -51,7 +55,7 @@ class Grammar:
                         todo.append(rule)
         return names
 
-    # %% chapters/15_structured_output.md:1226
+    # %% chapters/15_structured_output.md:1237
     def _layout(self) -> None:
         starts = np.cumsum([0] + [d.num_states for d in self.dfas])
         self.rule_start = {n: int(s) for n, s in zip(self.names, starts)}
@@ -79,7 +83,7 @@ class Grammar:
         self.is_event = self._events(called)
         self.flat = table.ravel().tolist()  # for stepping one byte at a time in Python
 
-    # %% chapters/15_structured_output.md:1263
+    # %% chapters/15_structured_output.md:1274
     def _events(self, called: set[str]) -> np.ndarray:
         """(states + 1, 256) bool: whether this byte, read in this state, may leave
         the rule the token started in. A return may go anywhere; a call only where

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:2002
+# %% chapters/15_structured_output.md:2112
 """JSON Schema -> grammar rules: one expression per rule, recursion through Call
 (chapter 15).
 
@@ -19,10 +19,11 @@ import functools
 from dataclasses import dataclass
 
 from minillm.structured.fsm import determinize
-from minillm.structured.ir import EMPTY, NOTHING, And, Bytes, Call, Diff, Graph, Rep
-from minillm.structured.ir import alt, lit, opt, seq, star
+from minillm.structured.ir import EMPTY, NOTHING, Bytes, Call, Diff, Graph, Rep
+from minillm.structured.ir import GrammarError, alt, lit, opt, seq, star
 from minillm.structured.json_text import FORMATS, json_format, json_number
-from minillm.structured.json_text import compact, json_literal, json_string
+from minillm.structured.json_text import bounded_product, compact, json_literal
+from minillm.structured.json_text import json_string
 from minillm.structured.numbers import integer_range, number_range
 from minillm.structured.regex import UnsupportedRegex, regex_expr
 from minillm.structured.charset import utf8
@@ -43,7 +44,7 @@ class JsonOptions:
     max_repeat: int = 256  # larger maxLength / maxItems are held to this
 
 
-# %% chapters/15_structured_output.md:2052
+# %% chapters/15_structured_output.md:2163
 class SchemaCompiler:
     """Compiles one schema. `rules()` -> {rule name: expression}; "root" is the
     document."""
@@ -51,6 +52,7 @@ class SchemaCompiler:
     def __init__(self, schema, options: JsonOptions = JsonOptions()):
         self.schema, self.options = schema, options
         self.extra_rules: dict = {}  # the any-JSON rules, made on first use
+        self.string_rules: dict[int, str] = {}  # large string automata -> rule
         self.active: list[str] = []  # $refs being inlined; meeting one again recurses
         self.pending: list[str] = []  # recursive $refs whose rule is still to make
         if options.whitespace_pattern is not None:
@@ -70,7 +72,7 @@ class SchemaCompiler:
                 rules[ref] = self.value(resolve_ref(self.schema, ref, ref), ref)
         return {**rules, **self.extra_rules}
 
-    # %% chapters/15_structured_output.md:2081
+    # %% chapters/15_structured_output.md:2193
     def value(self, schema, path: str):
         """The expression of the JSON values schema admits."""
         if schema is True or schema == {}:
@@ -112,7 +114,7 @@ class SchemaCompiler:
         finally:
             self.active.pop()
 
-    # %% chapters/15_structured_output.md:2131
+    # %% chapters/15_structured_output.md:2243
     def flatten(self, schemas: list, path: str, depth: int = 0) -> list:
         """allOf's members with their $refs and nested allOfs opened."""
         out = []
@@ -153,7 +155,7 @@ class SchemaCompiler:
         """schema without $ref or allOf at its top (for disjointness proofs)."""
         return self.merged(schema, "#") if isinstance(schema, dict) else schema
 
-    # %% chapters/15_structured_output.md:2175
+    # %% chapters/15_structured_output.md:2287
     def alternatives(self, schema: dict, path: str):
         """anyOf: any branch. oneOf: exactly one, so its branches must be disjoint."""
         key = "anyOf" if "anyOf" in schema else "oneOf"
@@ -200,7 +202,7 @@ class SchemaCompiler:
             )
         return dfa.matches(compact(value))
 
-    # %% chapters/15_structured_output.md:2229
+    # %% chapters/15_structured_output.md:2341
     def typed(self, t: str, schema: dict, path: str):
         """The values of type t that satisfy schema's keywords for that type."""
         if t == "null":
@@ -243,11 +245,26 @@ class SchemaCompiler:
             if patterns or not parts or (lo, hi) != (0, None):
                 parts.append(json_string(lo, hi, patterns[0] if patterns else None))
             parts += [json_string(pattern=p) for p in patterns[1:]]
+            return self.shared(functools.reduce(bounded_product, parts))
         except UnsupportedRegex as e:
             raise SchemaError(str(e), path, "pattern") from None
-        return functools.reduce(And, parts)
+        except GrammarError as e:  # a long maxLength times a large pattern
+            raise SchemaError(
+                f"'maxLength' {hi} with a pattern or format: {e}", path, "maxLength"
+            ) from None
 
-    # %% chapters/15_structured_output.md:2279
+    # %% chapters/15_structured_output.md:2400
+    def shared(self, dfa):
+        """dfa, or a Call of a rule holding it where it is large: each use of a
+        long bounded string is then one call, not a copy of its states."""
+        if dfa.num_states <= SHARED_STATES:
+            return dfa
+        if id(dfa) not in self.string_rules:  # extra_rules keeps dfa (and its id)
+            self.string_rules[id(dfa)] = name = f"string:{len(self.string_rules)}"
+            self.extra_rules[name] = dfa
+        return Call(self.string_rules[id(dfa)])
+
+    # %% chapters/15_structured_output.md:2421
     def _cap(self, bound: int | None) -> int | None:
         return None if bound is None else min(bound, self.options.max_repeat)
 
@@ -287,7 +304,7 @@ class SchemaCompiler:
         body = Graph(n + 2, tuple(edges), 0, tuple(finals))
         return seq(lit("["), self.ws, body, self.ws, lit("]"))
 
-    # %% chapters/15_structured_output.md:2326
+    # %% chapters/15_structured_output.md:2468
     def object(self, schema: dict, path: str):
         """{ the named properties in order (the required ones always), then any
         additional ones the schema allows }."""
@@ -332,7 +349,7 @@ class SchemaCompiler:
         body = Graph(2 * n + 2, tuple(edges), 1, (2 * n, 2 * n + 1))
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
-    # %% chapters/15_structured_output.md:2382
+    # %% chapters/15_structured_output.md:2524
     def _check_counts(self, schema, members, extra, path):
         if len([m for m in members if m[1]]) < schema.get("minProperties", 0):
             raise SchemaError(
@@ -373,7 +390,11 @@ class SchemaCompiler:
         return alt(*scalars, Call("any:object"), Call("any:array"))
 
 
-# %% chapters/15_structured_output.md:2425
+# %% chapters/15_structured_output.md:2395
+SHARED_STATES = 512  # a string automaton larger than this is a rule of its own
+
+
+# %% chapters/15_structured_output.md:2567
 def check_schema(schema) -> None:
     """SchemaError unless schema is a well-formed JSON Schema (draft 2020-12's
     metaschema, checked by the jsonschema library): `"required": 5` is malformed,

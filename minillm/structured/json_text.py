@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1527
+# %% chapters/15_structured_output.md:1538
 """JSON's lexical pieces as grammar expressions: strings (with a character set,
 lengths or a pattern), numbers (with exact bounds), and string formats (chapter 15).
 """
@@ -12,9 +12,12 @@ from __future__ import annotations
 import functools
 import json
 
+import numpy as np
+
 from minillm.structured import charset as cs
+from minillm.structured.dfa import DFA, minimize, product, row_ids, trim
 from minillm.structured.fsm import determinize
-from minillm.structured.ir import And, Bytes, Rep, alt, lit, opt, seq, star
+from minillm.structured.ir import Bytes, Rep, alt, lit, opt, seq, star
 from minillm.structured.regex import regex_expr
 
 SHORT_ESCAPES = {
@@ -28,6 +31,7 @@ SHORT_ESCAPES = {
 }
 RAW = cs.minus(cs.charset([(0x20, cs.MAX_CHAR)]), cs.chars('"\\'))  # written as is
 DIGIT = Bytes(((0x30, 0x39),))
+MAX_STRING_STATES = 20_000  # a pattern AND a length past this is refused, not slow
 NONZERO = Bytes(((0x31, 0x39),))
 
 
@@ -46,20 +50,76 @@ def json_char(chars: cs.CharSet):
     return alt(*parts)
 
 
-# %% chapters/15_structured_output.md:1577
+# %% chapters/15_structured_output.md:1592
+def counted(char: DFA, lo: int, hi: int | None) -> DFA:
+    """char{lo,hi} as a DFA built directly: one layer of char's states per count of
+    characters written. char must be prefix-free (no move after a whole character,
+    as one JSON character's spellings are); a character done moves down a layer."""
+    done_state = char.accepting
+    if done_state[0] or (char.trans[done_state] >= 0).any():
+        return determinize(Rep(char, lo, hi))  # not a prefix code: unrolled
+    inner = np.flatnonzero(~done_state)  # the states inside one character
+    n, layers = len(inner), (lo if hi is None else hi) + 1
+    j = np.zeros(char.num_states, np.int64)
+    j[inner] = np.arange(n)
+    moves = char.trans[inner]  # (n, classes), -1 for none
+    to = np.where(moves >= 0, moves, 0)
+    k = np.arange(layers)[:, None, None]
+    down = k + 1 if hi is not None else np.minimum(k + 1, layers - 1)  # hi None: loop
+    trans = np.where(done_state[to], down * n + j[0], k * n + j[to])
+    trans = np.where((moves < 0) | (done_state[to] & (down >= layers)), -1, trans)
+    accepting = np.zeros((layers, n), bool)
+    accepting[lo:, j[0]] = True  # at a character's start, lo..hi written
+    dfa = DFA(
+        trans.reshape(layers * n, -1).astype(np.int32),
+        char.classes,
+        accepting.ravel(),
+        [()] * (layers * n),
+    )
+    return trim(dfa) if hi is not None else minimize(trim(dfa))
+
+
+# %% chapters/15_structured_output.md:1630
+def quoted(body: DFA) -> DFA:
+    """'"' body '"' for a body without calls in which no character boundary reads
+    '"' (a JSON string's raw '"' is always escaped)."""
+    is_quote = np.zeros(256, np.int32)
+    is_quote[0x22] = 1
+    classes = row_ids(np.stack([body.classes, is_quote], axis=1)).astype(np.int32)
+    byte_of = np.zeros(classes.max() + 1, np.int64)
+    byte_of[classes] = np.arange(256)  # a byte of each new class
+    n, q = body.num_states, classes[0x22]
+    trans = np.full((n + 2, len(byte_of)), -1, np.int32)
+    inner = body.trans[:, body.classes[byte_of]]
+    trans[1 : n + 1] = np.where(inner >= 0, inner + 1, -1)
+    assert (trans[1 : n + 1][body.accepting, q] < 0).all(), "a raw quote in body"
+    trans[0, q] = 1  # the opening quote, then body from its start (state 1)
+    trans[1 : n + 1][body.accepting, q] = n + 1  # the closing quote: the end
+    accepting = np.zeros(n + 2, bool)
+    accepting[n + 1] = True
+    return DFA(trans, classes, accepting, [()] * (n + 2))
+
+
+# %% chapters/15_structured_output.md:1676
 @functools.lru_cache(maxsize=256)
 def json_string(min_length=0, max_length=None, pattern=None, chars=cs.ANY):
     """A quoted JSON string of chars, its length in [min_length, max_length], that
     contains a match of pattern (re.search, as JSON Schema validators check it).
 
     Compiled to a DFA once and cached: strings recur in every schema."""
-    body = Rep(json_char(chars), min_length, max_length)
+    body = counted(determinize(json_char(chars)), min_length, max_length)
     if pattern is not None:
-        matching = regex_expr(pattern, json_char, search=True)
-        body = (
-            matching if (min_length, max_length) == (0, None) else And(matching, body)
-        )
-    return determinize(seq(lit('"'), body, lit('"')))
+        matching = determinize(regex_expr(pattern, json_char, search=True))
+        if (min_length, max_length) == (0, None):
+            body = matching
+        else:
+            body = bounded_product(matching, body)
+    return quoted(body)
+
+
+def bounded_product(a: DFA, b: DFA) -> DFA:
+    """Strings of both string automata; GrammarError past MAX_STRING_STATES."""
+    return product(a, b, both=True, limit=MAX_STRING_STATES)
 
 
 def compact(value) -> bytes:
@@ -95,7 +155,7 @@ _LEAP = (
 )
 
 
-# %% chapters/15_structured_output.md:1631
+# %% chapters/15_structured_output.md:1741
 _MONTH_DAY = (
     "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
     "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
