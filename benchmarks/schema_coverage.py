@@ -197,8 +197,12 @@ def run_job(libs, lib, schema, seed, walks, max_tokens, limit_s):
 
 def checker(schema):
     """jsonschema's validator for the schema's own draft (formats checked), or None
-    where jsonschema itself rejects the schema."""
-    cls = jsonschema.validators.validator_for(schema)
+    where jsonschema itself rejects the schema. A schema that names no draft but
+    uses `dependencies` gets draft 7, which defines it (2020-12 ignores it)."""
+    default = jsonschema.validators.validator_for({})  # the latest draft
+    if "$schema" not in schema and '"dependencies"' in json.dumps(schema):
+        default = jsonschema.Draft7Validator
+    cls = jsonschema.validators.validator_for(schema, default=default)
     try:
         cls.check_schema(schema)
     except jsonschema.SchemaError:

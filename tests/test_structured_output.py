@@ -519,3 +519,48 @@ def test_long_strings_compile_and_validate(compiler):
         ids = random_walk(compiler, {"json": schema, "disable_any_whitespace": True},
                           rng, max_tokens=120)  # fmt: skip
         jsonschema.validate(json.loads(text_of(compiler, ids)), schema)
+
+
+DEPENDENT = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"},
+                   "c": {"type": "null"}, "d": {"enum": [1, 2]}},
+    "required": ["a"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "deps, draft",
+    [
+        ({"dependencies": {"a": ["b"], "b": ["c"]}}, jsonschema.Draft7Validator),
+        ({"dependentRequired": {"a": ["d"]}}, jsonschema.Draft202012Validator),
+        ({"dependencies": {"c": ["a"], "zz": ["d"]}}, jsonschema.Draft7Validator),
+    ],
+)
+def test_dependencies_folded_into_required_validate(compiler, deps, draft):
+    """A required trigger's keys become required (to a fixpoint: a -> b -> c); a
+    trigger whose keys are required, or that can never be written (zz: not a
+    property, no additional ones), needs nothing. Every output validates under the
+    draft that defines the keyword, and carries the keys it must."""
+    schema = {**DEPENDENT, **deps}
+    rng = random.Random(4)
+    for _ in range(6):
+        ids = random_walk(compiler, {"json": schema}, rng, max_tokens=60)
+        value = json.loads(text_of(compiler, ids))
+        draft(schema).validate(value)
+        if "b" in deps.get("dependencies", {}):
+            assert {"a", "b", "c"} <= value.keys()
+
+
+@pytest.mark.parametrize(
+    "deps",
+    [
+        {"dependencies": {"b": ["c"]}},  # optional trigger, optional key
+        {"dependentRequired": {"zz": ["b"]}, "additionalProperties": True},
+        {"dependencies": {"a": {"required": ["b"]}}},  # the schema form
+    ],
+)
+def test_conditional_dependencies_are_refused_by_name(compiler, deps):
+    key = next(iter(deps))
+    with pytest.raises(SchemaError, match=key):
+        compiler.compile(StructuredOutputsParams(json={**DEPENDENT, **deps}))

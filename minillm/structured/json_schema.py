@@ -83,6 +83,8 @@ class SchemaCompiler:
             raise SchemaError(
                 f"a schema is an object or a boolean, got {schema!r}", path
             )
+        if DEPENDENCIES & schema.keys() and not COMBINERS & schema.keys():
+            schema = self.dependencies(schema, path)  # folded into required
         for key in sorted(UNSUPPORTED & schema.keys()):
             if key != "if" or {"then", "else"} & schema.keys():
                 raise SchemaError(f"{key!r} is not supported", path, key)
@@ -114,7 +116,41 @@ class SchemaCompiler:
         finally:
             self.active.pop()
 
-    # %% chapters/15_structured_output.md:2243
+    # %% chapters/15_structured_output.md:2246
+    def dependencies(self, schema: dict, path: str) -> dict:
+        """schema with its name-list dependencies folded into `required` where that
+        is exact; SchemaError naming the keyword where it is not."""
+        deps = {}
+        for key in sorted(DEPENDENCIES & schema.keys()):
+            if not isinstance(schema[key], dict) or not all(
+                isinstance(v, list) for v in schema[key].values()
+            ):
+                raise SchemaError(f"{key!r} with schemas is not supported", path, key)
+            deps.update({(key, a): bs for a, bs in schema[key].items()})
+        required = list(schema.get("required", []))
+        grown = True
+        while grown:  # a required trigger makes its keys required, which may trigger
+            grown = False
+            for (_, a), bs in deps.items():
+                if a in required and not set(bs) <= set(required):
+                    required += [b for b in bs if b not in required]
+                    grown = True
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        if extra is None:
+            extra = not (self.options.strict and (props or required))
+        for (key, a), bs in deps.items():
+            never = props.get(a) is False or (a not in props and extra is False)
+            if not (set(bs) <= set(required) or never):
+                raise SchemaError(
+                    f"{key!r}: {a!r} is optional, and {bs} only with it: a "
+                    "condition on the keys written is not supported",
+                    path,
+                    key,
+                )
+        rest = {k: v for k, v in schema.items() if k not in DEPENDENCIES}
+        return {**rest, "required": required} if required else rest
+
+    # %% chapters/15_structured_output.md:2297
     def flatten(self, schemas: list, path: str, depth: int = 0) -> list:
         """allOf's members with their $refs and nested allOfs opened."""
         out = []
@@ -155,7 +191,7 @@ class SchemaCompiler:
         """schema without $ref or allOf at its top (for disjointness proofs)."""
         return self.merged(schema, "#") if isinstance(schema, dict) else schema
 
-    # %% chapters/15_structured_output.md:2287
+    # %% chapters/15_structured_output.md:2341
     def alternatives(self, schema: dict, path: str):
         """anyOf: any branch. oneOf: exactly one, so its branches must be disjoint."""
         key = "anyOf" if "anyOf" in schema else "oneOf"
@@ -202,7 +238,7 @@ class SchemaCompiler:
             )
         return dfa.matches(compact(value))
 
-    # %% chapters/15_structured_output.md:2341
+    # %% chapters/15_structured_output.md:2395
     def typed(self, t: str, schema: dict, path: str):
         """The values of type t that satisfy schema's keywords for that type."""
         if t == "null":
@@ -253,7 +289,7 @@ class SchemaCompiler:
                 f"'maxLength' {hi} with a pattern or format: {e}", path, "maxLength"
             ) from None
 
-    # %% chapters/15_structured_output.md:2400
+    # %% chapters/15_structured_output.md:2454
     def shared(self, dfa):
         """dfa, or a Call of a rule holding it where it is large: each use of a
         long bounded string is then one call, not a copy of its states."""
@@ -264,7 +300,7 @@ class SchemaCompiler:
             self.extra_rules[name] = dfa
         return Call(self.string_rules[id(dfa)])
 
-    # %% chapters/15_structured_output.md:2421
+    # %% chapters/15_structured_output.md:2475
     def _cap(self, bound: int | None) -> int | None:
         return None if bound is None else min(bound, self.options.max_repeat)
 
@@ -304,7 +340,7 @@ class SchemaCompiler:
         body = Graph(n + 2, tuple(edges), 0, tuple(finals))
         return seq(lit("["), self.ws, body, self.ws, lit("]"))
 
-    # %% chapters/15_structured_output.md:2468
+    # %% chapters/15_structured_output.md:2522
     def object(self, schema: dict, path: str):
         """{ the named properties in order (the required ones always), then any
         additional ones the schema allows }."""
@@ -349,7 +385,7 @@ class SchemaCompiler:
         body = Graph(2 * n + 2, tuple(edges), 1, (2 * n, 2 * n + 1))
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
-    # %% chapters/15_structured_output.md:2524
+    # %% chapters/15_structured_output.md:2578
     def _check_counts(self, schema, members, extra, path):
         if len([m for m in members if m[1]]) < schema.get("minProperties", 0):
             raise SchemaError(
@@ -390,11 +426,16 @@ class SchemaCompiler:
         return alt(*scalars, Call("any:object"), Call("any:array"))
 
 
-# %% chapters/15_structured_output.md:2395
+# %% chapters/15_structured_output.md:2240
+DEPENDENCIES = {"dependencies", "dependentRequired"}  # "if key a, then keys b..."
+COMBINERS = {"$ref", "allOf", "anyOf", "oneOf"}  # the keys may come from elsewhere
+
+
+# %% chapters/15_structured_output.md:2449
 SHARED_STATES = 512  # a string automaton larger than this is a rule of its own
 
 
-# %% chapters/15_structured_output.md:2567
+# %% chapters/15_structured_output.md:2621
 def check_schema(schema) -> None:
     """SchemaError unless schema is a well-formed JSON Schema (draft 2020-12's
     metaschema, checked by the jsonschema library): `"required": 5` is malformed,

@@ -79,7 +79,7 @@ TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 UNSUPPORTED = {
     "not",
     "if",
-    "dependencies",
+    "dependencies",  # folded into required where exact (below), else refused
     "dependentRequired",
     "dependentSchemas",
     "patternProperties",
