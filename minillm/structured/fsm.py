@@ -120,7 +120,7 @@ class NFA:
             self.eps[nodes[f]].append(end)
         return nodes[graph.start], end
 
-    # %% chapters/15_structured_output.md:1070
+    # %% chapters/15_structured_output.md:1071
     def add_dfa(self, dfa: DFA) -> tuple[int, int]:
         """Embed a DFA (without calls): its states become NFA states."""
         states = [self.state() for _ in range(dfa.num_states)]
@@ -158,7 +158,7 @@ class NFA:
             classes[lo:hi] = k
         return classes
 
-    # %% chapters/15_structured_output.md:1116
+    # %% chapters/15_structured_output.md:1117
     def to_dfa(self, start: int, end: int) -> DFA:
         """The subset construction, over byte classes; call edges are symbols too."""
         classes = self.byte_classes()
@@ -197,7 +197,7 @@ class NFA:
         return DFA(trans, classes, np.array(accepting, dtype=bool), calls)
 
 
-# %% chapters/15_structured_output.md:1157
+# %% chapters/15_structured_output.md:1158
 def determinize(expr) -> DFA:
     """The minimal trimmed DFA of an expression (a DFA without calls: itself)."""
     if isinstance(expr, DFA) and not any(expr.calls):
