@@ -564,3 +564,44 @@ def test_conditional_dependencies_are_refused_by_name(compiler, deps):
     key = next(iter(deps))
     with pytest.raises(SchemaError, match=key):
         compiler.compile(StructuredOutputsParams(json={**DEPENDENT, **deps}))
+
+
+def branch(key):
+    return {
+        "type": "object",
+        "properties": {key: {"type": "string"}},
+        "required": [key],
+    }
+
+
+def test_oneof_of_objects_told_apart_by_required_keys(compiler):
+    """Strict grammar: each branch writes only its own key, which the other requires
+    absent, so every output matches exactly one branch; outputs validate."""
+    schema = {"oneOf": [branch("cityId"), branch("regionId"), {"type": "null"}]}
+    rng, seen = random.Random(5), set()
+    for _ in range(8):
+        ids = random_walk(compiler, {"json": schema}, rng, max_tokens=40)
+        value = json.loads(text_of(compiler, ids))
+        jsonschema.validate(value, schema)
+        seen.add(next(iter(value)) if isinstance(value, dict) else None)
+    assert len(seen) >= 2  # more than one branch was taken
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {**branch("regionId"), "additionalProperties": True},  # may write cityId
+        {
+            "type": "object",
+            "properties": {
+                "cityId": {"type": "string"},
+                "regionId": {"type": "string"},
+            },
+            "required": ["regionId"],
+        },  # fmt: skip
+    ],
+)
+def test_oneof_that_may_overlap_is_refused_by_name(compiler, other):
+    schema = {"oneOf": [branch("cityId"), other]}
+    with pytest.raises(SchemaError, match="oneOf"):
+        compiler.compile(StructuredOutputsParams(json=schema))

@@ -269,7 +269,7 @@ def value_types(value) -> set[str]:
 
 
 # %% chapters/15_structured_output.md:2079
-def disjoint(a, b, resolve) -> bool:
+def disjoint(a, b, resolve, strict: bool = False) -> bool:
     """Whether no value can satisfy both schemas, proven from their types, enums or a
     required property whose schemas are disjoint; False when unsure."""
     if a is False or b is False:
@@ -289,6 +289,20 @@ def disjoint(a, b, resolve) -> bool:
     if ta == tb == {"object"}:
         pa, pb = a.get("properties", {}), b.get("properties", {})
         for k in set(a.get("required", [])) & set(b.get("required", [])):
-            if k in pa and k in pb and disjoint(pa[k], pb[k], resolve):
+            if k in pa and k in pb and disjoint(pa[k], pb[k], resolve, strict):
                 return True
+        if strict and lacks_required(a, b) and lacks_required(b, a):
+            return True
     return False
+
+
+def lacks_required(a: dict, b: dict) -> bool:
+    """Whether b requires a key that the strict grammar of object a never writes
+    (a writes only its named and required keys unless it asks for others)."""
+    extra = a.get("additionalProperties")
+    if extra is None and a.get("unevaluatedProperties") is False:
+        extra = False
+    named = set(a.get("properties", {})) | set(a.get("required", []))
+    if extra is None:
+        extra = not named  # the strict default: other keys only if none are named
+    return extra is False and bool(set(b.get("required", [])) - named)
