@@ -38,7 +38,7 @@ class FinishBudget:
         self.cuts: OrderedDict[tuple[Stacks, int], np.ndarray] = OrderedDict()
 
     def min_tokens(self, stacks: Stacks) -> int:
-        """The fewest tokens that finish the document from here."""
+        """The tokens that finish the document from here, by the budget's count."""
         return min(int(self.dist[list(s)].sum()) for s in self.compiled.closure(stacks))
 
     def token_walk(self, g: int) -> tuple[np.ndarray, np.ndarray]:
@@ -55,7 +55,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3511
+    # %% chapters/15_structured_output.md:3512
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -84,7 +84,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3571
+    # %% chapters/15_structured_output.md:3572
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow); where the budget bites, remembered
@@ -114,7 +114,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:3428
+# %% chapters/15_structured_output.md:3429
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -144,7 +144,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:3466
+# %% chapters/15_structured_output.md:3467
 @functools.lru_cache(maxsize=8)
 def vocabulary_sets(index) -> tuple[set, set]:
     """The vocabulary's token bytes, and every prefix of them."""
@@ -179,7 +179,7 @@ def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     return out
 
 
-# %% chapters/15_structured_output.md:3543
+# %% chapters/15_structured_output.md:3544
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""
