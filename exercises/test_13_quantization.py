@@ -77,3 +77,23 @@ def test_true_sequential(tiny):
     apply.fake_quantize_layers(prefix, done)
     seen = capture(prefix, windows)[down].hessian
     assert torch.allclose(stats[down].hessian, seen, rtol=1e-9)
+
+
+def test_rotate_values(tiny):
+    """13.5: the logits stay the same; v_proj's rows and o_proj's columns change."""
+    import copy
+
+    from minillm.quantization import rotation
+
+    rotate_values = answer(rotation, "rotate_values", "13.5")
+    model = tiny[0]
+    rotated = copy.deepcopy(model)
+    rotate_values(rotated, seed=0)
+    ids = torch.randint(1, model.config.vocab_size, (2, 24))
+    pos = torch.arange(24).expand_as(ids)
+    with torch.inference_mode():
+        before = model.compute_logits(model(ids, pos))
+        after = rotated.compute_logits(rotated(ids, pos))
+    assert torch.allclose(before, after, atol=1e-3, rtol=1e-4)
+    o, o2 = model.model.layers[0].self_attn.o_proj, rotated.model.layers[0].self_attn
+    assert not torch.allclose(o.weight, o2.o_proj.weight)

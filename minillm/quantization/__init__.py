@@ -11,6 +11,7 @@ fp8                      chapters/13_quantization.md
 gptq                     chapters/13_quantization.md
 methods                  chapters/13_quantization.md
 quality                  chapters/13_quantization.md
+rotation                 chapters/13_quantization.md
 rtn                      chapters/13_quantization.md
 sequential               chapters/13_quantization.md
 w8a8                     chapters/13_quantization.md

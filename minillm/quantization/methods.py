@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1360
+# %% chapters/13_quantization.md:1611
 """The engine's quantization methods "gptq", "awq", "w8a8" and "fp8" (chapter 13),
 registered in chapter 12's QUANTIZATION_METHODS seam; calibrated results are cached
 in $MINILLM_CACHE/quantized/ and loaded on the next build."""
@@ -27,6 +27,7 @@ from minillm.merged_projections import merge_projections
 from minillm.quantization import apply
 from minillm.quantization.calibration import capture, token_windows
 from minillm.quantization.fp8 import Fp8Linear
+from minillm.quantization.rotation import ROTATIONS, rotate_residual
 from minillm.quantization.w8a8 import Int8Linear
 from minillm.registry import QUANTIZATION_METHODS, engine_options
 from minillm.tiny import default_cache_dir, tiny_model_path
@@ -49,9 +50,16 @@ class QuantizationOptions:
     calibration_tokenizer: str | None = None  # a model folder, a name, or "tiny"
     calibration_samples: int = 32
     calibration_seq_len: int = 256
+    quant_rotation: str | None = None  # "hadamard", "orthogonal": gptq and awq
+    quant_rotation_seed: int = 0
 
     @staticmethod
     def check(config) -> None:
+        if config.quant_rotation not in (None, *ROTATIONS):
+            raise ValueError(
+                f"quant_rotation must be None or one of {sorted(ROTATIONS)}: "
+                f"{config.quant_rotation!r}"
+            )
         alpha = config.smoothquant_alpha
         if alpha is not None and not 0 <= alpha <= 1:
             raise ValueError(f"smoothquant_alpha must be in [0, 1] or None: {alpha}")
@@ -61,7 +69,7 @@ class QuantizationOptions:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/13_quantization.md:1425
+# %% chapters/13_quantization.md:1684
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -87,14 +95,17 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/13_quantization.md:1458
+# %% chapters/13_quantization.md:1720
 KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
 
 
-def save_quantized(model: nn.Module, path: Path) -> None:
+def save_quantized(model: nn.Module, path: Path, everything: bool = False) -> None:
+    """The decoder layers' state (everything: also the embedding, final norm and
+    LM head, which a rotation changes) and each replaced projection's kind."""
     kinds = {n: KINDS[type(m)] for n, m in model.named_modules() if type(m) in KINDS}
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    state = {k: v for k, v in state.items() if k.startswith("model.layers.")}
+    if not everything:
+        state = {k: v for k, v in state.items() if k.startswith("model.layers.")}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     save_file(state, str(tmp), metadata={"kinds": json.dumps(kinds)})
     tmp.rename(path)  # atomic: the file appears complete or not at all
@@ -121,22 +132,30 @@ def load_quantized(model: nn.Module, path: Path) -> None:
         return None if cls is None else cls(t["qweight"], t["weight_scale"], bias)
 
     replace_linears(model, make)
+    head = model.lm_head
+    if "lm_head.weight" in state and head.weight is model.model.embed_tokens.weight:
+        head.weight = nn.Parameter(state["lm_head.weight"])  # rotated: untied
+        model.config.tie_word_embeddings = False
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/13_quantization.md:1506
+# %% chapters/13_quantization.md:1780
 def _settings(method: str, config: EngineConfig) -> dict:
     common = {"calib": [config.calibration_samples, config.calibration_seq_len]}
+    rotation = [config.quant_rotation, config.quant_rotation_seed]
     return {
         "gptq": {"g": config.int4_group_size, "act_order": config.gptq_act_order,
                  "damp": config.gptq_damp, "sym": config.gptq_sym,
-                 "sequential": config.gptq_sequential, **common},
-        "awq": {"g": config.int4_group_size, **common},
+                 "sequential": config.gptq_sequential, "rotation": rotation,
+                 **common},
+        "awq": {"g": config.int4_group_size, "rotation": rotation, **common},
         "w8a8": {"alpha": config.smoothquant_alpha, **common},
     }[method]  # fmt: skip
 
 
 def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None:
+    if method != "w8a8" and config.quant_rotation is not None:
+        rotate_residual(model, config.quant_rotation, config.quant_rotation_seed)
     if method == "gptq" and config.gptq_sequential:
         method, stats = "gptq-seq", None  # the layers calibrate one by one
     else:
@@ -164,10 +183,11 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
             return load_quantized(model, path)
         device = next(model.parameters()).device
         _build(model, method, config, windows.to(device) if needs else None)
-        save_quantized(model, path)
+        rotated = method != "w8a8" and config.quant_rotation is not None
+        save_quantized(model, path, everything=rotated)
 
 
-# %% chapters/13_quantization.md:1550
+# %% chapters/13_quantization.md:1829
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 12's format (calibrated, cached)."""

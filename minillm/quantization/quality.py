@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1834
+# %% chapters/13_quantization.md:2113
 """The quality table: held-out perplexity and greedy agreement of each quantization
 method against the unquantized model (chapter 13). Cached in
 $MINILLM_CACHE/quantized/; `python -m minillm.quantization.quality smollm2` prints
@@ -27,9 +27,10 @@ from minillm.hf import load_pretrained
 from minillm.merged_projections import merge_projections
 from minillm.quantization import apply
 from minillm.quantization.calibration import capture, token_windows
+from minillm.quantization.rotation import rotate_residual
 from minillm.tiny import default_cache_dir, tiny_model_path
 
-QUALITY_VERSION = 2  # 2: the sequential GPTQ rows
+QUALITY_VERSION = 3  # 2: the sequential GPTQ rows; 3: the rotated rows
 
 
 @torch.no_grad()
@@ -48,7 +49,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(torch.exp(torch.tensor(nll / count))), torch.cat(top1)
 
 
-# %% chapters/13_quantization.md:1887
+# %% chapters/13_quantization.md:2167
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -67,6 +68,19 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
             "gptq-seq",
             {"group_size": g, "act_order": True},
         ),
+        *(
+            (
+                f"GPTQ int4 g{g} act-order sequential, Hadamard {seed}",
+                "gptq-seq",
+                {"group_size": g, "act_order": True, "rotation": ("hadamard", seed)},
+            )
+            for seed in range(3)
+        ),
+        (
+            f"RTN int4 g{g}, Hadamard 0",
+            "rtn",
+            {"group_size": g, "rotation": ("hadamard", 0)},
+        ),
         (f"AWQ int4 g{g}", "awq", {"group_size": g, "awq_grid": 10}),
         ("W8A8 int8, no smoothing", "w8a8", {"alpha": None}),
         ("W8A8 SmoothQuant a=0.5", "w8a8", {"alpha": 0.5}),
@@ -77,6 +91,9 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
 def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats,
                        windows: Tensor) -> None:  # fmt: skip
     """Quantize model by one row's method (calibration: stats or windows)."""
+    settings = dict(settings)
+    if (rotation := settings.pop("rotation", None)) is not None:
+        rotate_residual(model, *rotation)
     if method in ("rtn", "gptq", "awq", "gptq-seq"):
         codes = apply.int4_codes(model, method, stats, windows=windows, **settings)
         apply.fake_quantize_layers(model, codes)
@@ -86,7 +103,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:1930
+# %% chapters/13_quantization.md:2226
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256), held_out: tuple[int, int] = (8, 256),
     group_size: int = 128, stored: str | Path | None = None,
@@ -158,6 +175,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['label']:36} ppl {row['ppl']:8.3f}  agree {row['agreement']:.1%}")
 
 
-# %% chapters/13_quantization.md:2003
+# %% chapters/13_quantization.md:2299
 if __name__ == "__main__":
     main()
