@@ -80,20 +80,17 @@ def stream_projections(layer: nn.Module):
     return readers, [attn.o_proj, mlp.down_proj]
 
 
-# %% chapters/13_quantization.md:913
+# %% chapters/13_quantization.md:915
 def _set(p: Tensor, value: Tensor) -> None:
     p.copy_(value.to(p.dtype))
 
 
 @torch.no_grad()
-def rotate_residual(model: nn.Module, kind: str = "hadamard", seed: int = 0) -> Tensor:
-    """Fold every norm's weight into its readers and rotate the residual stream by
-    Q = ROTATIONS[kind](hidden, seed) (returned), in place. The LM head is untied."""
-    if kind not in ROTATIONS:
-        raise ValueError(f"unknown rotation {kind!r}: one of {sorted(ROTATIONS)}")
+def fold_norms(model: nn.Module, q: Tensor | None = None) -> None:
+    """Fold every norm's weight into the projections that read it (the LM head
+    untied); with q, also rotate the residual stream by q. In place."""
     decoder = model.model
     embed = decoder.embed_tokens.weight
-    q = ROTATIONS[kind](embed.shape[1], seed).to(embed.device)
     if model.lm_head.weight is embed:  # the head gets a table of its own
         model.lm_head.weight = nn.Parameter(embed.detach().clone())
         model.config.tie_word_embeddings = False
@@ -101,13 +98,24 @@ def rotate_residual(model: nn.Module, kind: str = "hadamard", seed: int = 0) -> 
     for layer in decoder.layers:
         readers, writers = stream_projections(layer)
         norms += readers
-        for w in writers:  # o W^T Q = o (Q^T W)^T
+        for w in writers if q is not None else []:  # o W^T Q = o (Q^T W)^T
             _set(w.weight, q.T @ w.weight.double())
             if w.bias is not None:
                 _set(w.bias, w.bias.double() @ q)
     for norm, linears in norms:  # h W^T = (h Q) (W diag(gamma) Q)^T after the norm
         for w in linears:
-            _set(w.weight, (w.weight.double() * norm.weight.double()) @ q)
+            folded = w.weight.double() * norm.weight.double()
+            _set(w.weight, folded if q is None else folded @ q)
         norm.weight.fill_(1.0)
-    _set(embed, embed.double() @ q)
+    if q is not None:
+        _set(embed, embed.double() @ q)
+
+
+def rotate_residual(model: nn.Module, kind: str = "hadamard", seed: int = 0) -> Tensor:
+    """fold_norms with Q = ROTATIONS[kind](hidden size, seed), returned."""
+    if kind not in ROTATIONS:
+        raise ValueError(f"unknown rotation {kind!r}: one of {sorted(ROTATIONS)}")
+    embed = model.model.embed_tokens.weight
+    q = ROTATIONS[kind](embed.shape[1], seed).to(embed.device)
+    fold_norms(model, q)
     return q
