@@ -206,6 +206,10 @@ def test_ctrl_c_in_the_engine_leaves_no_worker(tmp_path):
         stderr=subprocess.DEVNULL,
         env=env,
         text=True,
+        # A job started with & by a non-interactive shell inherits SIGINT ignored,
+        # and Python then never raises KeyboardInterrupt: give the child the
+        # disposition a terminal's foreground process has, whoever runs the tests.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
