@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from minillm.structured.matcher import allowed_tokens
+from minillm.structured.matcher import GrammarMatcher, allowed_tokens
 from minillm.structured.processor import (
     GrammarCompiler,
     StructuredOutputLogitsProcessor,
@@ -148,3 +148,26 @@ def test_one_copy_bitmask_equals_per_row(compiler):
         [outs[r] for r in rows],
     )  # fmt: skip
     assert torch.equal(got, expected[rows])
+
+
+def test_last_output_path_equals_a_replay(compiler):
+    """The processor's shortcut for the output it saw last (extended in place, by
+    several tokens, from a new list, interleaved with a second output, shorter
+    again, and another output ending in the same token) gives the matcher that a
+    fresh replay of the whole output gives."""
+    rng = random.Random(3)
+    for params in params_list():
+        proc = params.logits_processor(compiler, max_tokens=40)
+        a, b = walk(proc, rng, 30), walk(proc, rng, 30)
+        calls = [a[:s] for s in range(0, 31, 3)] + [b[:5], a[:12], b[:6], b[:9]]
+        calls += [[*a[:20], a[20]], a[:4], a[:4], b[:2]]
+        calls += [a[:8], [*b[:7], a[7]], [*b[:7], a[7], a[8]]]  # same last token
+        for ids in calls:
+            m = proc.matcher(list(ids))
+            fresh = GrammarMatcher(proc.compiled)
+            for t in ids:
+                if not fresh.accept_token(t) and not fresh.terminated:
+                    fresh.terminated = True
+            assert m.terminated == fresh.terminated
+            if not m.terminated:
+                assert m.stacks == fresh.stacks

@@ -147,7 +147,9 @@ class StructuredOutputLogitsProcessor:
 
     It may serve several requests at once (n > 1, or one SamplingParams for a
     batch): it keeps the grammar state of each output prefix it has seen, so each
-    call advances by one token from its parent prefix."""
+    call advances by one token from its parent prefix. The common case, one
+    request whose output grows call after call, skips that dictionary: the last
+    output and its matcher are kept, and a call that extends it advances it."""
 
     def __init__(
         self,
@@ -162,6 +164,7 @@ class StructuredOutputLogitsProcessor:
             self.budget.require(max_tokens)  # a GrammarError if it cannot finish
         self.prefixes: OrderedDict[tuple[int, ...], GrammarMatcher] = OrderedDict()
         self.max_prefixes = max_prefixes
+        self.last: tuple[list[int], GrammarMatcher] | None = None  # its own matcher
 
     def __reduce__(self):
         """Pickled as its constraint when it has one (below, "Sent elsewhere")."""
@@ -171,6 +174,21 @@ class StructuredOutputLogitsProcessor:
         return _rebuild, (params, self.max_tokens, fingerprint)
 
     def matcher(self, output_token_ids) -> GrammarMatcher:
+        if self.last is not None:  # the last output, extended: no key to build
+            seen, m = self.last
+            k = len(seen)
+            out = output_token_ids
+            if len(out) >= k and (not k or out[k - 1] == seen[-1]) and out[:k] == seen:
+                for t in out[k:]:
+                    if not m.accept_token(t) and not m.terminated:
+                        m.terminated = True  # a forbidden token: only EOS from here
+                self.last = (list(out), m)
+                return m
+        m = self.by_prefix(output_token_ids)
+        self.last = (list(output_token_ids), _fork(m))  # not shared with the dict
+        return m
+
+    def by_prefix(self, output_token_ids) -> GrammarMatcher:
         key = tuple(output_token_ids)  # a tuple hashes anew each use: one get
         m = self.prefixes.get(key)
         if m is not None:
@@ -189,7 +207,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:3888
+    # %% chapters/15_structured_output.md:3906
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -207,7 +225,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:3924
+    # %% chapters/15_structured_output.md:3942
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -237,7 +255,7 @@ class StructuredOutputLogitsProcessor:
         return apply_token_bitmask_inplace(logits, host, indices)
 
 
-# %% chapters/15_structured_output.md:3956
+# %% chapters/15_structured_output.md:3974
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -247,14 +265,14 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:3965
+# %% chapters/15_structured_output.md:3983
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4000
+# %% chapters/15_structured_output.md:4018
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -292,7 +310,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4074
+# %% chapters/15_structured_output.md:4092
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -322,7 +340,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:4616
+# %% chapters/15_structured_output.md:4634
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
