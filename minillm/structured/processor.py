@@ -340,7 +340,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:4634
+# %% chapters/15_structured_output.md:4645
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
