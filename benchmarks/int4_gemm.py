@@ -9,7 +9,8 @@ bf16 activations, RTN weights with groups of 128. In the same run:
 - `fused`: `int4_matmul` at its default knobs (the fused Triton kernel);
 - `fused_nofold`: the same with fold=False (scale and zero applied to every weight),
   on the Llama-3.1-8B shapes;
-- `gemv`: `int4_gemv` at its default knobs (the CUDA-core GEMV), up to 16 rows;
+- `gemv`: `int4_gemv` at its default knobs (the CUDA-core GEMV, a program per row),
+  up to 16 rows;
 - `dequant_cublas`: `dequantize_int4` then cuBLAS on the dense weight;
 - `int4_linear`: what the engine runs (the path picked by M, FUSED_MAX_M);
 - `tinygemm`: `torch._weight_int4pack_mm` on the same codes, scales and zeros.
@@ -24,7 +25,7 @@ the same run.
 
 --sweep: a grid of the fused kernel's knobs on Llama-3.1-8B's down_proj and
 gate_up_proj at M = 1, 16, 64, 256 (where default_config's knobs come from).
---gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1, 4, 16.
+--gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1.
 --models, --rows: time only these models' shapes and these row counts.
 
 --decode: batch-1 decode time per output token through LLMEngine with CUDA graphs
@@ -226,7 +227,7 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
 
 SWEEP_SHAPES = (("Llama-3.1-8B", "down_proj"), ("Llama-3.1-8B", "gate_up_proj"))
 SWEEP_ROWS = (1, 16, 64, 256)
-GEMV_SWEEP_ROWS = (1, 4, 16)
+GEMV_SWEEP_ROWS = (1,)
 
 
 def grid(M: int) -> list[dict]:
@@ -249,13 +250,12 @@ def grid(M: int) -> list[dict]:
 
 
 def gemv_grid(M: int) -> list[dict]:
-    """The knobs --gemv-sweep tries at M rows, the defaults first."""
+    """The knobs --gemv-sweep tries at M rows, the default split first."""
     return [
         dict(block_n=bn, block_k=bk, split_k=sk, num_warps=nw)
-        for bk in ((64, 32) if M <= 2 else (32, 16))
-        for bn in (512, 256, 128)
-        for sk in (None, 4, 16)
-        for nw in (4, 2)
+        for bk in (128, 64)
+        for bn, nw in ((256, 4), (1024, 8), (512, 4), (256, 2))
+        for sk in (None, 8, 16, 32)
     ]
 
 

@@ -71,8 +71,8 @@ def test_float16_and_its_magic_bits(fold):
     check(int4_matmul(x, w, fold=fold), x, w)
 
 
-# (M, N, K, group, knobs) for the GEMV: a partial last N tile, M under its padded
-# block, more splits asked than K steps, groups of 32, one step per slice
+# (M, N, K, group, knobs) for the GEMV: a partial last N tile, several rows (a program
+# each), more splits asked than K steps, groups of 32, one step per slice
 GEMV_CONFIGS = [
     (1, 45, 256, 128, dict(split_k=1)),
     (3, 45, 256, 64, dict(split_k=8, block_k=32)),  # 8 K steps: 8 slices
@@ -96,9 +96,19 @@ def test_gemv_in_16_bit_floats(dtype):
 
 def test_gemv_config_splits_k_to_fill_the_gpu():
     down = gemv_config(1, 4096, 14336, 128)  # Llama-3.1-8B's down_proj
-    assert down["block_m"] == 1 and down["split_k"] > 1
+    tiles = -(-4096 // down["block_n"])
+    assert down["split_k"] > 1 and tiles * down["split_k"] >= 2 * 132
     assert gemv_config(3, 64, 256, 32)["block_k"] <= 32
-    assert gemv_config(3, 64, 256, 32)["block_m"] == 4
+    assert gemv_config(1, 28672, 4096, 128)["block_n"] > down["block_n"]  # wide
+
+
+def test_gemv_codes_become_floats_from_their_bits():
+    """The kernel's float32 2**23 + c, made by or-ing c into 2**23's bits, is exact."""
+    from minillm.kernels.int4_gemm import FLOAT_2_23
+
+    codes = torch.arange(16, dtype=torch.int32)
+    floats = (codes | FLOAT_2_23).view(torch.float32) - 2.0**23
+    assert torch.equal(floats, codes.float())
 
 
 def test_int4_linear_takes_the_gemv_up_to_gemv_max_m():

@@ -12,7 +12,7 @@ step, K is split across programs and the last to finish adds the partial sums (s
 in one launch, as chapter 10's skinny kernel). `dequantize_int4(w)` writes the dense
 (K, N) weight with one kernel, for the big batches where cuBLAS on it wins.
 `int4_gemv(x, w)` is the same product for a few rows on the CUDA cores, without
-tl.dot (off by default: measured slower, GEMV_MAX_M = 0).
+tl.dot, a program per row (the engine runs it for one row: GEMV_MAX_M = 1).
 `int4_linear` picks between them by the number of rows; `torch.ops.minillm.int4_mm` is
 the same as an operator torch.compile treats as one opaque call. On a machine without
 a GPU, set TRITON_INTERPRET=1 before importing this module.
@@ -252,80 +252,71 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1120
-GEMV_MAX_M = 0  # up to this many rows: int4_gemv; off, measured slower (below)
+# %% chapters/12_int4_gemm.md:1135
+GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured, "Measured on the H200")
+FLOAT_2_23 = 0x4B000000  # float32 bits of 2**23; or-ing in a code c gives 2**23 + c
 
 
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
-                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SPLIT: tl.constexpr):  # fmt: skip
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.arange(0, BLOCK_M)
     i = tl.arange(0, BLOCK_K // 8)  # word rows of a step
-    n_ok, m_ok = n < N, m < M
+    n_ok = n < N
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    acc = tl.zeros([BLOCK_M, BLOCK_K // 8, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        words = tl.load(
-            qw_ptr + (k0 // 8 + i)[:, None] * N + n[None, :],
-            mask=n_ok[None, :],
-            other=0,
-        )  # (BLOCK_K/8, BLOCK_N)
+        words = tl.load(qw_ptr + (k0 // 8 + i)[:, None] * N + n[None, :],
+                        mask=n_ok[None, :], other=0)  # fmt: skip
         g = k0 // GROUP  # one group for the whole step
         scale = tl.load(s_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
         zero = tl.load(z_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+        bias = zero + 8388608.0  # 2**23 + zero
+        step = tl.zeros([BLOCK_K // 8, BLOCK_N], tl.float32)
         for j in tl.static_range(8):  # nibble j of every word: k = k0 + 8i + j
-            codes = ((words >> (4 * j)) & 0xF).to(tl.float32)
-            w = (codes - zero[None, :]) * scale[None, :]  # (BLOCK_K/8, BLOCK_N)
-            k = k0 + 8 * i + j
-            x = tl.load(
-                x_ptr + m[:, None] * stride_xm + k[None, :],
-                mask=m_ok[:, None],
-                other=0.0,
-            )  # (BLOCK_M, BLOCK_K/8)
-            acc += x.to(tl.float32)[:, :, None] * w[None, :, :]
-    total = tl.sum(acc, axis=1)  # (BLOCK_M, BLOCK_N): along K once per slice
-    y_ptrs = y_ptr + m[:, None] * stride_ym + n[None, :]
-    y_mask = m_ok[:, None] & n_ok[None, :]
+            bits = ((words >> (4 * j)) & 0xF) | FLOAT_2_23  # 2**23 + code
+            w = bits.to(tl.float32, bitcast=True) - bias[None, :]  # code - zero
+            x = tl.load(x_ptr + m * stride_xm + k0 + 8 * i + j).to(tl.float32)
+            step += x[:, None] * w  # (BLOCK_K/8, BLOCK_N)
+        acc += tl.sum(step, axis=0) * scale  # in-thread sum; one scale per step
+    y_ptrs = y_ptr + m * stride_ym + n
     if not SPLIT:
-        tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
     else:  # as in _int4_gemm_kernel: the last slice to arrive adds them up
-        part = m[:, None] * N + n[None, :]
-        tl.store(part_ptr + pid_k * M * N + part, total, mask=y_mask)
+        part = m * N + n
+        tl.store(part_ptr + pid_k * M * N + part, acc, mask=n_ok)
         tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        tile = m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
-            out = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            out = tl.zeros([BLOCK_N], tl.float32)
             for s in range(0, SPLIT_K):
-                out += tl.load(part_ptr + s * M * N + part, mask=y_mask,
-                               other=0.0, cache_modifier=".cg")  # fmt: skip
-            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=y_mask)
-            tl.store(count_ptr + pid_n, 0)
+                out += tl.load(part_ptr + s * M * N + part, mask=n_ok, other=0.0,
+                               cache_modifier=".cg")  # fmt: skip
+            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+            tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1185
+# %% chapters/12_int4_gemm.md:1196
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
-    block_m = triton.next_power_of_2(M)
-    block_n = min(512, max(32, triton.next_power_of_2(N)))
-    block_k = 64 if block_m <= 2 else 32 if block_m <= 4 else 16  # registers
-    block_k = min(block_k, group & -group)
-    tiles, k_steps = triton.cdiv(N, block_n), K // block_k
-    split = 1  # up to 8 programs per multiprocessor, at least 2 steps per slice
-    while split < 32 and tiles * split < 8 * sms and k_steps >= 4 * split:
+    wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
+    block_n, num_warps = (1024, 8) if wide else (256, 4)
+    block_k = min(128, group & -group)  # a power of two dividing the group
+    tiles, k_steps = triton.cdiv(N, block_n) * M, K // block_k
+    split = 1  # at least two programs per multiprocessor, two steps per slice
+    while split < 32 and tiles * split < 2 * sms and k_steps >= 4 * split:
         split *= 2
-    return dict(block_m=block_m, block_n=block_n, block_k=block_k, split_k=split,
-                num_warps=4)  # fmt: skip
+    return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
-    """x (M, K) @ w.dequantize(x.dtype).T for a few rows, on the CUDA cores, in
-    float32; knobs override gemv_config (block_m, block_n, block_k, split_k, ...).
+    """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
+    tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
     """
     (M, K), (N, K_w) = x.shape, _nk(w)
     if K != K_w or M < 1:
@@ -334,30 +325,30 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
         raise ValueError(f"scales are {w.scales.dtype}, x is {x.dtype}: cast one")
     x = x if x.stride(1) == 1 else x.contiguous()
     cfg = {**gemv_config(M, N, K, w.group_size, num_sms(x.device)), **knobs}
-    bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
-    if w.group_size % bk or bk % 8 or bm < M:
-        raise ValueError(f"block_k={bk} must divide the group, block_m={bm} >= M")
+    bn, bk = cfg["block_n"], cfg["block_k"]
+    if w.group_size % bk or bk % 8:
+        raise ValueError(f"block_k={bk} must be a multiple of 8 dividing the group")
     k_steps = K // bk
     steps_per_split = triton.cdiv(k_steps, min(cfg["split_k"], k_steps))
     splits = triton.cdiv(k_steps, steps_per_split)  # no split left empty
-    grid = (triton.cdiv(N, bn), splits)
+    grid = (triton.cdiv(N, bn), splits, M)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     part = count = y  # not read without a split
     if splits > 1:
         part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
-        count = _counters(x.device, grid[0])
+        count = _counters(x.device, grid[0] * M)
     # fmt: off
     _int4_gemv_kernel[grid](
         x, w.qweight, w.scales, w.zeros, y, part, count,
         M, N, K, steps_per_split * bk, splits, x.stride(0), y.stride(0),
-        GROUP=w.group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=splits > 1,
+        GROUP=w.group_size, BLOCK_N=bn, BLOCK_K=bk, SPLIT=splits > 1,
         num_warps=cfg["num_warps"], num_stages=1,
     )
     # fmt: on
     return y
 
 
-# %% chapters/12_int4_gemm.md:1257
+# %% chapters/12_int4_gemm.md:1266
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
