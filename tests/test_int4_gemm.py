@@ -107,7 +107,7 @@ def test_gemv_codes_become_floats_from_their_bits():
     from minillm.kernels.int4_gemm import FLOAT_2_23
 
     codes = torch.arange(16, dtype=torch.int32)
-    floats = (codes | FLOAT_2_23).view(torch.float32) - 2.0**23
+    floats = (codes | FLOAT_2_23.value).view(torch.float32) - 2.0**23
     assert torch.equal(floats, codes.float())
 
 

@@ -254,7 +254,7 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
 
 # %% chapters/12_int4_gemm.md:1135
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured, "Measured on the H200")
-FLOAT_2_23 = 0x4B000000  # float32 bits of 2**23; or-ing in a code c gives 2**23 + c
+FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
 
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
