@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from minillm.structured.ir import GrammarError
 
 
-# %% chapters/15_structured_output.md:733
+# %% chapters/15_structured_output.md:734
 @dataclass
 class DFA:
     """State 0 is the start. trans[state, byte class] is the next state or -1;
@@ -45,6 +46,16 @@ class DFA:
                 runs[c].append((b, b))
         return runs
 
+    @functools.cached_property
+    def range_edges(self) -> list[list[tuple[int, int, int]]]:
+        """Per state, its moves as (lo, hi, next state) byte runs. Computed once:
+        a cached automaton (a JSON string's) is embedded in many grammars."""
+        runs = self.class_runs()
+        return [
+            [(lo, hi, d) for c, d in enumerate(row) if d >= 0 for lo, hi in runs[c]]
+            for row in self.trans.tolist()
+        ]
+
     def matches(self, data: bytes) -> bool:
         """Whether data is in the language (a DFA without calls)."""
         state = 0
@@ -55,7 +66,7 @@ class DFA:
         return bool(self.accepting[state])
 
 
-# %% chapters/15_structured_output.md:778
+# %% chapters/15_structured_output.md:789
 def keep_states(dfa: DFA, keep: np.ndarray) -> DFA:
     """The DFA restricted to the states where keep is true (state 0 is kept)."""
     keep = keep.copy()
@@ -90,7 +101,7 @@ def coreachable(dfa: DFA) -> np.ndarray:
     return alive
 
 
-# %% chapters/15_structured_output.md:814
+# %% chapters/15_structured_output.md:825
 def reachable(dfa: DFA) -> np.ndarray:
     rows = dfa.trans.tolist()
     seen = [False] * dfa.num_states
@@ -121,7 +132,7 @@ def row_ids(rows: np.ndarray) -> np.ndarray:
     return np.unique(keys, return_inverse=True)[1].reshape(-1)
 
 
-# %% chapters/15_structured_output.md:853
+# %% chapters/15_structured_output.md:864
 def minimize(dfa: DFA) -> DFA:
     """Moore's partition refinement: merge states that no input can tell apart."""
     call_sig = {}
@@ -156,7 +167,7 @@ def minimize(dfa: DFA) -> DFA:
     return DFA(trans, dfa.classes, dfa.accepting[reps], calls)
 
 
-# %% chapters/15_structured_output.md:895
+# %% chapters/15_structured_output.md:906
 def product(a: DFA, b: DFA, both: bool, limit: int = 1 << 62) -> DFA:
     """Strings in a and b (both) or in a and not in b; a and b have no calls.
     GrammarError past `limit` states (before the time they would take)."""
