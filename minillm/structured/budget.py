@@ -57,7 +57,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3548
+    # %% chapters/15_structured_output.md:3550
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -86,7 +86,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3608
+    # %% chapters/15_structured_output.md:3610
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow); where the budget bites, remembered
@@ -125,7 +125,9 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     byte_ids = first.byte[first.count > 0].astype(np.int64)  # single-byte tokens
     moves = g.table[:, byte_ids]  # (states + 1, single bytes)
     n = len(moves)  # each (state, next state) once: most bytes lead to the sink
-    src, dst = np.divmod(np.unique(np.arange(n)[:, None] * n + moves), n)
+    # sorted here, not np.unique: that imports numpy.ma at its first call
+    pairs = np.sort((np.arange(n)[:, None] * n + moves).ravel())
+    src, dst = np.divmod(pairs[np.diff(pairs, prepend=-1) != 0], n)
     calls = [(s, c, r) for s, cs in enumerate(g.calls) for c, r in cs]
     calls = np.array(calls, np.int64).reshape(-1, 3)
     dist = np.where(g.accepting, 0, INF).astype(np.int64)
@@ -154,7 +156,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:3490
+# %% chapters/15_structured_output.md:3492
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -194,7 +196,7 @@ def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     return out
 
 
-# %% chapters/15_structured_output.md:3580
+# %% chapters/15_structured_output.md:3582
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""
