@@ -57,7 +57,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3550
+    # %% chapters/15_structured_output.md:3610
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -86,7 +86,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3610
+    # %% chapters/15_structured_output.md:3670
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow); where the budget bites, remembered
@@ -169,34 +169,40 @@ def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     """(states + 1,) tokens that finish each state's rule: its shortest way in
     bytes, cut into the longest tokens of the vocabulary that it begins with."""
     dist, steps = byte_steps(compiled)
-    index = compiled.index
-    out = np.where(dist == 0, 0, INF).astype(np.int64)
     order = [s for s in np.argsort(dist, kind="stable").tolist() if 0 < dist[s] < INF]
+    after = {s: after_first_token(compiled.index, steps, s) for s in order}
+    out = np.where(dist == 0, 0, INF).tolist()
     while True:  # twice at least: a call may need a state of its own distance
-        before = out.copy()
+        before = list(out)
         for s in order:
             if steps[s][0] is None:  # a call: the callee's tokens, then the return's
                 out[s] = min(out[s], out[steps[s][1]] + out[steps[s][2]])
-                continue
-            text, path, t = b"", [s], s  # the way in the rule, while tokens spell it
-            while steps[t] is not None and steps[t][0] is not None:
-                longer = text + bytes([steps[t][0]])
-                if not first_token_at_or_after(index, longer).startswith(longer):
-                    break  # no token begins with it
-                text, t = longer, steps[t][1]
-                path.append(t)
-            n = max(
-                i
-                for i in range(1, len(text) + 1)
-                if first_token_at_or_after(index, text[:i]) == text[:i]
-            )
-            out[s] = min(out[s], 1 + out[path[n]])
-        if (out == before).all():
+            else:
+                out[s] = min(out[s], 1 + out[after[s]])
+        if out == before:
             break
-    return out
+    return np.array(out, np.int64)
 
 
-# %% chapters/15_structured_output.md:3582
+def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
+    """The state that state s's way reaches after the longest token it begins with
+    (None where the way begins with a call)."""
+    if steps[s][0] is None:
+        return None
+    text, path, t = b"", [s], s  # the way in the rule, while tokens spell it
+    while steps[t] is not None and steps[t][0] is not None:
+        longer = text + bytes([steps[t][0]])
+        if not first_token_at_or_after(index, longer).startswith(longer):
+            break  # no token begins with it
+        text, t = longer, steps[t][1]
+        path.append(t)
+    n = len(text)  # the longest token it begins with (its first byte is one)
+    while n > 1 and first_token_at_or_after(index, text[:n]) != text[:n]:
+        n -= 1
+    return path[n]
+
+
+# %% chapters/15_structured_output.md:3642
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""
