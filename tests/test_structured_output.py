@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm.structured import budget
+from minillm.structured import budget, dfa, grammar, json_text
 from minillm.structured.bitmask import apply_token_bitmask_inplace
 from minillm.structured.fsm import NFA
 from minillm.structured.grammar import Grammar
@@ -611,8 +611,41 @@ def test_oneof_that_may_overlap_is_refused_by_name(compiler, other):
 
 
 # The compile path before its speed-ups, kept as the reference: each embedding of a
-# DFA read its class runs anew, byte_steps' fixpoint read every (state, byte) pair,
-# and token_distances looked tokens and their prefixes up in sets of all of them.
+# DFA read its class runs anew, trimming built its predecessor lists and successor
+# sets row by row, byte_steps' fixpoint read every (state, byte) pair, and
+# token_distances looked tokens and their prefixes up in sets of all of them.
+def reference_coreachable(automaton):
+    preds = [[] for _ in range(automaton.num_states)]
+    for src, row in enumerate(automaton.trans.tolist()):
+        for dst in set(row):
+            if dst >= 0:
+                preds[dst].append(src)
+    for src, calls in enumerate(automaton.calls):
+        for _, dst in calls:
+            preds[dst].append(src)
+    alive = automaton.accepting.copy()
+    stack = np.flatnonzero(alive).tolist()
+    while stack:
+        for p in preds[stack.pop()]:
+            if not alive[p]:
+                alive[p] = True
+                stack.append(p)
+    return alive
+
+
+def reference_reachable(automaton):
+    rows = automaton.trans.tolist()
+    seen = [False] * automaton.num_states
+    seen[0], stack = True, [0]
+    while stack:
+        s = stack.pop()
+        for t in set(rows[s]).union(d for _, d in automaton.calls[s]):
+            if t >= 0 and not seen[t]:
+                seen[t] = True
+                stack.append(t)
+    return np.array(seen)
+
+
 def reference_add_dfa(nfa, dfa):
     states = [nfa.state() for _ in range(dfa.num_states)]
     end = nfa.state()
@@ -693,6 +726,13 @@ COMPILE_SCHEMAS = [
 ]  # fmt: skip
 
 
+def compile_afresh(params, index):
+    """Compiled without the automata that json_text caches across schemas."""
+    for cached in (json_text.json_string, json_text.json_format, json_text.json_number):
+        cached.cache_clear()
+    return CompiledGrammar(Grammar(params.rules()), index)
+
+
 @pytest.mark.parametrize("schema", COMPILE_SCHEMAS)
 def test_compile_speedups_change_no_table_distance_or_mask(
     compiler, schema, monkeypatch
@@ -701,10 +741,13 @@ def test_compile_speedups_change_no_table_distance_or_mask(
     grammar table, the same finish distances, and for every state the same token
     mask, uncertain tokens and budget masks."""
     params = StructuredOutputsParams(json=schema)
-    fast = CompiledGrammar(Grammar(params.rules()), compiler.index)
+    fast = compile_afresh(params, compiler.index)
     with monkeypatch.context() as patch:
         patch.setattr(NFA, "add_dfa", reference_add_dfa)
-        ref = CompiledGrammar(Grammar(params.rules()), compiler.index)
+        patch.setattr(dfa, "coreachable", reference_coreachable)
+        patch.setattr(grammar, "coreachable", reference_coreachable)
+        patch.setattr(dfa, "reachable", reference_reachable)
+        ref = compile_afresh(params, compiler.index)
     a, b = fast.grammar, ref.grammar
     assert np.array_equal(a.table, b.table) and np.array_equal(a.accepting, b.accepting)
     assert a.calls == b.calls and np.array_equal(a.is_event, b.is_event)

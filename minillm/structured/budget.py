@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3375
+# %% chapters/15_structured_output.md:3383
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -28,7 +28,7 @@ from minillm.structured.token_index import TokenIndex
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3402
+# %% chapters/15_structured_output.md:3410
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -57,7 +57,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3611
+    # %% chapters/15_structured_output.md:3619
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -86,7 +86,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3671
+    # %% chapters/15_structured_output.md:3679
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow); where the budget bites, remembered
@@ -116,7 +116,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:3441
+# %% chapters/15_structured_output.md:3449
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -156,7 +156,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:3492
+# %% chapters/15_structured_output.md:3500
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -202,7 +202,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/15_structured_output.md:3643
+# %% chapters/15_structured_output.md:3651
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""
