@@ -13,8 +13,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from minillm.structured import budget, dfa, grammar, json_text
 from minillm.structured.bitmask import apply_token_bitmask_inplace
-from minillm.structured.matcher import GrammarMatcher, allowed_tokens
+from minillm.structured.fsm import NFA
+from minillm.structured.grammar import Grammar
+from minillm.structured.matcher import CompiledGrammar, GrammarMatcher, allowed_tokens
 from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
 from minillm.structured.schema_ops import SchemaError
 
@@ -605,3 +608,160 @@ def test_oneof_that_may_overlap_is_refused_by_name(compiler, other):
     schema = {"oneOf": [branch("cityId"), other]}
     with pytest.raises(SchemaError, match="oneOf"):
         compiler.compile(StructuredOutputsParams(json=schema))
+
+
+# The compile path before its speed-ups, kept as the reference: each embedding of a
+# DFA read its class runs anew, trimming built its predecessor lists and successor
+# sets row by row, byte_steps' fixpoint read every (state, byte) pair, and
+# token_distances looked tokens and their prefixes up in sets of all of them.
+def reference_coreachable(automaton):
+    preds = [[] for _ in range(automaton.num_states)]
+    for src, row in enumerate(automaton.trans.tolist()):
+        for dst in set(row):
+            if dst >= 0:
+                preds[dst].append(src)
+    for src, calls in enumerate(automaton.calls):
+        for _, dst in calls:
+            preds[dst].append(src)
+    alive = automaton.accepting.copy()
+    stack = np.flatnonzero(alive).tolist()
+    while stack:
+        for p in preds[stack.pop()]:
+            if not alive[p]:
+                alive[p] = True
+                stack.append(p)
+    return alive
+
+
+def reference_reachable(automaton):
+    rows = automaton.trans.tolist()
+    seen = [False] * automaton.num_states
+    seen[0], stack = True, [0]
+    while stack:
+        s = stack.pop()
+        for t in set(rows[s]).union(d for _, d in automaton.calls[s]):
+            if t >= 0 and not seen[t]:
+                seen[t] = True
+                stack.append(t)
+    return np.array(seen)
+
+
+def reference_add_dfa(nfa, dfa):
+    states = [nfa.state() for _ in range(dfa.num_states)]
+    end = nfa.state()
+    runs = dfa.class_runs()
+    for i, row in enumerate(dfa.trans.tolist()):
+        for c, dst in enumerate(row):
+            if dst >= 0:
+                nfa.edges[states[i]] += [(lo, hi, states[dst]) for lo, hi in runs[c]]
+        if dfa.accepting[i]:
+            nfa.eps[states[i]].append(end)
+    return states[0], end
+
+
+def reference_byte_steps(compiled):
+    g, first = compiled.grammar, compiled.index.levels[0]
+    byte_ids = first.byte[first.count > 0].astype(np.int64)
+    moves = g.table[:, byte_ids]
+    calls = [(s, c, r) for s, cs in enumerate(g.calls) for c, r in cs]
+    calls = np.array(calls, np.int64).reshape(-1, 3)
+    dist = np.where(g.accepting, 0, budget.INF).astype(np.int64)
+    dist[g.SINK] = budget.INF
+    while True:
+        new = np.minimum(dist, 1 + dist[moves].min(axis=1, initial=budget.INF))
+        np.minimum.at(new, calls[:, 0], dist[calls[:, 1]] + dist[calls[:, 2]])
+        new[g.SINK] = budget.INF
+        if (new == dist).all():
+            break
+        dist = new
+    best, steps = dist[moves].argmin(axis=1), [None] * len(dist)
+    for s in np.flatnonzero((dist > 0) & (dist < budget.INF)).tolist():
+        if 1 + dist[moves[s, best[s]]] == dist[s]:
+            steps[s] = (int(byte_ids[best[s]]), int(moves[s, best[s]]))
+        else:
+            steps[s] = next(
+                (None, c, r) for c, r in g.calls[s] if dist[c] + dist[r] == dist[s]
+            )
+    return dist, steps
+
+
+def reference_token_distances(compiled):
+    dist, steps = reference_byte_steps(compiled)
+    tokens = {b for b in compiled.index.token_bytes if b}
+    prefixes = {t[:i] for t in tokens for i in range(1, len(t) + 1)}
+    out = np.where(dist == 0, 0, budget.INF).astype(np.int64)
+    order = [
+        s for s in np.argsort(dist, kind="stable").tolist() if 0 < dist[s] < budget.INF
+    ]
+    while True:
+        before = out.copy()
+        for s in order:
+            if steps[s][0] is None:
+                out[s] = min(out[s], out[steps[s][1]] + out[steps[s][2]])
+                continue
+            text, path, t = b"", [s], s
+            while steps[t] is not None and steps[t][0] is not None:
+                longer = text + bytes([steps[t][0]])
+                if longer not in prefixes:
+                    break
+                text, t = longer, steps[t][1]
+                path.append(t)
+            n = max(i for i in range(1, len(text) + 1) if text[:i] in tokens)
+            out[s] = min(out[s], 1 + out[path[n]])
+        if (out == before).all():
+            break
+    return out
+
+
+COMPILE_SCHEMAS = [
+    *BATCH_SCHEMAS,
+    {"type": "object", "properties": {"date": {"type": "string", "format": "date"},
+     "event": {"type": "string", "maxLength": 12}}, "required": ["date", "event"]},
+    {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
+     "n": {"type": "number", "minimum": 0, "maximum": 1}, "tags": {"type": "array",
+     "items": {"enum": ["a", "bc", 3]}, "maxItems": 2}}, "required": ["id"]},
+    {"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#"}},
+     "b": {"type": "string", "pattern": "^[a-z]{2,5}[0-9]?$"}}},
+    {"type": "object", "properties": {"x": {}, "y": {"type": "string"}}},
+]  # fmt: skip
+
+
+def compile_afresh(params, index):
+    """Compiled without the automata that json_text caches across schemas."""
+    for cached in (json_text.json_string, json_text.json_format, json_text.json_number):
+        cached.cache_clear()
+    return CompiledGrammar(Grammar(params.rules()), index)
+
+
+@pytest.mark.parametrize("schema", COMPILE_SCHEMAS)
+def test_compile_speedups_change_no_table_distance_or_mask(
+    compiler, schema, monkeypatch
+):
+    """The compile path as it was (reference_* above) and as it is build the same
+    grammar table, the same finish distances, and for every state the same token
+    mask, uncertain tokens and budget masks."""
+    params = StructuredOutputsParams(json=schema)
+    fast = compile_afresh(params, compiler.index)
+    with monkeypatch.context() as patch:
+        patch.setattr(NFA, "add_dfa", reference_add_dfa)
+        patch.setattr(dfa, "coreachable", reference_coreachable)
+        patch.setattr(grammar, "coreachable", reference_coreachable)
+        patch.setattr(dfa, "reachable", reference_reachable)
+        ref = compile_afresh(params, compiler.index)
+    a, b = fast.grammar, ref.grammar
+    assert np.array_equal(a.table, b.table) and np.array_equal(a.accepting, b.accepting)
+    assert a.calls == b.calls and np.array_equal(a.is_event, b.is_event)
+    dist, steps = budget.byte_steps(fast)
+    ref_dist, ref_steps = reference_byte_steps(ref)
+    assert np.array_equal(dist, ref_dist) and steps == ref_steps
+    fast_budget, ref_budget = budget.FinishBudget(fast), budget.FinishBudget(ref)
+    ref_budget.dist = reference_token_distances(ref)
+    assert np.array_equal(fast_budget.dist, ref_budget.dist)
+    for g in range(a.num_states):
+        (words, unsure), (ref_words, ref_unsure) = fast.state_mask(g), ref.state_mask(g)
+        assert np.array_equal(words, ref_words) and np.array_equal(unsure, ref_unsure)
+        stacks = ((g,),)
+        for remaining in (1, 2, 3, 5, 8, 30):
+            assert np.array_equal(
+                fast_budget.mask(stacks, remaining), ref_budget.mask(stacks, remaining)
+            )

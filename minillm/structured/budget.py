@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3365
+# %% chapters/15_structured_output.md:3383
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -15,6 +15,7 @@ mask keeps only the tokens after which the document can still be finished.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections import OrderedDict
 
@@ -22,11 +23,12 @@ import numpy as np
 
 from minillm.structured.ir import GrammarError
 from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits
+from minillm.structured.token_index import TokenIndex
 
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3390
+# %% chapters/15_structured_output.md:3410
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -55,7 +57,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3512
+    # %% chapters/15_structured_output.md:3619
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -84,7 +86,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3572
+    # %% chapters/15_structured_output.md:3679
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow); where the budget bites, remembered
@@ -114,7 +116,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:3429
+# %% chapters/15_structured_output.md:3449
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -122,64 +124,85 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     g, first = compiled.grammar, compiled.index.levels[0]
     byte_ids = first.byte[first.count > 0].astype(np.int64)  # single-byte tokens
     moves = g.table[:, byte_ids]  # (states + 1, single bytes)
+    n = len(moves)  # each (state, next state) once: most bytes lead to the sink
+    # sorted here, not np.unique: that imports numpy.ma at its first call
+    pairs = np.sort((np.arange(n)[:, None] * n + moves).ravel())
+    src, dst = np.divmod(pairs[np.diff(pairs, prepend=-1) != 0], n)
     calls = [(s, c, r) for s, cs in enumerate(g.calls) for c, r in cs]
     calls = np.array(calls, np.int64).reshape(-1, 3)
     dist = np.where(g.accepting, 0, INF).astype(np.int64)
     dist[g.SINK] = INF
     while True:  # a fixpoint: bytes inside the rule, and calls
-        new = np.minimum(dist, 1 + dist[moves].min(axis=1, initial=INF))
+        new = dist.copy()
+        np.minimum.at(new, src, 1 + dist[dst])
         np.minimum.at(new, calls[:, 0], dist[calls[:, 1]] + dist[calls[:, 2]])
         new[g.SINK] = INF
         if (new == dist).all():
             break
         dist = new
-    best, steps = dist[moves].argmin(axis=1), [None] * len(dist)
-    for s in np.flatnonzero((dist > 0) & (dist < INF)).tolist():
-        if 1 + dist[moves[s, best[s]]] == dist[s]:
-            steps[s] = (int(byte_ids[best[s]]), int(moves[s, best[s]]))
+    best = dist[moves].argmin(axis=1)  # (states + 1,) the nearest single byte
+    after = moves[np.arange(n), best]
+    by_byte = (1 + dist[after] == dist).tolist()
+    byte, after, d, steps = byte_ids[best].tolist(), after.tolist(), dist.tolist(), []
+    for s in range(n):
+        if not 0 < d[s] < INF:
+            steps.append(None)
+        elif by_byte[s]:
+            steps.append((byte[s], after[s]))
         else:
-            steps[s] = next(
-                (None, c, r) for c, r in g.calls[s] if dist[c] + dist[r] == dist[s]
+            steps.append(
+                next((None, c, r) for c, r in g.calls[s] if d[c] + d[r] == d[s])
             )
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:3467
-@functools.lru_cache(maxsize=8)
-def vocabulary_sets(index) -> tuple[set, set]:
-    """The vocabulary's token bytes, and every prefix of them."""
-    tokens = {b for b in index.token_bytes if b}
-    return tokens, {t[:i] for t in tokens for i in range(1, len(t) + 1)}
+# %% chapters/15_structured_output.md:3500
+def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
+    """The smallest token >= text in byte order (b"" past the last): it begins with
+    text if any token does (a bisection of the index's sorted vocabulary)."""
+    words = index.sorted_bytes
+    i = bisect.bisect_left(words, text)
+    return words[i] if i < len(words) else b""
 
 
 def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     """(states + 1,) tokens that finish each state's rule: its shortest way in
     bytes, cut into the longest tokens of the vocabulary that it begins with."""
     dist, steps = byte_steps(compiled)
-    tokens, prefixes = vocabulary_sets(compiled.index)
-    out = np.where(dist == 0, 0, INF).astype(np.int64)
     order = [s for s in np.argsort(dist, kind="stable").tolist() if 0 < dist[s] < INF]
+    after = {s: after_first_token(compiled.index, steps, s) for s in order}
+    out = np.where(dist == 0, 0, INF).tolist()
     while True:  # twice at least: a call may need a state of its own distance
-        before = out.copy()
+        before = list(out)
         for s in order:
             if steps[s][0] is None:  # a call: the callee's tokens, then the return's
                 out[s] = min(out[s], out[steps[s][1]] + out[steps[s][2]])
-                continue
-            text, path, t = b"", [s], s  # the way in the rule, while tokens spell it
-            while steps[t] is not None and steps[t][0] is not None:
-                longer = text + bytes([steps[t][0]])
-                if longer not in prefixes:
-                    break
-                text, t = longer, steps[t][1]
-                path.append(t)
-            n = max(i for i in range(1, len(text) + 1) if text[:i] in tokens)
-            out[s] = min(out[s], 1 + out[path[n]])
-        if (out == before).all():
+            else:
+                out[s] = min(out[s], 1 + out[after[s]])
+        if out == before:
             break
-    return out
+    return np.array(out, np.int64)
 
 
-# %% chapters/15_structured_output.md:3544
+def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
+    """The state that state s's way reaches after the longest token it begins with
+    (None where the way begins with a call)."""
+    if steps[s][0] is None:
+        return None
+    text, path, t = b"", [s], s  # the way in the rule, while tokens spell it
+    while steps[t] is not None and steps[t][0] is not None:
+        longer = text + bytes([steps[t][0]])
+        if not first_token_at_or_after(index, longer).startswith(longer):
+            break  # no token begins with it
+        text, t = longer, steps[t][1]
+        path.append(t)
+    n = len(text)  # the longest token it begins with (its first byte is one)
+    while n > 1 and first_token_at_or_after(index, text[:n]) != text[:n]:
+        n -= 1
+    return path[n]
+
+
+# %% chapters/15_structured_output.md:3651
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

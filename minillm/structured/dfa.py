@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from minillm.structured.ir import GrammarError
 
 
-# %% chapters/15_structured_output.md:733
+# %% chapters/15_structured_output.md:734
 @dataclass
 class DFA:
     """State 0 is the start. trans[state, byte class] is the next state or -1;
@@ -45,6 +46,16 @@ class DFA:
                 runs[c].append((b, b))
         return runs
 
+    @functools.cached_property
+    def range_edges(self) -> list[list[tuple[int, int, int]]]:
+        """Per state, its moves as (lo, hi, next state) byte runs. Computed once:
+        a cached automaton (a JSON string's) is embedded in many grammars."""
+        runs = self.class_runs()
+        return [
+            [(lo, hi, d) for c, d in enumerate(row) if d >= 0 for lo, hi in runs[c]]
+            for row in self.trans.tolist()
+        ]
+
     def matches(self, data: bytes) -> bool:
         """Whether data is in the language (a DFA without calls)."""
         state = 0
@@ -55,7 +66,7 @@ class DFA:
         return bool(self.accepting[state])
 
 
-# %% chapters/15_structured_output.md:778
+# %% chapters/15_structured_output.md:789
 def keep_states(dfa: DFA, keep: np.ndarray) -> DFA:
     """The DFA restricted to the states where keep is true (state 0 is kept)."""
     keep = keep.copy()
@@ -72,36 +83,42 @@ def keep_states(dfa: DFA, keep: np.ndarray) -> DFA:
 
 def coreachable(dfa: DFA) -> np.ndarray:
     """States from which an accepting state can be reached (calls count as moves)."""
-    preds: list[list[int]] = [[] for _ in range(dfa.num_states)]
-    for src, row in enumerate(dfa.trans.tolist()):
-        for dst in set(row):
-            if dst >= 0:
-                preds[dst].append(src)
-    for src, calls in enumerate(dfa.calls):
-        for _, dst in calls:
-            preds[dst].append(src)
-    alive = dfa.accepting.copy()
-    stack = np.flatnonzero(alive).tolist()
-    while stack:
-        for p in preds[stack.pop()]:
-            if not alive[p]:
-                alive[p] = True
-                stack.append(p)
-    return alive
+    src, dst = moves(dfa)
+    return walk_from(np.flatnonzero(dfa.accepting).tolist(), dst, src, dfa.num_states)
 
 
-# %% chapters/15_structured_output.md:814
-def reachable(dfa: DFA) -> np.ndarray:
-    rows = dfa.trans.tolist()
-    seen = [False] * dfa.num_states
-    seen[0], stack = True, [0]
+def moves(dfa: DFA) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) of each distinct move, calls included."""
+    state, cls = np.nonzero(dfa.trans >= 0)
+    calls = [(s, d) for s, cs in enumerate(dfa.calls) for _, d in cs]
+    pairs = np.array(calls, np.int64).reshape(-1, 2)
+    src = np.concatenate([state, pairs[:, 0]])
+    dst = np.concatenate([dfa.trans[state, cls].astype(np.int64), pairs[:, 1]])
+    key = np.sort(src * dfa.num_states + dst)  # many classes lead to one state
+    return np.divmod(key[np.diff(key, prepend=-1) != 0], dfa.num_states)
+
+
+def walk_from(starts: list, src, dst, n: int) -> np.ndarray:
+    """(n,) bool: the states reached from starts along the edges src -> dst."""
+    order = np.argsort(src, kind="stable")
+    first = np.searchsorted(src[order], np.arange(n + 1)).tolist()
+    nxt = dst[order].tolist()
+    seen = np.zeros(n, bool)
+    seen[starts] = True
+    seen, stack = seen.tolist(), list(starts)
     while stack:
         s = stack.pop()
-        for t in set(rows[s]).union(d for _, d in dfa.calls[s]):
-            if t >= 0 and not seen[t]:
+        for t in nxt[first[s] : first[s + 1]]:
+            if not seen[t]:
                 seen[t] = True
                 stack.append(t)
-    return np.array(seen)
+    return np.array(seen, bool)
+
+
+# %% chapters/15_structured_output.md:839
+def reachable(dfa: DFA) -> np.ndarray:
+    src, dst = moves(dfa)
+    return walk_from([0], src, dst, dfa.num_states)
 
 
 def trim(dfa: DFA, productive_rules=None) -> DFA:
@@ -121,7 +138,7 @@ def row_ids(rows: np.ndarray) -> np.ndarray:
     return np.unique(keys, return_inverse=True)[1].reshape(-1)
 
 
-# %% chapters/15_structured_output.md:853
+# %% chapters/15_structured_output.md:872
 def minimize(dfa: DFA) -> DFA:
     """Moore's partition refinement: merge states that no input can tell apart."""
     call_sig = {}
@@ -156,7 +173,7 @@ def minimize(dfa: DFA) -> DFA:
     return DFA(trans, dfa.classes, dfa.accepting[reps], calls)
 
 
-# %% chapters/15_structured_output.md:895
+# %% chapters/15_structured_output.md:914
 def product(a: DFA, b: DFA, both: bool, limit: int = 1 << 62) -> DFA:
     """Strings in a and b (both) or in a and not in b; a and b have no calls.
     GrammarError past `limit` states (before the time they would take)."""
