@@ -22,7 +22,7 @@ new walks. A cProfile of one fast pass (and one reference pass) says where the r
 goes. The masks of both paths are compared on every walk.
 
     python benchmarks/structured_step.py            # writes benchmarks/results/*.json
-    python benchmarks/structured_step.py --quick    # 8 rows, 32 steps, no file
+    python benchmarks/structured_step.py --quick    # 8 rows, 64 steps, no file
 """
 
 from __future__ import annotations
@@ -186,11 +186,11 @@ def main() -> None:
     parser.add_argument("--smollm2", type=Path, help="SmolLM2's converted folder")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="8 rows, 32 steps")
+    parser.add_argument("--quick", action="store_true", help="8 rows, 64 steps")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     args = parser.parse_args()
     if args.quick:
-        args.batch, args.steps = 8, 32
+        args.batch, args.steps = 8, 64  # a schema needs up to 44 tokens to finish
     from minillm.convert import resolve_model
     from minillm.tokenizer import Tokenizer
 
