@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:745
+# %% chapters/12_int4_gemm.md:746
 """A fused W4A16 matrix product in Triton (chapter 12, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -46,7 +46,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:805
+# %% chapters/12_int4_gemm.md:806
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -73,7 +73,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:854
+# %% chapters/12_int4_gemm.md:855
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -92,7 +92,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:882
+# %% chapters/12_int4_gemm.md:883
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -140,7 +140,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:944
+# %% chapters/12_int4_gemm.md:945
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -183,7 +183,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:988
+# %% chapters/12_int4_gemm.md:989
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -225,7 +225,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1065
+# %% chapters/12_int4_gemm.md:1066
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -252,7 +252,7 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1137
+# %% chapters/12_int4_gemm.md:1140
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured, "Measured on the H200")
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
@@ -301,7 +301,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1198
+# %% chapters/12_int4_gemm.md:1201
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -326,8 +326,8 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     x = x if x.stride(1) == 1 else x.contiguous()
     cfg = {**gemv_config(M, N, K, w.group_size, num_sms(x.device)), **knobs}
     bn, bk = cfg["block_n"], cfg["block_k"]
-    if w.group_size % bk or bk % 8:
-        raise ValueError(f"block_k={bk} must be a multiple of 8 dividing the group")
+    if w.group_size % bk or bk % 8 or bk & (bk - 1):
+        raise ValueError(f"block_k={bk} must be a power of two >= 8 dividing the group")
     k_steps = K // bk
     steps_per_split = triton.cdiv(k_steps, min(cfg["split_k"], k_steps))
     splits = triton.cdiv(k_steps, steps_per_split)  # no split left empty
@@ -348,7 +348,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1268
+# %% chapters/12_int4_gemm.md:1271
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
@@ -359,7 +359,7 @@ def _int4_mm(
     if x.shape[0] > FUSED_MAX_M or x.shape[0] == 0:
         return x @ dequantize_int4(w)  # (M, K) @ (K, N): cuBLAS
     if x.shape[0] <= GEMV_MAX_M:
-        return int4_gemv(x, w)  # a few rows: the CUDA cores
+        return int4_gemv(x, w)  # one row: the CUDA cores
     return int4_matmul(x, w)
 
 
@@ -369,8 +369,8 @@ def _(x, qweight, scales, zeros, group_size):  # the output's shape, for the com
 
 
 def int4_linear(x: Tensor, w: Int4Weight, bias: Tensor | None = None) -> Tensor:
-    """x (..., K) @ w.dequantize().T (+ bias): the GEMV for a few rows, the fused
-    kernel for more, dequantize-then-cuBLAS for many.
+    """x (..., K) @ w.dequantize().T (+ bias): the GEMV for one row, the fused
+    kernel for a few, dequantize-then-cuBLAS for many.
     """
     rows, K = x.numel() // x.shape[-1], x.shape[-1]
     x2 = x.reshape(rows, K)
