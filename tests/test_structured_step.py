@@ -171,3 +171,50 @@ def test_last_output_path_equals_a_replay(compiler):
             assert m.terminated == fresh.terminated
             if not m.terminated:
                 assert m.stacks == fresh.stacks
+
+
+def test_final_mask_at_any_room_in_any_order(compiler):
+    """The budget's remembered masks (per stacks where it cannot bite, per stacks and
+    room where it does) equal the reference's for every room from 1 to past the
+    point where the budget stops biting, asked in falling, rising and random order:
+    a state first met with room to spare is not served its plain mask once the room
+    runs short, nor the other way round."""
+    rng, checked = random.Random(5), 0
+    for params in params_list():
+        proc = params.logits_processor(compiler, max_tokens=40)
+        budget = proc.budget
+        ids = walk(proc, rng, 40)
+        for s in range(0, len(ids), 3):
+            m = proc.matcher(ids[:s])
+            if m.terminated:
+                break
+            bound = budget.bound(m.stacks)
+            top = min(bound, 60) + 3
+            rooms = list(range(1, top))
+            for order in (rooms[::-1], rooms, rng.sample(rooms, len(rooms))):
+                for remaining in order:
+                    expected = reference_next_token_mask(
+                        proc, (m.stacks, False), remaining
+                    )
+                    got = budget.final_mask(m.stacks, remaining)
+                    assert np.array_equal(got, expected), (s, remaining, bound)
+                    checked += 1
+            budget.plain.clear()  # the next state starts from rising rooms
+            budget.cuts.clear()
+    assert checked > 500
+
+
+def test_set_bits_equals_setting_each_bit():
+    """set_bits (one packbits over a boolean vector) ORs the same bits as setting
+    each token's bit by hand, into words that already hold some."""
+    from minillm.structured.matcher import set_bits
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 500, 3000):
+        words = rng.integers(0, 2**32, 100, dtype=np.uint64).astype(np.uint32)
+        tokens = rng.integers(0, 3200, n).astype(np.int64)  # repeats included
+        expected = words.copy()
+        for t in tokens.tolist():
+            expected[t >> 5] |= np.uint32(1 << (t & 31))
+        set_bits(words, tokens)
+        assert np.array_equal(words, expected)

@@ -11,4 +11,5 @@ penalties                chapters/11_cuda_graph.md
 reshape_and_cache        chapters/10_triton_decode.md
 sample                   chapters/11_cuda_graph.md
 skinny_gemm              chapters/10_triton_decode.md
+token_bitmask            chapters/15_structured_output.md
 """

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3721
+# %% chapters/15_structured_output.md:3744
 """Token bitmasks on the device: 32 tokens per int32 word, applied to logits
 (chapter 15). The layout is xgrammar's and vLLM's."""
 
@@ -46,8 +46,23 @@ def apply_token_bitmask_inplace(
     logits: Tensor, bitmask: Tensor, indices: list[int] | None = None
 ) -> Tensor:
     """logits (batch, vocab): -inf where a row's bitmask (rows, words) clears the
-    token's bit; indices: the logits rows that the bitmask's rows are for."""
+    token's bit; indices: the logits rows that the bitmask's rows are for. On a GPU
+    one Triton kernel (kernels.token_bitmask); elsewhere the PyTorch reference."""
     bitmask = bitmask.to(logits.device, non_blocking=True)
+    if logits.device.type == "cuda":
+        from minillm.kernels.token_bitmask import apply_token_bitmask  # Triton
+
+        rows = None
+        if indices is not None:
+            rows = torch.tensor(indices, dtype=torch.int32).to(logits.device)
+        return apply_token_bitmask(logits, bitmask, rows)
+    return apply_token_bitmask_torch(logits, bitmask, indices)
+
+
+def apply_token_bitmask_torch(
+    logits: Tensor, bitmask: Tensor, indices: list[int] | None = None
+) -> Tensor:
+    """apply_token_bitmask_inplace in PyTorch: the reference, on any device."""
     allowed = unpack_bitmask(bitmask, logits.shape[-1])  # (rows, vocab)
     if indices is None:
         logits.masked_fill_(~allowed, float("-inf"))

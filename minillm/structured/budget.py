@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3383
+# %% chapters/15_structured_output.md:3390
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -28,7 +28,7 @@ from minillm.structured.token_index import TokenIndex
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3410
+# %% chapters/15_structured_output.md:3417
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -38,6 +38,8 @@ class FinishBudget:
         # stacks -> the room below which the budget may cut tokens (INF: always)
         self.bites_below: OrderedDict[Stacks, int] = OrderedDict()
         self.cuts: OrderedDict[tuple[Stacks, int], np.ndarray] = OrderedDict()
+        # stacks -> (bites_below, the grammar's mask), once asked where it cannot bite
+        self.plain: OrderedDict[Stacks, tuple[int, np.ndarray]] = OrderedDict()
 
     def min_tokens(self, stacks: Stacks) -> int:
         """The tokens that finish the document from here, by the budget's count."""
@@ -57,44 +59,58 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3619
-    def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
-        """The grammar's mask, less the tokens after which the document cannot be
-        finished in the remaining - 1 tokens (only computed when it could bite)."""
-        c = self.compiled
-        closed, room = c.closure(stacks), remaining - 1
-        if stacks not in self.bites_below:  # per stacks, as the masks are cached
+    # %% chapters/15_structured_output.md:3628
+    def bound(self, stacks: Stacks) -> int:
+        """The room below which the budget may cut tokens from the mask of stacks
+        (INF: any room, where uncertain tokens leave a rule), remembered per stacks."""
+        bound = self.bites_below.get(stacks)
+        if bound is None:
+            c = self.compiled
+            closed = c.closure(stacks)
             worst = max(
                 int(self.dist[list(s[:-1])].sum()) + self.worst_after(s[-1])
                 for s in closed
             )
             bound = INF if len(c.unsure_tokens(closed)) else worst
             c._remember(self.bites_below, stacks, bound)
-        if self.bites_below[stacks] <= room:  # it cannot bite: the grammar's mask
+        return bound
+
+    def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
+        """The grammar's mask, less the tokens after which the document cannot be
+        finished in the remaining - 1 tokens (only computed when it could bite)."""
+        c = self.compiled
+        closed, room = c.closure(stacks), remaining - 1
+        if self.bound(stacks) <= room:  # it cannot bite: the grammar's mask
             return c.mask(stacks)
-        unsure = c.unsure_tokens(closed)
         words = np.zeros(c.num_words, np.uint32)
         for stack in closed:
             lower = int(self.dist[list(stack[:-1])].sum())
             ids, states = self.token_walk(stack[-1])
             set_bits(words, ids[lower + self.dist[states] <= room])
-        for t in unsure.tolist():
-            after = c.advance(closed, c.index.token_bytes[t])
+        token_bytes, ok = c.index.token_bytes, []
+        for t in c.unsure_tokens(closed).tolist():
+            after = c.advance(closed, token_bytes[t])
             if after is not None and self.min_tokens(after) <= room:
-                set_bits(words, np.array([t]))
+                ok.append(t)
+        set_bits(words, np.array(ok, dtype=np.int64))
         if c.is_complete(closed):
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3679
+    # %% chapters/15_structured_output.md:3697
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
-        after a token the budget did not allow); where the budget bites, remembered
-        per (stacks, remaining)."""
+        after a token the budget did not allow). Remembered per stacks where the
+        budget cannot bite, per (stacks, remaining) where it does."""
         c = self.compiled
-        bound = self.bites_below.get(stacks)
-        if bound is not None and bound <= remaining - 1:  # it cannot bite
-            return c.mask(stacks)
+        known = self.plain.get(stacks)  # (bound, mask): a seen state is one lookup
+        if known is not None and known[0] <= remaining - 1:  # it cannot bite
+            return known[1]
+        bound = self.bound(stacks)
+        if bound <= remaining - 1:
+            words = c.mask(stacks)
+            c._remember(self.plain, stacks, (bound, words))
+            return words
         key = (stacks, remaining)
         words = self.cuts.get(key)
         if words is None:
@@ -116,7 +132,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:3449
+# %% chapters/15_structured_output.md:3458
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -156,7 +172,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:3500
+# %% chapters/15_structured_output.md:3509
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -202,7 +218,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/15_structured_output.md:3651
+# %% chapters/15_structured_output.md:3669
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3005
+# %% chapters/15_structured_output.md:3009
 """Token masks of a grammar: cached per DFA state, completed with the stack
 (chapter 15).
 
@@ -38,7 +38,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/15_structured_output.md:3046
+# %% chapters/15_structured_output.md:3050
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -77,7 +77,7 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:3094
+    # %% chapters/15_structured_output.md:3098
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -106,7 +106,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:3132
+    # %% chapters/15_structured_output.md:3136
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -129,9 +129,10 @@ class CompiledGrammar:
 
     def mask(self, stacks: Stacks) -> np.ndarray:
         """(num_words,) uint32: the tokens that may come next (EOS if complete)."""
-        if stacks in self.masks:
+        words = self.masks.get(stacks)  # one hash of the stacks, not three
+        if words is not None:
             self.masks.move_to_end(stacks)
-            return self.masks[stacks]
+            return words
         closed = self.closure(stacks)
         words = self.state_mask(closed[0][-1])[0].copy()
         for stack in closed[1:]:
@@ -149,7 +150,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:3185
+    # %% chapters/15_structured_output.md:3190
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -158,15 +159,16 @@ class CompiledGrammar:
         """advance by one token's bytes, remembered per (stacks, token): a token
         seen before from the same stacks is one dictionary lookup."""
         key = (stacks, token_id)
-        if key in self.steps:
-            return self.steps[key]
+        new = self.steps.get(key, self)  # self: not seen (None is an answer)
+        if new is not self:
+            return new
         token_bytes = self.index.token_bytes
         data = token_bytes[token_id] if token_id < len(token_bytes) else b""
         new = self.advance_single(stacks, data) if data else None
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/15_structured_output.md:3218
+    # %% chapters/15_structured_output.md:3224
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -193,11 +195,12 @@ class CompiledGrammar:
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
 
-# %% chapters/15_structured_output.md:3247
+# %% chapters/15_structured_output.md:3253
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
-    np.bitwise_or.at(
-        words, tokens >> 5, (np.uint32(1) << (tokens & 31).astype(np.uint32))
-    )
+    """Set the bits of token ids `tokens` in packed words, in place."""
+    allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
+    allowed[tokens] = True  # then one packbits: np.bitwise_or.at is slower
+    words |= np.packbits(allowed, bitorder="little").view(np.uint32)
 
 
 def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -206,7 +209,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:3261
+# %% chapters/15_structured_output.md:3268
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -242,7 +245,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:3304
+    # %% chapters/15_structured_output.md:3311
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
