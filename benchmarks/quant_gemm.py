@@ -1,12 +1,14 @@
-"""Chapter 13's speed table: W8A8 int8 (torch._int_mm) and FP8 (torch._scaled_mm)
-matrix products against bf16 (cuBLAS), and batch-1 decode through the engine.
+"""Chapter 13's speed table: W8A8 int8 (chapter 13's Triton kernel, and cuBLAS
+through torch._int_mm) and FP8 (torch._scaled_mm) matrix products against bf16
+(cuBLAS), and batch-1 decode through the engine.
 
 For every projection of a Llama-3.1-8B and a Qwen3-0.6B decoder layer (q/k/v and
 gate/up merged, as the engine runs them on a GPU):
 
-* prefill, M = 4096 rows: TFLOP/s of the bare product (bf16 F.linear, int8
-  _int_mm, FP8 rowwise _scaled_mm) and of the whole layer (Int8Linear and Fp8Linear
-  of minillm.quantization: per-token activation quantization, product, rescale);
+* prefill, M = 4096 rows: TFLOP/s of the bare product (bf16 F.linear; int8
+  int8_scaled_mm, scales applied in its epilogue, and _int_mm, int32 out; FP8
+  rowwise _scaled_mm) and of the whole layer (Int8Linear and Fp8Linear of
+  minillm.quantization: per-token activation quantization, product, rescale);
 * decode, M = 1 row: microseconds per layer call, replayed in a CUDA graph, each
   call on another copy of the weight so that it comes from HBM.
 
@@ -15,6 +17,7 @@ left (--engine-budget-s), batch-1 decode of a random Qwen3-0.6B-shaped model
 through LLM(quantization=None | "w8a8" | "fp8"): time per output token.
 
     python benchmarks/quant_gemm.py          # on a GPU; writes benchmarks/results/
+    python benchmarks/quant_gemm.py --int8-sweep   # int8_scaled_mm's knobs, per M
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
 from benchmarks.decode_gemm import LLAMA_8B_SHAPES  # noqa: E402
 from benchmarks.decode_gemm import SHAPES as GEMM_SHAPES  # noqa: E402
+from minillm.kernels.w8a8 import int8_mm_config, int8_scaled_mm  # noqa: E402
 from minillm.quantization.fp8 import Fp8Linear, quantize_fp8  # noqa: E402
 from minillm.quantization.w8a8 import (  # noqa: E402
     Int8Linear,
@@ -124,11 +129,12 @@ def prefill(layers: dict, n: int, k: int, m: int) -> dict:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     xq, xs = quantize_int8(x)
     xf, xfs = quantize_fp8(x)
-    w8 = layers["int8"].qweight
+    w8, w8s = layers["int8"].qweight, layers["int8"].weight_scale
     wf, wfs = layers["fp8"].qweight, layers["fp8"].weight_scale.T.contiguous()
     bare = {
         "bf16": lambda: F.linear(x, layers["bf16"].weight),
-        "int8": lambda: torch._int_mm(xq, w8.T),
+        "int8": lambda: int8_scaled_mm(xq, xs, w8, w8s, torch.bfloat16),
+        "int8_cublas": lambda: torch._int_mm(xq, w8.T),
         "fp8": lambda: torch._scaled_mm(xf, wf.T, scale_a=xfs, scale_b=wfs,
                                         out_dtype=torch.bfloat16),
     }  # fmt: skip
@@ -191,14 +197,66 @@ def engine_decode(quantization: str | None, folder: Path, output_len: int) -> di
     return result
 
 
+SWEEP = [  # (BM, BN, BK, warps, stages)
+    (16, 32, 256, 4, 4), (16, 64, 256, 4, 4), (16, 64, 128, 4, 4),
+    (16, 128, 128, 4, 3), (16, 32, 512, 4, 3), (32, 64, 256, 4, 4),
+    (64, 64, 256, 4, 4), (64, 128, 128, 4, 4), (64, 128, 256, 4, 3),
+    (128, 128, 128, 4, 3), (128, 128, 128, 8, 4), (128, 256, 128, 8, 3),
+    (128, 256, 128, 8, 4), (256, 128, 128, 8, 3), (128, 256, 64, 8, 4),
+]  # fmt: skip
+
+
+def int8_sweep(rows: list[int]) -> list[dict]:
+    """Microseconds of int8_scaled_mm for every knob setting in SWEEP (tiles at most
+    4x the rows high) on the Llama-3.1-8B shapes, replayed in a CUDA graph, each
+    call on another copy of the weights (from HBM, as in a decode step)."""
+    results = []
+    for (model, proj), (n, k) in SHAPES.items():
+        if model != "Llama-3.1-8B":
+            continue
+        copies = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
+                  for _ in range(max(1, ROTATE_BYTES // (n * k)))]  # fmt: skip
+        sb = torch.rand(n, device="cuda")
+        for m in rows:
+            a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
+            sa = torch.rand(m, 1, device="cuda")
+            row = {"projection": proj, "N": n, "K": k, "M": m, "default": None,
+                   "us": {}}  # fmt: skip
+            for cfg in [c for c in SWEEP if c[0] <= max(16, 4 * m)]:
+                calls = [
+                    partial(int8_scaled_mm, a, sa, w, sb, torch.bfloat16, config=cfg)
+                    for w in copies
+                ]
+                row["us"][str(cfg)] = graph_us(calls)
+            row["default"] = str(int8_mm_config(m))
+            best = min(row["us"], key=row["us"].get)
+            print(
+                f"{proj:13} M={m:5} best {best} {row['us'][best]:.1f} us; default "
+                f"{row['us'].get(row['default'], float('nan')):.1f} us",
+                flush=True,
+            )
+            results.append(row)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--engine-budget-s", type=float, default=120)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--int8-sweep",
+        action="store_true",
+        help="time int8_scaled_mm's knobs instead (M = 1 .. 4096)",
+    )
+    args = parser.parse_args()  # fmt: skip
     if not torch.cuda.is_available():
         sys.exit("benchmarks/quant_gemm.py times GPU products: no CUDA device found")
+    if args.int8_sweep:
+        record = {"benchmark": "quant_gemm_int8_sweep", "environment": environment(),
+                  "sweep": int8_sweep([1, 16, 64, 4096])}  # fmt: skip
+        print("wrote", save("quant_gemm_int8_sweep", record, *filter(None, [args.out])))
+        return
     t_start = time.perf_counter()
     record = {
         "benchmark": "quant_gemm",
@@ -219,7 +277,9 @@ def main() -> None:
         row.update(decode(layers, n, k))
         record["rows"].append(row)
         print(f"{model:13} {proj:13} bf16 {row['gemm_bf16_tflops']:6.0f}  int8 "
-              f"{row['gemm_int8_tflops']:6.0f} ({row['layer_int8_tflops']:5.0f} layer)"
+              f"{row['gemm_int8_tflops']:6.0f} (cuBLAS "
+              f"{row['gemm_int8_cublas_tflops']:5.0f}, "
+              f"{row['layer_int8_tflops']:5.0f} layer)"
               f"  fp8 {row['gemm_fp8_tflops']:6.0f} ({row['layer_fp8_tflops']:5.0f}"
               f" layer) TFLOP/s | M=1 us: bf16 {row['bf16_us']:.1f} int8 "
               f"{row['int8_us']:.1f} fp8 {row['fp8_us']:.1f}", flush=True)  # fmt: skip

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:231
+# %% chapters/13_quantization.md:236
 """Calibration: the statistics of every projection's inputs (chapter 13).
 
 capture() runs a model on calibration token windows and records, at the input of
@@ -50,7 +50,7 @@ def token_windows(
     return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
 
 
-# %% chapters/13_quantization.md:286
+# %% chapters/13_quantization.md:291
 @dataclass
 class LinearStats:
     """Sums over the calibration tokens of one projection input of width k."""
@@ -79,7 +79,7 @@ class LinearStats:
         return self.abs_sum / max(self.num_tokens, 1)
 
 
-# %% chapters/13_quantization.md:320
+# %% chapters/13_quantization.md:325
 @contextmanager
 def recording(linears: dict[str, nn.Linear]):
     """While the with-block runs, record the input statistics of linears (by name)

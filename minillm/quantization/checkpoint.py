@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1921
+# %% chapters/13_quantization.md:2150
 """Export 4-bit codes in the GPTQ or AWQ checkpoint layout (qweight, qzeros,
 scales; quantization_config in config.json) and load such a checkpoint back into
 chapter 12's Int4Linear (chapter 13)."""
@@ -41,7 +41,7 @@ def unpack_columns(words: Tensor, order: list[int] | None = None) -> Tensor:
     return v.reshape(r, m * 8)
 
 
-# %% chapters/13_quantization.md:1965
+# %% chapters/13_quantization.md:2194
 def to_layout(codes: Tensor, scales: Tensor, zeros: Tensor, fmt: str) -> dict:
     """The checkpoint tensors of one projection (codes [N, K], scales, zeros [N, G])."""
     n, k = codes.shape
@@ -70,7 +70,7 @@ def from_layout(t: dict, fmt: str) -> tuple[Tensor, Tensor, Tensor]:
     return codes, t["scales"].float().T.contiguous(), zeros.float().T.contiguous()
 
 
-# %% chapters/13_quantization.md:2000
+# %% chapters/13_quantization.md:2229
 def export_quantized(
     model: CausalLM, codes: dict, folder: str | Path, fmt: str, source=None
 ) -> None:
@@ -100,7 +100,7 @@ def export_quantized(
         shutil.copy(path, folder / path.name)  # tokenizer.json, its config
 
 
-# %% chapters/13_quantization.md:2031
+# %% chapters/13_quantization.md:2260
 def load_quantized_checkpoint(folder: str | Path) -> CausalLM:
     """A CausalLM whose projections are Int4Linear, from a GPTQ or AWQ folder."""
     folder = Path(folder)

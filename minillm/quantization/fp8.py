@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1390
+# %% chapters/13_quantization.md:1405
 """FP8 W8A8 (E4M3): per-channel or per-tensor weight scales, dynamic per-token
 activation scales, torch._scaled_mm on a GPU with FP8 tensor cores, a float32
 reference elsewhere (chapter 13)."""
@@ -20,7 +20,7 @@ FP8_MAX = torch.finfo(FP8).max  # 448.0
 def quantize_fp8(x: Tensor, per_row: bool = True) -> tuple[Tensor, Tensor]:
     """x [M, K] as E4M3 codes and float32 scales ([M, 1] per row, else [1, 1])."""
     amax = x.float().abs().amax(dim=1, keepdim=True) if per_row else x.abs().max()
-    scale = (amax.float().clamp(min=1e-12) / FP8_MAX).reshape(-1, 1)
+    scale = (amax.float().clamp(min=1e-12) * (1 / FP8_MAX)).reshape(-1, 1)
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -43,7 +43,7 @@ def fp8_mm(a, a_scale, b, b_scale, out_dtype) -> Tensor:
     return out[:m].to(out_dtype)
 
 
-# %% chapters/13_quantization.md:1432
+# %% chapters/13_quantization.md:1447
 class Fp8Linear(nn.Module):
     """FP8 W8A8: E4M3 weight with a scale per output row (or one per tensor, then
     repeated per row); the input is quantized per token at every call."""
@@ -64,7 +64,12 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        xq, x_scale = quantize_fp8(x2)  # (M, K) E4M3, (M, 1)
+        if x2.is_cuda:  # one launch ("Fusing the eight-bit layers", below)
+            from minillm.kernels.w8a8 import quantize_rows
+
+            xq, x_scale = quantize_rows(x2, FP8)
+        else:
+            xq, x_scale = quantize_fp8(x2)  # (M, K) E4M3, (M, 1)
         out = fp8_mm(xq, x_scale, self.qweight, self.weight_scale, x.dtype)
         out = out if self.bias is None else out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:2123
+# %% chapters/13_quantization.md:2352
 """The quality table: held-out perplexity and greedy agreement of each quantization
 method against the unquantized model (chapter 13). Cached in
 $MINILLM_CACHE/quantized/; `python -m minillm.quantization.quality smollm2` prints
@@ -49,7 +49,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(torch.exp(torch.tensor(nll / count))), torch.cat(top1)
 
 
-# %% chapters/13_quantization.md:2179
+# %% chapters/13_quantization.md:2408
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -103,7 +103,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:2238
+# %% chapters/13_quantization.md:2467
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256), held_out: tuple[int, int] = (8, 256),
     group_size: int = 128, stored: str | Path | None = None,
@@ -175,6 +175,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['label']:36} ppl {row['ppl']:8.3f}  agree {row['agreement']:.1%}")
 
 
-# %% chapters/13_quantization.md:2311
+# %% chapters/13_quantization.md:2540
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1270
+# %% chapters/13_quantization.md:1275
 """SmoothQuant W8A8 (Xiao et al., 2022, arXiv:2211.10438): smoothing scales, int8
 per-channel weights, dynamic per-token int8 activations, and the int8 product
 (torch._int_mm: cuBLAS on a GPU, oneDNN on a CPU) (chapter 13)."""
@@ -23,11 +23,13 @@ def smooth_scales(x_max: Tensor, weights: list[Tensor], alpha: float) -> Tensor:
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric int8 per row of x [M, K]: (codes int8 [M, K], scales [M, 1])."""
-    scale = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127
+    # times 1/127 rather than divided by 127: a GPU computes a division by a number
+    # so, and the fused kernel below must give the same scale on both
+    scale = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-8) * (1 / 127)
     return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
 
 
-# %% chapters/13_quantization.md:1302
+# %% chapters/13_quantization.md:1309
 def int8_mm(a: Tensor, b: Tensor) -> Tensor:
     """a [M, K] int8 @ b [N, K] int8 transposed -> [M, N] int32, exactly."""
     m = a.shape[0]
@@ -58,6 +60,14 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if x2.is_cuda:  # two fused kernels ("Fusing the eight-bit layers", below)
+            from minillm.kernels.w8a8 import int8_scaled_mm, quantize_rows
+
+            xq, x_scale = quantize_rows(x2, torch.int8)
+            out = int8_scaled_mm(
+                xq, x_scale, self.qweight, self.weight_scale, x.dtype, self.bias
+            )
+            return out.reshape(*x.shape[:-1], self.out_features)
         xq, x_scale = quantize_int8(x2)  # (M, K) int8, (M, 1)
         acc = int8_mm(xq, self.qweight)  # (M, N) int32
         out = (acc.float() * x_scale * self.weight_scale).to(x.dtype)
