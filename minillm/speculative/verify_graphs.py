@@ -57,6 +57,8 @@ class VerifyGraphRunner(CUDAGraphRunner):
     """Chapter 11's graph runner captured with query_len = q = 1 + k: replays steps
     whose sequences have at most q query tokens each."""
 
+    num_padded = 0  # replays of steps that needed padding
+
     def run(self, inputs: StepInputs, patch_input_ids=None) -> Tensor:
         if patch_input_ids is not None:
             raise ValueError("a step with proposals is never launched ahead")
@@ -65,5 +67,6 @@ class VerifyGraphRunner(CUDAGraphRunner):
         block_size = self.kv_cache.block_size
         scratch = self.pad_slot // block_size
         padded, where = pad_rows(inputs, self.query_len, scratch, block_size)
+        self.num_padded += 1
         hidden = super().run(padded)  # (num_seqs * q, hidden)
         return hidden[upload(where, hidden.device)]  # (num_tokens, hidden)
