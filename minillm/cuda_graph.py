@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:715
+# %% chapters/11_cuda_graph.md:727
 """CUDA graphs for decode steps (chapter 11, "Capturing and replaying").
 
 `CUDAGraphRunner` captures the model's decode forward pass once per batch-size bucket,
@@ -33,7 +33,7 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes) | {max_num_seqs})
 
 
-# %% chapters/11_cuda_graph.md:751
+# %% chapters/11_cuda_graph.md:763
 class CUDAGraphRunner:
     """One captured decode forward pass per batch size in capture_sizes, replayed
     over persistent buffers.
@@ -46,32 +46,34 @@ class CUDAGraphRunner:
         capture_sizes: list[int],
         max_model_len: int,
         scratch_block: int,
+        query_len: int = 1,
     ):
         if not torch.cuda.is_available() or kv_cache.key_cache.device.type != "cuda":
             raise RuntimeError("CUDA graphs need the model and the KV cache on a GPU")
         self.model, self.kv_cache, self.max_model_len = model, kv_cache, max_model_len
         self.sizes = sorted(capture_sizes)
         self.max_batch_size = n = self.sizes[-1]
-        device = kv_cache.key_cache.device
-        max_blocks = -(-max_model_len // kv_cache.block_size)
-        self.pad_slot = scratch_block * kv_cache.block_size  # padding rows write here
+        self.query_len = q = query_len  # query tokens per sequence
+        device, bs = kv_cache.key_cache.device, kv_cache.block_size
+        max_blocks = -(-(max_model_len + q - 1) // bs)  # room for chapter 14's pads
+        self.pad_slot = scratch_block * bs  # padding rows write here
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Tensor] = {}  # bucket -> the hidden states it writes
-        self.capture_seconds = 0.0
+        self.capture_seconds, self.num_replays, self.pool = 0.0, 0, None
 
         # the persistent buffers: a replay reads whatever they hold
         def buffer(fill, *shape, dtype=torch.int64):
             return torch.full(shape, fill, dtype=dtype, device=device)
 
-        self.input_ids, self.positions = buffer(0, n), buffer(0, n)
-        self.slot_mapping = buffer(self.pad_slot, n)
+        self.input_ids, self.positions = buffer(0, n * q), buffer(0, n * q)
+        self.slot_mapping = buffer(self.pad_slot, n * q)
         self.seq_lens = buffer(0, n, dtype=torch.int32)
         self.block_tables = buffer(scratch_block, n, max_blocks, dtype=torch.int32)
-        # one token per row
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        # q tokens per row
+        self.query_start_loc = q * torch.arange(n + 1, dtype=torch.int32, device=device)
         self._init_host_copies()
 
-    # %% chapters/11_cuda_graph.md:795
+    # %% chapters/11_cuda_graph.md:809
     NAMES = ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")
 
     def _init_host_copies(self) -> None:
@@ -89,61 +91,67 @@ class CUDAGraphRunner:
             self.query_start_loc[: batch_size + 1],
             self.seq_lens[:batch_size],
             self.block_tables[:batch_size],
-            self.slot_mapping[:batch_size],
-            max_query_len=1,
+            self.slot_mapping[: batch_size * self.query_len],
+            max_query_len=self.query_len,
             max_seq_len=self.max_model_len,
         )
 
-    # %% chapters/11_cuda_graph.md:830
+    # %% chapters/11_cuda_graph.md:847
     @torch.inference_mode()
-    def capture(self) -> None:
-        start, pool = time.perf_counter(), None
+    def capture(self, pool=None) -> None:
+        start, q = time.perf_counter(), self.query_len
+
+        def forward(bs: int) -> Tensor:
+            ids, positions = self.input_ids[: bs * q], self.positions[: bs * q]
+            return self.model(ids, positions, self.metadata(bs), self.kv_cache)
+
         # largest first: the smaller graphs fit in the pool it leaves
         for bs in reversed(self.sizes):
-            args = (
-                self.input_ids[:bs],
-                self.positions[:bs],
-                self.metadata(bs),
-                self.kv_cache,
-            )
             for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
-                self.model(*args)
+                forward(bs)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.model(*args)
+                self.outputs[bs] = forward(bs)
             pool = graph.pool() if pool is None else pool
             self.graphs[bs] = graph
+        self.pool = pool
         for graph in self.graphs.values():
             graph.replay()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
 
-    # %% chapters/11_cuda_graph.md:867
+    # %% chapters/11_cuda_graph.md:884
     def bucket(self, num_seqs: int) -> int:
         return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
 
     def run(self, inputs: StepInputs, patch_input_ids=None) -> Tensor:
-        """Hidden states (num_seqs, hidden) of a decode step; patch_input_ids(ids), if
-        given, edits the token ids on the device before the replay.
+        """Hidden states (num_tokens, hidden) of a step of query_len tokens per
+        sequence; patch_input_ids(ids), if given, edits the token ids on the device
+        before the replay.
         """
         n, bs = inputs.num_seqs, self.bucket(inputs.num_seqs)
+        t, t_bs = n * self.query_len, bs * self.query_len  # tokens: real, bucket
         self.copied.synchronize()  # the previous step's copies have left the twins
         host, width = self.host, inputs.block_tables.shape[1]
-        for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
-            host[name][:n].numpy()[:] = getattr(inputs, name)
+        for name in ("input_ids", "positions", "slot_mapping"):
+            host[name][:t].numpy()[:] = getattr(inputs, name)
+        host["seq_lens"][:n].numpy()[:] = inputs.seq_lens
         # padding rows: token 0 at position 0, attending to nothing, writing into
         # the scratch block
-        host["input_ids"][n:bs] = host["positions"][n:bs] = host["seq_lens"][n:bs] = 0
-        host["slot_mapping"][n:bs] = self.pad_slot
+        host["input_ids"][t:t_bs] = host["positions"][t:t_bs] = 0
+        host["seq_lens"][n:bs] = 0
+        host["slot_mapping"][t:t_bs] = self.pad_slot
         host["block_tables"][:n, :width].numpy()[:] = inputs.block_tables
-        for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
-            getattr(self, name)[:bs].copy_(host[name][:bs], non_blocking=True)
+        for name in ("input_ids", "positions", "slot_mapping"):
+            getattr(self, name)[:t_bs].copy_(host[name][:t_bs], non_blocking=True)
+        self.seq_lens[:bs].copy_(host["seq_lens"][:bs], non_blocking=True)
         self.block_tables[:n, :width].copy_(
             host["block_tables"][:n, :width], non_blocking=True
         )
         self.copied.record()
         if patch_input_ids is not None:
-            patch_input_ids(self.input_ids[:bs])
+            patch_input_ids(self.input_ids[:t_bs])
         self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        self.num_replays += 1
+        return self.outputs[bs][:t]

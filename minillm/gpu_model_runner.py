@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:458
+# %% chapters/11_cuda_graph.md:461
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -50,7 +50,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:515
+# %% chapters/11_cuda_graph.md:518
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -75,7 +75,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:549
+# %% chapters/11_cuda_graph.md:552
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -125,7 +125,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:604
+    # %% chapters/11_cuda_graph.md:607
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -155,7 +155,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:643
+    # %% chapters/11_cuda_graph.md:647
     def forward(
         self,
         output: SchedulerOutput,
@@ -168,14 +168,9 @@ class GPUModelRunner(ModelRunner):
         for request_id in (*output.finished_req_ids, *output.preempted_req_ids):
             self.input_batch.remove(request_id)
         inputs = prepare_inputs(self.input_batch, output, kv_cache_manager)
-        graphs = self.graph_runner
-        decode_only = inputs.max_query_len == 1
-        if (
-            graphs is not None
-            and decode_only
-            and inputs.num_seqs <= graphs.max_batch_size
-        ):
-            # (num_seqs, hidden): one token per sequence
+        graphs = self.graphs_for(inputs, patch_input_ids)
+        if graphs is not None:
+            # (num_tokens, hidden): a decode step, one token per sequence
             hidden = graphs.run(inputs, patch_input_ids)
             self.num_graph_steps += 1
         else:
@@ -187,7 +182,18 @@ class GPUModelRunner(ModelRunner):
             self.num_eager_steps += 1
         return inputs, hidden
 
-    # %% chapters/11_cuda_graph.md:683
+    def graphs_for(self, inputs: StepInputs, patch_input_ids=None):
+        """The graph runner that replays this step, or None: run it eagerly."""
+        graphs = self.graph_runner
+        if (
+            graphs is not None
+            and inputs.max_query_len == 1  # decode only
+            and inputs.num_seqs <= graphs.max_batch_size
+        ):
+            return graphs
+        return None
+
+    # %% chapters/11_cuda_graph.md:693
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -204,7 +210,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:1992
+    # %% chapters/11_cuda_graph.md:2015
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -243,7 +249,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2174
+    # %% chapters/11_cuda_graph.md:2197
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -276,7 +282,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2234
+    # %% chapters/11_cuda_graph.md:2257
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -363,7 +369,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2865
+    # %% chapters/11_cuda_graph.md:2888
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -425,7 +431,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3498
+    # %% chapters/11_cuda_graph.md:3521
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -446,7 +452,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3445
+# %% chapters/11_cuda_graph.md:3468
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -491,5 +497,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3526
+# %% chapters/11_cuda_graph.md:3549
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

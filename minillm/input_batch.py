@@ -119,7 +119,7 @@ def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     return t.to(device, non_blocking=True)
 
 
-# %% chapters/11_cuda_graph.md:406
+# %% chapters/11_cuda_graph.md:407
 def prepare_inputs(
     batch: InputBatch, output: SchedulerOutput, kv_cache_manager: KVCacheManager
 ) -> StepInputs:
@@ -135,6 +135,8 @@ def prepare_inputs(
         query_lens.append(n)
         context_lens.append(start)
         known = request.all_token_ids[start : start + n]
+        if len(known) < n and request.spec_token_ids:  # proposals (chapter 14)
+            known += request.spec_token_ids[: n - len(known)]
         # a placeholder's slot (async scheduling, below): filled on the device
         token_ids += known + [0] * (n - len(known))
         all_sample = all_sample and output.samples(request)

@@ -336,7 +336,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=json.loads,
         default=None,
         help='speculative decoding (chapter 14), as JSON, e.g. \'{"method": "ngram", '
-        "\"num_speculative_tokens\": 3}'; it runs on chapter 7's runner",
+        '"num_speculative_tokens": 3}\'',
     )
     p.add_argument(
         "--enforce-eager",
@@ -403,11 +403,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
         **(
             {"cuda_graphs": False, "torch_compile": False} if args.enforce_eager else {}
         ),
-        **(
-            {"speculative_config": spec, "persistent_batch": False}
-            if (spec := args.speculative_config)
-            else {}
-        ),
+        **({"speculative_config": spec} if (spec := args.speculative_config) else {}),
         # an option chapter 18 declares; passed only when asked for
         **(
             {"tensor_parallel_size": args.tensor_parallel_size}
@@ -419,7 +415,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3404
+# %% chapters/16_server.md:3400
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -456,6 +452,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3446
+# %% chapters/16_server.md:3442
 if __name__ == "__main__":
     main()

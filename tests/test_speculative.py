@@ -277,15 +277,6 @@ def test_bad_speculative_config_is_refused(spec, message):
         EngineConfig(num_kv_blocks=64, speculative_config=spec)
 
 
-def test_speculation_refuses_the_persistent_batch(tiny):
-    model, tokenizer = tiny
-    config = EngineConfig(
-        num_kv_blocks=64, speculative_config=NGRAM, persistent_batch=True
-    )
-    with pytest.raises(ValueError, match="persistent_batch=False"):
-        LLMEngine(model, tokenizer, config)
-
-
 def test_metrics_and_server_flag(tiny):
     """/metrics carries the runner's counts under vLLM's names; the server's
     --speculative-config builds a speculating engine."""

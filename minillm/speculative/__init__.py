@@ -9,5 +9,6 @@ medusa                   chapters/14_speculative.md
 ngram                    chapters/14_speculative.md
 rejection                chapters/14_speculative.md
 runner                   chapters/14_speculative.md
+verify_graphs            chapters/14_speculative.md
 workloads                chapters/14_speculative.md
 """

@@ -132,18 +132,20 @@ class EagleProposer:
         positions = torch.arange(n, device=pad.device) - pad[:, None]  # (B, n)
         valid = positions >= 0  # (B, n) False for the padding on the left
         h, past = self.draft(features, ids, positions.clamp(min=0), valid)
-        h = h[:, -1:]  # (B, 1, hidden): the predicted feature after each context
+        h, guesses = h[:, -1:], []  # (B, 1, hidden): the feature after each context
         for step in range(max(ks)):
-            next_ids = self.draft.logits(h).argmax(-1)  # (B, 1)
-            for i, t in zip(live, next_ids[:, 0].tolist()):
-                out[i] += [t] if ks[i] > step else []
+            next_ids = self.draft.logits(h).argmax(-1)  # (B, 1), left on the device
+            guesses.append(next_ids)
             if step + 1 < max(ks):  # the chain: feed the guess back in
                 positions, valid = positions[:, -1:] + 1, F.pad(valid, (0, 1), value=1)
                 h, past = self.draft(h, next_ids, positions, valid, past)
+        chains = torch.cat(guesses, dim=1).tolist()  # (B, max(ks)): the one wait
+        for i, chain in zip(live, chains):
+            out[i] = chain[: ks[i]]
         return out
 
 
-# %% chapters/14_speculative.md:943
+# %% chapters/14_speculative.md:945
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -188,7 +190,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/14_speculative.md:989
+# %% chapters/14_speculative.md:991
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -232,7 +234,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/14_speculative.md:1040
+# %% chapters/14_speculative.md:1042
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -266,7 +268,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/14_speculative.md:1075
+# %% chapters/14_speculative.md:1077
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -278,7 +280,7 @@ def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     return round(same.float().mean().item(), 4)
 
 
-# %% chapters/14_speculative.md:1101
+# %% chapters/14_speculative.md:1103
 def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
     """cache_dir/{prefix}-{hash of the tiny model's folder and key}; if absent,
     build(target, tokenizer, folder) fills it, under a lock, written atomically."""
@@ -333,7 +335,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/14_speculative.md:1161
+# %% chapters/14_speculative.md:1163
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions

@@ -2,25 +2,29 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1470
+# %% chapters/14_speculative.md:1472
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
 vLLM: vllm/config/speculative.py (`SpeculativeConfig`), vllm/v1/spec_decode/metrics.py
 (`SpecDecodingStats`), and the proposal and verification steps of
 vllm/v1/worker/gpu_model_runner.py. The runner here extends whichever runner chapter 7
-picked (the seam's RUNNER_EXTENSIONS).
+picked (the seam's RUNNER_EXTENSIONS): chapter 7's, or chapter 11's on the persistent
+batch, whose CUDA graphs it extends to verification steps (verify_graphs.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from minillm.gpu_model_runner import GPUModelRunner, is_plain_greedy
 from minillm.hf import load_pretrained
+from minillm.input_batch import StepInputs, upload
 from minillm.model import build_attention_metadata
 from minillm.model_runner import ModelRunnerOutput
 from minillm.registry import RUNNER_EXTENSIONS, engine_options
@@ -32,6 +36,7 @@ from minillm.speculative.eagle import EagleProposer, eagle_path, load_eagle
 from minillm.speculative.medusa import load_medusa, medusa_path
 from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
+from minillm.speculative.verify_graphs import VerifyGraphRunner
 
 METHODS = ("ngram", "draft_model", "eagle", "medusa")  # the proposers built
 
@@ -67,7 +72,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1536
+# %% chapters/14_speculative.md:1543
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -78,14 +83,6 @@ class SpeculativeOptions:
     def check(config) -> None:
         if config.speculative_config is not None:
             SpeculativeConfig.from_dict(config.speculative_config)
-
-    @staticmethod
-    def check_parts(config, parts: dict[str, Any]) -> None:
-        if config.speculative_config is not None and parts["persistent_batch"]:
-            raise ValueError(
-                "speculative_config runs on chapter 7's runner for now: pass "
-                "persistent_batch=False (no CUDA graphs or async scheduling)"
-            )
 
 
 @dataclass
@@ -116,7 +113,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1602
+# %% chapters/14_speculative.md:1600
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -156,6 +153,9 @@ class SpeculativeRunnerMixin:
         self.spec_stats = SpecDecodingStats(self.spec_config.num_speculative_tokens)
         # seeded request -> its own generator, for rejection sampling's draws
         self.generators: dict[str, torch.Generator] = {}
+        self.verify_graphs = None  # chapter 11's graphs, for verification steps
+        if getattr(self, "graph_runner", None) is not None:
+            self.verify_graphs = self.capture_verify_graphs(config)
 
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
@@ -196,40 +196,53 @@ class SpeculativeRunnerMixin:
     def execute_model(self, output, kv_cache_manager) -> ModelRunnerOutput:
         requests = output.scheduled_requests
         query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
-        seq_lens = [r.num_computed_tokens + n for r, n in zip(requests, query_lens)]
-        tables = [kv_cache_manager.get_block_ids(r.request_id) for r in requests]
-        self.block_tables = {r.request_id: t for r, t in zip(requests, tables)}
-        positions, metadata = build_attention_metadata(
-            query_lens, seq_lens, tables, self.kv_cache.block_size, self.device
-        )
-        token_ids, rows, drafts = [], {}, {}
-        for r, n, end in zip(
-            requests, query_lens, metadata.query_start_loc[1:].tolist()
-        ):
-            start = r.num_computed_tokens
-            token_ids += (r.all_token_ids + r.spec_token_ids)[start : start + n]
-            num_drafts = start + n - r.num_tokens  # proposals this step computes
+        if isinstance(self.proposer, DraftModelProposer):  # it writes the same slots
+            self.block_tables = {
+                r.request_id: kv_cache_manager.get_block_ids(r.request_id)
+                for r in requests
+            }
+        hidden = self.forward_with_proposals(output, kv_cache_manager, query_lens)
+        ends = list(accumulate(query_lens))  # each sequence's end in the flat batch
+        rows, drafts = {}, {}
+        for r, n, end in zip(requests, query_lens, ends):
+            num_drafts = r.num_computed_tokens + n - r.num_tokens  # proposals computed
             if num_drafts >= 0:  # the chunk reaches the request's end: it samples
                 rows[r.request_id] = list(range(end - 1 - num_drafts, end))
                 drafts[r.request_id] = r.spec_token_ids[:num_drafts]
-        input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
-        hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         if isinstance(self.proposer, EagleProposer):  # features, for EAGLE and Medusa
             if not self.speculating(len(requests)):  # no drafts: keep no features
                 self.proposer.features.clear()
             else:
-                ends = metadata.query_start_loc[1:].tolist()
                 for r, n, end in zip(requests, query_lens, ends):
                     start = r.num_computed_tokens
                     self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
+
+    def forward_with_proposals(self, output, kv_cache_manager, query_lens) -> Tensor:
+        """Hidden states (num_tokens, hidden) of the step, each request's chunk
+        running on into its proposals."""
+        if isinstance(self, GPUModelRunner):  # its persistent batch reads them
+            self.previous = None  # sampled in step: no placeholder follows
+            return self.forward(output, kv_cache_manager)[1]
+        requests = output.scheduled_requests
+        seq_lens = [r.num_computed_tokens + n for r, n in zip(requests, query_lens)]
+        tables = [kv_cache_manager.get_block_ids(r.request_id) for r in requests]
+        positions, metadata = build_attention_metadata(
+            query_lens, seq_lens, tables, self.kv_cache.block_size, self.device
+        )
+        token_ids = []
+        for r, n in zip(requests, query_lens):
+            start = r.num_computed_tokens
+            token_ids += (r.all_token_ids + r.spec_token_ids)[start : start + n]
+        input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
+        return self.model(input_ids, positions, metadata, self.kv_cache)
 
     def speculating(self, batch_size: int) -> bool:
         """False once a step holds disable_by_batch_size requests or more."""
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1743
+    # %% chapters/14_speculative.md:1759
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -239,6 +252,9 @@ class SpeculativeRunnerMixin:
         plain = [r for r in chosen if not drafts[r.request_id]]
         verified = [r for r in chosen if drafts[r.request_id]]
         sampled, logprobs = {}, {}
+        if all(is_plain_greedy(r.sampling_params) for r in chosen):
+            plain, verified = [], []  # one argmax does them all
+            sampled = self.verify_greedy(chosen, hidden, rows, drafts)
         if plain:  # chapter 7's sampling, with logprobs and all
             last = [rows[r.request_id][-1] for r in plain]
             logits = self.model.compute_logits(hidden[last])  # (num_plain, vocab)
@@ -288,7 +304,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1818
+    # %% chapters/14_speculative.md:1843
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -310,6 +326,19 @@ class SpeculativeRunnerMixin:
             out[r.request_id], row = tokens, row + n
         return out
 
+    def verify_greedy(self, chosen, hidden: Tensor, rows, drafts):
+        """New tokens of plainly greedy requests, from one argmax of all rows."""
+        flat = upload([i for r in chosen for i in rows[r.request_id]], self.device)
+        argmax = self.model.compute_logits(hidden[flat]).argmax(dim=-1).tolist()
+        out, row = {}, 0
+        for r in chosen:
+            d = drafts[r.request_id]
+            out[r.request_id] = greedy_accept(d, argmax[row : row + len(d) + 1])
+            if d:
+                self.spec_stats.observe_draft(len(d), len(out[r.request_id]) - 1)
+            row += len(d) + 1
+        return out
+
     def row_metadata(self, verified, drafts, vocab_size: int) -> SamplingMetadata:
         params, prompts, outputs = [], [], []
         for r in verified:
@@ -322,8 +351,45 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
+    # %% chapters/14_speculative.md:2291
+    def capture_verify_graphs(self, config) -> VerifyGraphRunner:
+        """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
+        tokens fit the step's budget, sharing chapter 11's memory pool."""
+        first, q = self.graph_runner, 1 + self.spec_config.num_speculative_tokens
+        budget = max(config.max_num_batched_tokens, q)
+        sizes = [s for s in first.sizes if s * q <= budget]
+        graphs = VerifyGraphRunner(
+            self.model, self.kv_cache, sizes, self.max_model_len,
+            first.pad_slot // self.kv_cache.block_size, query_len=q,
+        )  # fmt: skip
+        graphs.capture(pool=first.pool)
+        return graphs
 
-# %% chapters/14_speculative.md:1859
+    def graphs_for(self, inputs: StepInputs, patch_input_ids=None):
+        graphs = super().graphs_for(inputs, patch_input_ids)
+        verify = self.verify_graphs
+        if (
+            graphs is None
+            and verify is not None
+            and patch_input_ids is None
+            and inputs.max_query_len <= verify.query_len
+            and inputs.num_seqs <= verify.max_batch_size
+        ):
+            return verify
+        return graphs
+
+    def launch(self, output, kv_cache_manager):
+        """Chapter 11's step launched ahead, for a step that neither verifies nor
+        proposes; None (run it in step) for any other."""
+        requests = output.scheduled_requests
+        if self.speculating(len(requests)) or any(r.spec_token_ids for r in requests):
+            return None
+        if isinstance(self.proposer, EagleProposer):
+            self.proposer.features.clear()  # as a step too large to draft keeps none
+        return super().launch(output, kv_cache_manager)
+
+
+# %% chapters/14_speculative.md:1897
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls

@@ -1,0 +1,240 @@
+"""Chapter 14 on chapter 11's fast path: speculation on the persistent batch gives the
+tokens of the engine without it (every proposer, preemption, chunked prefill, async
+scheduling for the steps too large to speculate); padded verification rows leave the
+real tokens alone; greedy verification builds no sampling metadata; and on a GPU
+(MINILLM_TEST_DEVICE=cuda) verification steps replay CUDA graphs.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hf_models import MODELS
+from test_speculative import all_blocks_free, generate, repetitive_prompts
+
+from minillm.attention import paged_attention_ref
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.input_batch import StepInputs
+from minillm.kv_cache import PagedKVCache
+from minillm.llm import LLM
+from minillm.model import build_attention_metadata
+from minillm.sampling_metadata import SamplingMetadata
+from minillm.sampling_params import SamplingParams
+from minillm.speculative.eagle import EagleDraft, EagleRecipe, save_eagle
+from minillm.speculative.verify_graphs import pad_rows
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+SMALL = dict(num_kv_blocks=40, block_size=4, max_num_seqs=6, max_num_batched_tokens=24)
+
+
+def tiny_prompts(tokenizer):
+    code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
+    prompts = [code[: 10 + 6 * i] for i in range(5)] + repetitive_prompts(4, 2048, 1)
+    return prompts + [prompts[0]], code  # a shared prefix
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "medusa"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(prefix_cache_impl="hash"),
+        dict(enable_chunked_prefill=True, max_num_batched_tokens=9, num_kv_blocks=24),
+    ],
+)
+def test_every_proposer_is_lossless_on_the_persistent_batch(tiny, method, options):
+    model, tokenizer = tiny
+    prompts, code = tiny_prompts(tokenizer)
+    params = [GREEDY] * (len(prompts) - 1)
+    params.append(
+        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[code[8]])
+    )
+    small = {**SMALL, **options}
+    expected = generate(
+        LLMEngine(model, tokenizer, EngineConfig(**small)), prompts, params
+    )
+    spec = {"method": method, "num_speculative_tokens": 3}
+    config = EngineConfig(**small, persistent_batch=True, speculative_config=spec)
+    engine = LLMEngine(model, tokenizer, config)
+    assert type(engine.model_runner).__name__ == "SpeculativeGPUModelRunner"
+    assert engine.stepper is None  # no async scheduling on a CPU by default
+    got = generate(engine, prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    assert engine.num_preemptions > 0
+    assert engine.model_runner.spec_stats.num_accepted_tokens > 0
+    assert all_blocks_free(engine) and not engine.model_runner.input_batch.req_to_row
+    assert not getattr(engine.model_runner.proposer, "features", None)
+
+
+def test_steps_launched_ahead_neither_verify_nor_propose(tiny):
+    """With async scheduling, a step small enough to speculate, or carrying
+    proposals, runs in step; the others are launched ahead; the tokens are the
+    plain engine's."""
+    model, tokenizer = tiny
+    prompts, _ = tiny_prompts(tokenizer)
+    expected = generate(
+        LLMEngine(model, tokenizer, EngineConfig(**SMALL)), prompts, GREEDY
+    )
+    spec = {**NGRAM, "disable_by_batch_size": 4}
+    config = EngineConfig(
+        **SMALL, persistent_batch=True, async_scheduling=True, speculative_config=spec
+    )
+    engine = LLMEngine(model, tokenizer, config)
+    runner, launched = engine.model_runner, []
+    launch = runner.launch
+
+    def recording(output, kv_cache_manager):
+        requests = output.scheduled_requests
+        step = launch(output, kv_cache_manager)
+        if step is not None:
+            launched.append(
+                (len(requests), sum(len(r.spec_token_ids) for r in requests))
+            )
+        return step
+
+    runner.launch = recording
+    got = generate(engine, prompts, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    assert launched and engine.stepper.num_in_step > 0
+    assert all(n >= 4 and proposals == 0 for n, proposals in launched)
+    assert runner.spec_stats.num_drafts > 0 and all_blocks_free(engine)
+
+
+def test_greedy_verification_builds_no_sampling_metadata(tiny, monkeypatch):
+    """Plainly greedy steps are verified by one argmax: chapter 6's metadata is never
+    built (the tokens stay the plain engine's)."""
+    model, tokenizer = tiny
+    prompts, _ = tiny_prompts(tokenizer)
+    expected = generate(
+        LLMEngine(model, tokenizer, EngineConfig(**SMALL)), prompts, GREEDY
+    )
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("SamplingMetadata built for a greedy step")
+
+    monkeypatch.setattr(SamplingMetadata, "from_requests", refuse)
+    for persistent_batch in (False, True):
+        config = EngineConfig(
+            **SMALL, persistent_batch=persistent_batch, speculative_config=NGRAM
+        )
+        engine = LLMEngine(model, tokenizer, config)
+        got = generate(engine, prompts, GREEDY)
+        assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+        assert engine.model_runner.spec_stats.num_drafts > 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_sampling_on_the_persistent_batch_draws_what_chapter7_runner_draws(
+    tiny, method
+):
+    """Seeded sampled requests (some greedy beside them) draw the same tokens on both
+    runners: rejection sampling is the same code on the same logits, and chapter 7's
+    runner's draws follow the target's distribution (test_speculative.py,
+    test_eagle.py)."""
+    model, tokenizer = tiny
+    prompts, _ = tiny_prompts(tokenizer)
+    params = [
+        SamplingParams(
+            temperature=0 if i % 3 == 0 else 0.8, top_k=20, seed=i, max_tokens=16,
+            ignore_eos=True,
+        )
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    spec = {"method": method, "num_speculative_tokens": 3}
+    tokens = []
+    for persistent_batch in (False, True):
+        config = EngineConfig(
+            **SMALL, persistent_batch=persistent_batch, speculative_config=spec
+        )
+        engine = LLMEngine(model, tokenizer, config)
+        tokens.append([o.token_ids for o in generate(engine, prompts, params)])
+        assert engine.model_runner.spec_stats.num_draft_tokens > 0  # verified
+    assert tokens[0] == tokens[1]
+
+
+def step_inputs(query_lens, seq_lens, tables, block_size, ids) -> StepInputs:
+    positions, md = build_attention_metadata(
+        query_lens, seq_lens, tables, block_size, "cpu"
+    )
+    return StepInputs(
+        np.array(ids), positions.numpy(), md.slot_mapping.numpy(),
+        md.query_start_loc.numpy(), md.seq_lens.numpy(), md.block_tables.numpy(),
+        True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("seed", range(3))
+def test_padded_rows_leave_the_real_tokens_alone(tiny, backend, seed):
+    """A batch of chunks of 1..q tokens padded to q per sequence (pad_rows): the real
+    tokens' hidden states are the unpadded batch's, and no block but the scratch
+    block changes."""
+    model, _ = tiny
+    g = torch.Generator().manual_seed(seed)
+    block_size, q, num_seqs = 4, 4, 5
+    query_lens = torch.randint(1, q + 1, (num_seqs,), generator=g).tolist()
+    seq_lens = [n + int(torch.randint(0, 14, (1,), generator=g)) for n in query_lens]
+    tables, free = [], iter(range(64))
+    for s in seq_lens:
+        tables.append([next(free) for _ in range(-(-s // block_size))])
+    scratch = 63
+    if backend == "triton":
+        from minillm.kernels.paged_attention import triton_paged_attention as attend
+    else:
+        attend = paged_attention_ref
+    caches = []
+    for _ in range(2):
+        cache = PagedKVCache(model.config, 64, block_size, attend, torch.float32)
+        torch.manual_seed(seed)  # the same context in both
+        cache.key_cache.normal_(), cache.value_cache.normal_()
+        caches.append(cache)
+    ids = torch.randint(2, 2048, (sum(query_lens),), generator=g).tolist()
+    inputs = step_inputs(query_lens, seq_lens, tables, block_size, ids)
+    padded, where = pad_rows(inputs, q, scratch, block_size)
+    assert (np.diff(padded.query_start_loc) == q).all()
+    hidden = []
+    for step, cache in zip((inputs, padded), caches):
+        ids_, positions, md = step.to_device(torch.device("cpu"))
+        with torch.inference_mode():
+            hidden.append(model(ids_, positions, md, cache))
+    assert torch.allclose(hidden[1][where], hidden[0], atol=1e-4)
+    for name in ("key_cache", "value_cache"):
+        a, b = (getattr(c, name)[:, :scratch] for c in caches)
+        assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_cuda_graphs_replay_verification_steps(hf_checkpoint, tmp_path, device):
+    """On a GPU, the defaults there (Triton attention, CUDA graphs, compiled layers),
+    float32: greedy tokens with n-gram lookup and with an EAGLE draft equal the fast
+    engine's without speculation, under preemption and chunked prefill; verification
+    steps replayed graphs of 1 + k tokens per sequence, padded ones included."""
+    if device != "cuda":
+        pytest.skip("needs MINILLM_TEST_DEVICE=cuda")
+    _, path = hf_checkpoint(*MODELS[1])
+    common = dict(
+        device="cuda", dtype=torch.float32, num_kv_blocks=40, block_size=4,
+        max_num_seqs=8, max_num_batched_tokens=32, skip_tokenizer_init=True,
+    )  # fmt: skip
+    prompts = repetitive_prompts(12, 384, seed=4)
+    plain = LLM(path, **common)
+    want = [
+        o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY, use_tqdm=False)
+    ]
+    assert plain.engine.model_runner.cuda_graphs
+    folder = tmp_path / "eagle"
+    folder.mkdir()
+    torch.manual_seed(0)
+    save_eagle(EagleDraft(plain.engine.model), {}, EagleRecipe(window=8), folder)
+    del plain
+    for spec in (NGRAM, {"method": "eagle", "model": str(folder)}):
+        llm = LLM(path, **common, speculative_config=spec)
+        got = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == want
+        runner = llm.engine.model_runner
+        assert runner.cuda_graphs and runner.verify_graphs.query_len == 4
+        assert runner.verify_graphs.num_replays > 0
+        assert runner.spec_stats.num_drafts > 0
+        assert llm.engine.num_preemptions > 0 and all_blocks_free(llm.engine)
+        if spec is NGRAM:  # requests with and without a match share steps
+            assert runner.verify_graphs.num_padded > 0
+        del llm
