@@ -173,6 +173,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="CPU smoke test, small sizes")
     p.add_argument("--out", type=Path, default=None, help="folder for the JSON")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     runners = dict(RUNNERS)
@@ -185,7 +186,7 @@ def main() -> None:
         for name in RUNNERS
     }
     tokenizer = models["fast path"][1]
-    batches, max_tokens = ((1, 4), 16) if args.quick else ((1, 8, 32, 128), 64)
+    batches, max_tokens = ((1, 4), 16) if args.quick else (tuple(args.batches), 64)
     methods = {"ngram k=3": ("ngram", 3), "ngram k=5": ("ngram", 5)}
     methods["eagle k=3"] = ("eagle", 3)
     eagle_folder = eagle_path()

@@ -133,14 +133,14 @@ def test_llama_8b_shapes_in_bf16(m, n, k):
 @pytest.mark.parametrize("cls", [Int8Linear, Fp8Linear])
 def test_fused_layers_equal_their_cpu_reference(cls):
     g = torch.Generator().manual_seed(0)
-    linear = torch.nn.Linear(768, 300)
-    linear.weight.data = torch.randn(300, 768, generator=g) / 30
-    linear.bias.data = torch.randn(300, generator=g)
+    linear = torch.nn.Linear(768, 304)  # cuBLAS's FP8 product wants N % 16 == 0
+    linear.weight.data = torch.randn(304, 768, generator=g) / 30
+    linear.bias.data = torch.randn(304, generator=g)
     layer = cls.from_linear(linear)
     x = torch.randn(2, 7, 768, generator=g)
     ref = layer(x)  # the CPU path: quantize_int8 / quantize_fp8, then the product
     out = layer.cuda()(x.cuda()).cpu()
-    assert out.shape == ref.shape == (2, 7, 300)
+    assert out.shape == ref.shape == (2, 7, 304)
     # the same codes and scales; int8 sums exactly, _scaled_mm writes bf16
     tol = 1e-5 if cls is Int8Linear else 1e-2
     assert torch.allclose(out, ref, rtol=tol, atol=tol)

@@ -99,10 +99,10 @@ def int8_mm_config(m: int) -> tuple[int, int, int, int, int]:
     --int8-sweep on the H200: narrow tiles for a decode step's few rows (enough
     programs to keep every multiprocessor reading weights), wide ones for prefill."""
     if m <= 16:
-        return 16, 64, 256, 4, 4
+        return 16, 32, 512, 4, 3
     if m <= 128:
-        return 64, 128, 128, 4, 4
-    return 128, 256, 128, 8, 3
+        return 64, 64, 256, 4, 4
+    return 128, 128, 128, 4, 3
 
 
 def int8_scaled_mm(
