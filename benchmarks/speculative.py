@@ -196,7 +196,8 @@ def main() -> None:
             prompts = held_out_prompts(tokenizer, kind, batch)
             configs = {"none": None}
             configs.update(
-                {m: {"method": method, "num_speculative_tokens": k}
+                {m: {"method": method, "num_speculative_tokens": k,
+                     "disable_by_batch_size": None}  # at every batch size
                  for m, (method, k) in methods.items()}
             )  # fmt: skip
             for method in ("ngram", "eagle") if batch >= 32 else ():

@@ -204,6 +204,7 @@ def test_sampling_with_eagle_follows_the_target(tiny, quick_eagle):
     prompt = prompts_of(tokenizer)[1][:24]
     params = SamplingParams(temperature=0.9, top_k=3, max_tokens=4, ignore_eos=True)
     spec = {"method": "eagle", "num_speculative_tokens": 2, "model": str(quick_eagle)}
+    spec["disable_by_batch_size"] = None  # verify in steps of 64 requests too
     config = EngineConfig(num_kv_blocks=512, max_num_seqs=64, speculative_config=spec)
     engine = LLMEngine(model, tokenizer, config)
     n = 240

@@ -47,8 +47,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = 2  # n-gram lengths to match (vLLM's default: 5 and 5)
     prompt_lookup_max: int = 4
-    # propose nothing after a step of at least this many requests (None: always)
-    disable_by_batch_size: int | None = None
+    # propose nothing after a step of at least this many requests (None: always);
+    # 32 protects large batches ("On the fast path, measured", below)
+    disable_by_batch_size: int | None = 32
     # draft_model, eagle, medusa: the draft's folder; None: the course's, of the tiny
     # model
     model: str | None = None
@@ -72,7 +73,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1543
+# %% chapters/14_speculative.md:1544
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -113,7 +114,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1600
+# %% chapters/14_speculative.md:1601
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -136,7 +137,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1631
+# %% chapters/14_speculative.md:1632
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -242,7 +243,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1759
+    # %% chapters/14_speculative.md:1760
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -304,7 +305,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1843
+    # %% chapters/14_speculative.md:1844
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -351,7 +352,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2291
+    # %% chapters/14_speculative.md:2294
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
         tokens fit the step's budget, sharing chapter 11's memory pool."""
@@ -389,7 +390,7 @@ class SpeculativeRunnerMixin:
         return super().launch(output, kv_cache_manager)
 
 
-# %% chapters/14_speculative.md:1897
+# %% chapters/14_speculative.md:1898
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
