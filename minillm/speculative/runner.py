@@ -352,7 +352,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2294
+    # %% chapters/14_speculative.md:2293
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
         tokens fit the step's budget, sharing chapter 11's memory pool."""
