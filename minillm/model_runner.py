@@ -80,6 +80,13 @@ class ModelRunner:
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
     ) -> ModelRunnerOutput:
+        hidden, metadata = self.run_forward(output, kv_cache_manager)
+        return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
+
+    def run_forward(self, output, kv_cache_manager, extra=None) -> tuple:
+        """(hidden states (num_tokens, hidden), attention metadata) of the step;
+        extra(request): tokens that follow the request's own (chapter 14's
+        proposals), which a chunk may run on into."""
         requests = output.scheduled_requests
         query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
         seq_lens = [r.num_computed_tokens + n for r, n in zip(requests, query_lens)]
@@ -89,14 +96,14 @@ class ModelRunner:
         )
         token_ids = []
         for r, n in zip(requests, query_lens):
-            start = r.num_computed_tokens
-            token_ids += r.all_token_ids[start : start + n]
+            start, tokens = r.num_computed_tokens, r.all_token_ids
+            tokens = tokens if extra is None else tokens + extra(r)
+            token_ids += tokens[start : start + n]
         input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
-        # (num_tokens, hidden)
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
-        return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
+        return hidden, metadata
 
-    # %% chapters/07_engine.md:510
+    # %% chapters/07_engine.md:519
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -135,7 +142,7 @@ class ModelRunner:
         return out.sampled_token_ids.tolist(), logprobs
 
 
-# %% chapters/07_engine.md:570
+# %% chapters/07_engine.md:579
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

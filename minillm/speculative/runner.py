@@ -25,7 +25,6 @@ from torch import Tensor
 from minillm.gpu_model_runner import GPUModelRunner, is_plain_greedy
 from minillm.hf import load_pretrained
 from minillm.input_batch import StepInputs, upload
-from minillm.model import build_attention_metadata
 from minillm.model_runner import ModelRunnerOutput
 from minillm.registry import RUNNER_EXTENSIONS, engine_options
 from minillm.request import Request
@@ -73,7 +72,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1544
+# %% chapters/14_speculative.md:1543
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -114,7 +113,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1601
+# %% chapters/14_speculative.md:1600
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -137,7 +136,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1632
+# %% chapters/14_speculative.md:1631
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -202,7 +201,7 @@ class SpeculativeRunnerMixin:
                 r.request_id: kv_cache_manager.get_block_ids(r.request_id)
                 for r in requests
             }
-        hidden = self.forward_with_proposals(output, kv_cache_manager, query_lens)
+        hidden = self.forward_with_proposals(output, kv_cache_manager)
         ends = list(accumulate(query_lens))  # each sequence's end in the flat batch
         rows, drafts = {}, {}
         for r, n, end in zip(requests, query_lens, ends):
@@ -219,31 +218,21 @@ class SpeculativeRunnerMixin:
                     self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    def forward_with_proposals(self, output, kv_cache_manager, query_lens) -> Tensor:
+    def forward_with_proposals(self, output, kv_cache_manager) -> Tensor:
         """Hidden states (num_tokens, hidden) of the step, each request's chunk
         running on into its proposals."""
         if isinstance(self, GPUModelRunner):  # its persistent batch reads them
             self.previous = None  # sampled in step: no placeholder follows
             return self.forward(output, kv_cache_manager)[1]
-        requests = output.scheduled_requests
-        seq_lens = [r.num_computed_tokens + n for r, n in zip(requests, query_lens)]
-        tables = [kv_cache_manager.get_block_ids(r.request_id) for r in requests]
-        positions, metadata = build_attention_metadata(
-            query_lens, seq_lens, tables, self.kv_cache.block_size, self.device
-        )
-        token_ids = []
-        for r, n in zip(requests, query_lens):
-            start = r.num_computed_tokens
-            token_ids += (r.all_token_ids + r.spec_token_ids)[start : start + n]
-        input_ids = torch.tensor(token_ids, device=self.device)  # (num_tokens,)
-        return self.model(input_ids, positions, metadata, self.kv_cache)
+        # chapter 7's inputs, each chunk running on into the request's proposals
+        return self.run_forward(output, kv_cache_manager, lambda r: r.spec_token_ids)[0]
 
     def speculating(self, batch_size: int) -> bool:
         """False once a step holds disable_by_batch_size requests or more."""
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1760
+    # %% chapters/14_speculative.md:1749
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -305,7 +294,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1844
+    # %% chapters/14_speculative.md:1833
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -352,7 +341,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2293
+    # %% chapters/14_speculative.md:2282
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
         tokens fit the step's budget, sharing chapter 11's memory pool."""
@@ -390,7 +379,7 @@ class SpeculativeRunnerMixin:
         return super().launch(output, kv_cache_manager)
 
 
-# %% chapters/14_speculative.md:1898
+# %% chapters/14_speculative.md:1887
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
