@@ -200,3 +200,52 @@ def test_cache_write_matches_chapter_2(dtype):
     with pytest.raises(ValueError, match="do not fit"):
         triton_reshape_and_cache(key[:, :3], value[:, :3], caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2])  # refused before anything was written
+
+
+@pytest.mark.skipif(
+    DEVICE != "cuda", reason="programmatic dependent launch needs a GPU"
+)
+@pytest.mark.parametrize("pdl", [1, 2])
+def test_dependent_launch_in_a_graph_gives_the_same_bits(pdl):
+    """A chain of products that each read the previous one's output, captured in a
+    CUDA graph: launched early (PDL), every product still waits for its input."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4096, 1024, False), (1024, 2048, False), (6144, 1024, False),
+              (1024, 3072, True)] * 3  # fmt: skip
+    ws = [(torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, torch.bfloat16)
+          for N, K, _ in shapes]  # fmt: skip
+    x0 = torch.randn(1, 1024, generator=g).to(DEVICE, torch.bfloat16)
+
+    def chain(knobs):
+        h = x0 * 1.0
+        for (_, _, gated), w in zip(shapes, ws):
+            h = skinny_linear(h[:, : 2 * w.shape[1] if gated else w.shape[1]], w,
+                              gated=gated, **knobs)  # fmt: skip
+            h = h / h.float().norm().to(h.dtype)  # a kernel in between
+        return h
+
+    expected = chain({"pdl": 0})
+    assert torch.equal(chain({"pdl": pdl}), expected)  # eager
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain({"pdl": pdl})
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, expected)
+    # back to back, no kernel in between
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h = x0 * 1.0
+        for (_, _, gated), w in zip(shapes, ws):
+            h = skinny_linear(h[:, : 2 * w.shape[1] if gated else w.shape[1]], w,
+                              gated=gated, pdl=pdl)  # fmt: skip
+    graph.replay()
+    torch.cuda.synchronize()
+    h0 = x0 * 1.0
+    for (_, _, gated), w in zip(shapes, ws):
+        h0 = skinny_linear(h0[:, : 2 * w.shape[1] if gated else w.shape[1]], w,
+                           gated=gated)  # fmt: skip
+    assert torch.equal(h, h0)

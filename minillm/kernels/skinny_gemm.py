@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1723
+# %% chapters/10_triton_decode.md:1840
 """A Triton matrix product for the few rows of a decode step (chapter 10, "Matrix
 products for a handful of rows").
 
@@ -25,10 +25,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from minillm.kernels.paged_decode import can_launch_early
+
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:1759
+# %% chapters/10_triton_decode.md:1878
 @triton.jit
 def _load_x(ptrs, mask, K, GATED: tl.constexpr):
     """x at ptrs; GATED: silu(x) * x[K:] (gate, then up), PyTorch's roundings."""
@@ -41,7 +43,55 @@ def _load_x(ptrs, mask, K, GATED: tl.constexpr):
     return tl.load(ptrs, mask=mask, other=0.0)
 
 
-# %% chapters/10_triton_decode.md:1775
+# %% chapters/10_triton_decode.md:1898
+@triton.jit
+def _load_w(w_ptr, n, n_ok, kk, K, stride_wn):
+    """W's rows n at columns kk: (BLOCK_N, BLOCK_K), runs of contiguous bytes."""
+    mask = n_ok[:, None] & (kk < K)[None, :]
+    return tl.load(w_ptr + n[:, None] * stride_wn + kk[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _product(
+    acc,
+    w,
+    x_ptr,
+    m,
+    m_ok,
+    kk,
+    M,
+    K,
+    stride_xm,
+    BLOCK_M: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    IEEE: tl.constexpr,
+    GATED: tl.constexpr,
+):
+    """acc[n, m] += sum over the tile's columns kk of w[n, k] x[m, k]."""
+    k_ok = kk < K
+    if USE_DOT:  # tensor cores: x padded with zero rows to BLOCK_M = 16
+        x = _load_x(
+            x_ptr + m[:, None] * stride_xm + kk[None, :],
+            m_ok[:, None] & k_ok[None, :],
+            K,
+            GATED,
+        )
+        # float32: exact products rather than TF32 (the tests compare at 1e-5)
+        if IEEE:
+            acc += tl.dot(w, tl.trans(x), input_precision="ieee")
+        else:
+            acc += tl.dot(w, tl.trans(x))
+    else:  # CUDA cores: one multiply-and-sum over K per row of x
+        wf = w.to(tl.float32)
+        for r in tl.static_range(BLOCK_M):
+            xr = _load_x(x_ptr + tl.minimum(r, M - 1) * stride_xm + kk, k_ok, K, GATED)
+            col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
+            # rows r >= M are never stored
+            acc += tl.where(m[None, :] == r, col[:, None], 0.0)
+    return acc
+
+
+# %% chapters/10_triton_decode.md:1949
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -66,6 +116,7 @@ def _skinny_kernel(
     IEEE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     GATED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # (1) the program's band of W's rows and its slice of K
     # a band of BLOCK_N weight rows; a slice of K
@@ -78,38 +129,26 @@ def _skinny_kernel(
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     # y^T for this band: acc[n, m] = sum_k W[n, k] x[m, k]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    # (2) the stream: BLOCK_N runs of BLOCK_K contiguous weights per step
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = k0 + k < K
-        w = tl.load(
-            w_ptr + n[:, None] * stride_wn + (k0 + k)[None, :],
-            mask=n_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_N, BLOCK_K): BLOCK_N runs of contiguous bytes
-        # (3) the products: tensor cores from 3 rows of x, CUDA cores below
-        # tensor cores: x padded with zero rows to BLOCK_M = 16, W in the big
-        # operand's slot
-        if USE_DOT:
-            x = _load_x(
-                x_ptr + m[:, None] * stride_xm + (k0 + k)[None, :],
-                m_ok[:, None] & k_ok[None, :],
-                K,
-                GATED,
-            )
-            # float32: exact products rather than TF32 (the tests compare at 1e-5)
-            if IEEE:
-                acc += tl.dot(w, tl.trans(x), input_precision="ieee")
-            else:
-                acc += tl.dot(w, tl.trans(x))
-        else:  # CUDA cores: one multiply-and-sum over K per row of x
-            wf = w.to(tl.float32)
-            for r in tl.static_range(BLOCK_M):
-                xr = _load_x(
-                    x_ptr + tl.minimum(r, M - 1) * stride_xm + k0 + k, k_ok, K, GATED
-                )
-                col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
-                # rows r >= M are never stored
-                acc += tl.where(m[None, :] == r, col[:, None], 0.0)
+    k_loop = k_start
+    # fmt: off
+    if PDL:
+        # (2) launched early: W's first tile is read while the previous kernel,
+        # which makes x, finishes; then wait for it, and let the next one launch
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
+        w = _load_w(w_ptr, n, n_ok, k_start + k, K, stride_wn)
+        tl.extra.cuda.gdc_wait()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+        acc = _product(acc, w, x_ptr, m, m_ok, k_start + k, M, K, stride_xm,
+                       BLOCK_M, USE_DOT, IEEE, GATED)
+        k_loop += BLOCK_K
+    # (3) the stream: BLOCK_N runs of BLOCK_K contiguous weights per step
+    for k0 in tl.range(k_loop, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        w = _load_w(w_ptr, n, n_ok, k0 + k, K, stride_wn)
+        acc = _product(acc, w, x_ptr, m, m_ok, k0 + k, M, K, stride_xm,
+                       BLOCK_M, USE_DOT, IEEE, GATED)
+    # fmt: on
     # (4) without a split, the program's sums are y
     y_ptrs = y_ptr + m[None, :] * stride_ym + n[:, None]
     y_mask = n_ok[:, None] & m_ok[None, :]
@@ -139,7 +178,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:1915
+# %% chapters/10_triton_decode.md:2078
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -168,7 +207,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:1950
+# %% chapters/10_triton_decode.md:2113
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -187,7 +226,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:1978
+# %% chapters/10_triton_decode.md:2141
 def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Tensor:
     """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
     override default_config (block_n, block_k, num_warps, num_stages, split_k,
@@ -204,6 +243,7 @@ def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Te
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     cfg = {**default_config(M, N, K, num_sms(x.device)), **knobs}
+    pdl = cfg.get("pdl", 2 if can_launch_early(x.device) else 0)
     bn, bk = cfg["block_n"], cfg["block_k"]
     k_steps = triton.cdiv(K, bk)
     steps_per_split = triton.cdiv(k_steps, min(cfg["split_k"], k_steps))
@@ -225,13 +265,14 @@ def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Te
         BLOCK_N=bn, BLOCK_K=bk, USE_DOT=cfg["use_dot"], SPLIT=splits > 1,
         IEEE=x.dtype == torch.float32,
         NUM_STAGES=cfg["num_stages"],  # stages: on the K loop
-        GATED=gated, num_warps=cfg["num_warps"], num_stages=1,
+        GATED=gated, PDL=pdl, num_warps=cfg["num_warps"], num_stages=1,
+        launch_pdl=pdl > 0,
     )
     # fmt: on
     return y
 
 
-# %% chapters/10_triton_decode.md:2031
+# %% chapters/10_triton_decode.md:2196
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -259,7 +300,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2064
+# %% chapters/10_triton_decode.md:2229
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)

@@ -1,0 +1,315 @@
+"""The fixed cost of a decode step's kernels: chains of launches replayed from one CUDA
+graph, with and without programmatic dependent launch (PDL), and chapter 10's skinny
+product at the four projection shapes of a Qwen3-0.6B layer at batch 1.
+
+Three measurements, each a CUDA graph of many launches in a row, median of 5 replays:
+
+- `empty`: a chain of 200 launches of a kernel that reads and writes one number per
+  program; its time per launch is the fixed cost a kernel pays in a graph replay;
+- `shapes`: for each projection (qkv, o, gate_up, down with the SiLU·mul in its load),
+  28 calls on 28 different weights (as the 28 layers of a step: W comes from HBM), for
+  a grid of the kernel's knobs with and without PDL, next to cuBLAS;
+- `layers`: the four products of 28 layers chained as in a step (each reads the
+  previous one's output), with a small element-wise kernel between them standing for
+  the norms, for the default knobs, the best knobs of `shapes`, each with and without
+  PDL, and cuBLAS.
+
+Every variant's output is compared with the default's (bit for bit) and with F.linear.
+
+    python benchmarks/decode_chain.py   # on a GPU; writes results/decode_chain-*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import RESULTS, copy_bandwidth, environment, save  # noqa: E402
+from minillm.kernels.skinny_gemm import (  # noqa: E402
+    silu_mul,
+    skinny_linear,
+)
+
+# projection -> (N, K, gated) of a Qwen3-0.6B layer
+SHAPES = {
+    "qkv_proj": (4096, 1024, False),
+    "o_proj": (1024, 2048, False),
+    "gate_up_proj": (6144, 1024, False),
+    "down_proj": (1024, 3072, True),
+}
+LAYERS = 28
+
+
+@triton.jit
+def _touch_kernel(x_ptr, PDL: tl.constexpr):
+    i = tl.program_id(0)
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    if PDL > 0:
+        tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(x_ptr + i, tl.load(x_ptr + i) + 1.0)
+
+
+def graph_us(calls: list, per: int) -> float:
+    """Microseconds per `per`-th of the calls, all captured in one graph."""
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    start, end = (
+        torch.cuda.Event(enable_timing=True),
+        torch.cuda.Event(enable_timing=True),
+    )
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / per)
+    return statistics.median(times)
+
+
+def empty_chain(pdl: int, programs: int, n: int = 200) -> float:
+    x = torch.zeros(programs, device="cuda")
+
+    def call():
+        _touch_kernel[(programs,)](x, PDL=pdl, num_warps=4, launch_pdl=pdl > 0)
+
+    us = graph_us([call] * n, n)
+    return us
+
+
+def knob_grid(K: int) -> list[dict]:
+    grid = [
+        dict(block_n=16, block_k=256, num_stages=3, num_warps=4),  # today's
+        dict(block_n=8, block_k=512, num_stages=2, num_warps=4),
+        dict(block_n=8, block_k=1024, num_stages=1, num_warps=4),
+        dict(block_n=4, block_k=1024, num_stages=1, num_warps=4),
+        dict(block_n=32, block_k=256, num_stages=3, num_warps=8),
+    ]
+    splits = (1, 2, 4) if K > 1024 else (1,)
+    return [dict(use_dot=False, split_k=s, **g) for g in grid for s in splits]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget-s", type=float, default=70, help="cap for shapes")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    copy_bw = copy_bandwidth()
+    record = {
+        "benchmark": "decode_chain",
+        "environment": environment(),
+        "workload": {
+            "dtype": "bfloat16",
+            "rows": 1,
+            "layers": LAYERS,
+            "shapes": {k: list(v) for k, v in SHAPES.items()},
+            "timing": "CUDA-graph replay of a chain of launches, median of 5",
+            "pdl": "0 off; 1 launch dependents after gdc_wait; 2 at program start",
+        },
+        "copy_bandwidth_bytes_per_s": copy_bw,
+        "empty": [],
+        "shapes": [],
+        "layers": [],
+    }
+    for programs in (1, 132, 512):
+        for pdl in (0, 1, 2):
+            try:
+                us = empty_chain(pdl, programs)
+            except Exception as e:  # noqa: BLE001
+                print(f"empty x{programs} pdl={pdl} failed: {e!r}", flush=True)
+                continue
+            record["empty"].append(dict(programs=programs, pdl=pdl, us_per_launch=us))
+            print(f"empty x{programs} pdl={pdl}: {us:.2f} us/launch", flush=True)
+    save("decode_chain", record, args.out)
+
+    # attention of one token at batch 1: the cache write, then decode (+ reduce)
+    from minillm.kernels.paged_decode import paged_decode
+    from minillm.kernels.reshape_and_cache import triton_reshape_and_cache
+
+    record["attention"] = []
+    heads, kv_heads, hd, bs, seq_len = 16, 8, 128, 16, 256
+    cache = [
+        torch.randn(64, bs, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2)
+    ]
+    table = torch.randperm(64, device="cuda", dtype=torch.int32)[None, :]
+    lens = torch.tensor([seq_len], device="cuda", dtype=torch.int32)
+    slot = torch.tensor([seq_len - 1], device="cuda", dtype=torch.int64)
+    q0 = torch.randn(1, heads, hd, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 1, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+    for max_len in (400, 2064):
+        for combine in (False, True):
+            for pdl in (False, True):
+
+                def attn(max_len=max_len, combine=combine, pdl=pdl):
+                    triton_reshape_and_cache(kv[0], kv[1], *cache, slot)
+                    return paged_decode(q0, *cache, table, lens, max_len,
+                                        combine=combine, pdl=pdl)  # fmt: skip
+
+                try:
+                    us = graph_us([attn] * LAYERS, LAYERS)
+                except Exception as e:  # noqa: BLE001
+                    print(f"attention {max_len} {combine} {pdl} failed: {e!r}")
+                    continue
+                row = dict(max_seq_len=max_len, combine=combine, pdl=pdl, us=us)
+                row["same_bits"] = bool(
+                    torch.equal(attn(), paged_decode(q0, *cache, table, lens, max_len,
+                                                     combine=False, pdl=False))
+                )  # fmt: skip
+                record["attention"].append(row)
+                print(f"attention {row}", flush=True)
+    save("decode_chain", record, args.out)
+
+    # 28 layers of weights, and x for each shape
+    weights = {
+        name: [
+            torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+            for _ in range(LAYERS)
+        ]
+        for name, (N, K, _) in SHAPES.items()
+    }
+    best = {}
+    for name, (N, K, gated) in SHAPES.items():
+        x = torch.randn(1, 2 * K if gated else K, device="cuda", dtype=torch.bfloat16)
+        ws = weights[name]
+        ref = F.linear(silu_mul(x) if gated else x, ws[0])
+        base = skinny_linear(x, ws[0], gated=gated)
+
+        def cublas_call(w, x=x, gated=gated):
+            return lambda: F.linear(silu_mul(x) if gated else x, w)
+
+        us = graph_us([cublas_call(w) for w in ws], LAYERS)
+        row = dict(shape=name, N=N, K=K, knobs="cublas", pdl=0, us=us)
+        row["fraction_of_copy"] = N * K * 2 / (us * 1e-6) / copy_bw
+        record["shapes"].append(row)
+        print(f"{name} cublas {us:.2f} us", flush=True)
+        shape_start = time.perf_counter()
+        for knobs in knob_grid(K):
+            for pdl in (0, 2, 1):
+                if pdl == 1 and knobs["block_n"] != 16:
+                    continue  # the trigger's place: on today's knobs only
+                if time.perf_counter() - shape_start > args.budget_s / len(SHAPES):
+                    break
+                cfg = dict(knobs, pdl=pdl)
+                try:
+                    y = skinny_linear(x, ws[0], gated=gated, **cfg)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    record["shapes"].append(dict(shape=name, knobs=cfg, error=repr(e)))
+                    print(f"{name} {cfg} failed: {e!r}", flush=True)
+                    continue
+
+                def call(w, x=x, gated=gated, cfg=cfg):
+                    return lambda: skinny_linear(x, w, gated=gated, **cfg)
+
+                us = graph_us([call(w) for w in ws], LAYERS)
+                err = ((y.float() - ref.float()).abs().max() / ref.abs().max()).item()
+                row = dict(
+                    shape=name,
+                    N=N,
+                    K=K,
+                    knobs=cfg,
+                    us=us,
+                    fraction_of_copy=N * K * 2 / (us * 1e-6) / copy_bw,
+                    relative_error=err,
+                    same_bits_as_pdl0=None,
+                )
+                if pdl > 0:
+                    y0 = skinny_linear(x, ws[0], gated=gated, **dict(knobs, pdl=0))
+                    row["same_bits_as_pdl0"] = bool(torch.equal(y, y0))
+                record["shapes"].append(row)
+                print(
+                    f"{name} {cfg}: {us:.2f} us ({row['fraction_of_copy']:.0%} of "
+                    f"copy) err {err:.1e} same={row['same_bits_as_pdl0']} "
+                    f"default_same={torch.equal(y, base)}",
+                    flush=True,
+                )
+                if err < 2e-2 and us < best.get((name, pdl), (1e9, None))[0]:
+                    best[(name, pdl)] = (us, knobs)
+        save("decode_chain", record, args.out)
+    record["best"] = [
+        dict(shape=n, pdl=p, us=us, knobs=k) for (n, p), (us, k) in best.items()
+    ]
+
+    # layer chain
+    xs = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def layer_calls(cfgs, cublas=False):
+        calls, state = [], {}
+
+        def first():
+            state["h"] = xs * 1.0
+
+        calls.append(first)
+        for i in range(LAYERS):
+
+            def step(i=i):
+                h = state["h"]
+                out = []
+                for name in SHAPES:
+                    _, _, gated = SHAPES[name]
+                    w = weights[name][i]
+                    if cublas:
+                        y = F.linear(silu_mul(h) if gated else h, w)
+                    else:
+                        y = skinny_linear(h, w, gated=gated, **cfgs[name])
+                    if name == "qkv_proj":
+                        y = y[:, :2048]
+                    if name in ("qkv_proj", "down_proj"):
+                        y = y * 0.5  # stands for a norm's kernel
+                    h = y
+                    out.append(y)
+                state["h"] = h
+                state["out"] = out
+
+            calls.append(step)
+        return calls, state
+
+    variants = {"default": {n: {} for n in SHAPES}}
+    for pdl in (1, 2):
+        variants[f"default_pdl{pdl}"] = {n: dict(pdl=pdl) for n in SHAPES}
+    for pdl in (0, 1, 2):
+        if all((n, pdl) in best for n in SHAPES):
+            variants[f"best_pdl{pdl}"] = {
+                n: dict(best[(n, pdl)][1], pdl=pdl) for n in SHAPES
+            }
+    outs = {}
+    for vname, cfgs in list(variants.items()) + [("cublas", None)]:
+        calls, state = layer_calls(cfgs, cublas=cfgs is None)
+        try:
+            us = graph_us(calls, LAYERS)
+        except Exception as e:  # noqa: BLE001
+            print(f"layers {vname} failed: {e!r}", flush=True)
+            record["layers"].append(dict(variant=vname, error=repr(e)))
+            continue
+        outs[vname] = state["h"].clone()
+        row = dict(variant=vname, knobs=cfgs, us_per_layer=us)
+        row["same_bits_as_default"] = bool(torch.equal(outs[vname], outs["default"]))
+        record["layers"].append(row)
+        print(f"layers {vname}: {us:.2f} us/layer same={row['same_bits_as_default']}")
+    record["seconds"] = time.perf_counter() - t0
+    save("decode_chain", record, args.out)
+
+
+if __name__ == "__main__":
+    main()
