@@ -159,6 +159,44 @@ def test_silu_and_linear_and_its_operator():
     )
 
 
+@pytest.mark.parametrize("M,N,K,knobs", CONFIGS[::2] + CONFIGS[1::4])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_normed_load_is_chapter_1_norm_then_the_product(M, N, K, knobs, with_residual):
+    """norm=: the product of RMSNorm(residual + x), and the sum stored exactly."""
+    x, w = make(M, N, K)
+    residual = make(M, N, K, seed=2)[0] if with_residual else None
+    g = torch.rand(K, generator=torch.Generator().manual_seed(3)).to(DEVICE) + 0.5
+    sums = torch.full_like(x, float("nan"))
+    got = skinny_linear(x, w, norm=(g, 1e-6, residual, sums), **knobs)
+    s = x if residual is None else residual + x
+    assert torch.equal(sums, s)
+    check(got, skinny_gemm.rms_norm(s, g, 1e-6), w)
+    with pytest.raises(ValueError):
+        skinny_linear(x, w, gated=True, norm=(g, 1e-6, residual, sums))
+
+
+def test_rms_norm_linear_and_its_operator():
+    x, w = make(3, 40, 64)
+    residual = make(3, 40, 64, seed=1)[0]
+    g = torch.rand(64).to(DEVICE) + 0.5
+    for r in (None, residual):
+        s = x if r is None else r + x
+        y, got_s = skinny_gemm.rms_norm_linear(x, r, g, 1e-6, w)
+        assert torch.equal(got_s, s)
+        expected = F.linear(skinny_gemm.rms_norm(s, g, 1e-6), w)
+        torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    wide = torch.randn(2, 20, 64).to(DEVICE)  # 40 rows: PyTorch's arithmetic
+    y, s = skinny_gemm.rms_norm_linear(wide, None, g, 1e-6, w)
+    assert s is wide and torch.equal(
+        y, F.linear(skinny_gemm.rms_norm(wide, g, 1e-6), w)
+    )
+    torch.library.opcheck(
+        torch.ops.minillm.rms_norm_linear.default,
+        (x, residual, g, 1e-6, w),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="bfloat16 at real sizes needs a GPU")
 @pytest.mark.parametrize(
     "N,K",
@@ -179,6 +217,12 @@ def test_bf16_projection_shapes_on_gpu(N, K):
         gate_up = make(M, N, 2 * K, torch.bfloat16, seed=M + 1)[0]
         act = skinny_gemm.silu_mul(gate_up)  # PyTorch's bf16 activation
         check(skinny_linear(gate_up, w, gated=True), act, w)
+        residual = make(M, N, K, torch.bfloat16, seed=M + 2)[0]
+        g = (torch.rand(K, device=DEVICE) + 0.5).to(torch.bfloat16)
+        sums = torch.empty_like(x)
+        y = skinny_linear(x, w, norm=(g, 1e-6, residual, sums))
+        assert torch.equal(sums, residual + x)  # PyTorch's bf16 sum
+        check(y, skinny_gemm.rms_norm(residual + x, g, 1e-6), w)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
