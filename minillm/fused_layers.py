@@ -19,7 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from minillm.decode_linear import DecodeLinear
+from minillm.kernels.qk_norm_rope import qk_norm_rope_write
 from minillm.kernels.skinny_gemm import rms_norm_linear, silu_and_linear
+from minillm.kv_cache import PagedKVCache
 from minillm.merged_projections import MergedAttention, MergedMLP
 from minillm.model import (
     CausalLM,
@@ -31,7 +33,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/11_cuda_graph.md:1353
+# %% chapters/11_cuda_graph.md:1355
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
@@ -46,6 +48,11 @@ class FusedAttention(MergedAttention):
         """The rest of forward, from the qkv projection's output."""
         lead = qkv.shape[:-1]
         q_size, k_size, _ = self.qkv_sizes
+        if kv_cache is not None and can_attend_rotated(kv_cache, qkv, self.head_dim):
+            T = qkv.numel() // qkv.shape[-1]  # norms, rotation, cache write: one kernel
+            flat = [t.reshape(T, t.shape[-1]) for t in (qkv, cos, sin)]
+            out = attend_rotated(self, *flat, attn_metadata, kv_cache)
+            return self.o_proj(out.reshape(*lead, q_size))
         heads = self.n_heads + self.n_kv_heads
         qk = qkv[..., : q_size + k_size].view(*lead, heads, self.head_dim)
         v = qkv[..., q_size + k_size :].view(*lead, self.n_kv_heads, self.head_dim)
@@ -79,7 +86,7 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/11_cuda_graph.md:1410
+# %% chapters/11_cuda_graph.md:1417
 class FusedMLP(MergedMLP):
     """MergedMLP whose down projection makes the activation as it loads its input."""
 
@@ -91,7 +98,7 @@ class FusedMLP(MergedMLP):
         return silu_and_linear(gate_up, self.down_proj.weight)
 
 
-# %% chapters/11_cuda_graph.md:1438
+# %% chapters/11_cuda_graph.md:1445
 def norm_and_project(
     x: Tensor, residual: Tensor | None, norm: RMSNorm, proj: nn.Module
 ) -> tuple[Tensor, Tensor]:
@@ -105,7 +112,40 @@ def norm_and_project(
     return proj(norm(s)), s
 
 
-# %% chapters/11_cuda_graph.md:1458
+# %% chapters/11_cuda_graph.md:1597
+def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
+    """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
+    return (
+        qkv.is_cuda
+        and type(kv_cache) is PagedKVCache
+        and kv_cache.attn_backend is not None
+        and kv_cache.key_cache.dtype == qkv.dtype
+        and head_dim & (head_dim - 1) == 0  # a power of two
+    )
+
+
+@torch.compiler.disable
+def attend_rotated(
+    attn: MergedAttention,
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    attn_metadata,
+    kv_cache,
+) -> Tensor:
+    """Attention from the qkv output (T, width): one launch for q/k norms, rotation
+    and cache write, then the cache's attention backend. Returns (T, n_heads, D)."""
+    layer = attn.layer_idx
+    keys, values = kv_cache.key_cache[layer], kv_cache.value_cache[layer]
+    norm = attn.qk_norm
+    q = qk_norm_rope_write(
+        qkv, None if norm is None else norm.weight, 0.0 if norm is None else norm.eps,
+        cos, sin, keys, values, attn_metadata.slot_mapping, attn.n_heads,
+    )  # fmt: skip
+    return kv_cache.attn_backend(q, keys, values, attn_metadata)
+
+
+# %% chapters/11_cuda_graph.md:1636
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -141,7 +181,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1500
+# %% chapters/11_cuda_graph.md:1678
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs
