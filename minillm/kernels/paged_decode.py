@@ -161,7 +161,7 @@ def _decode_kernel(
             tl.store(counter, 0)
 
 
-# %% chapters/10_triton_decode.md:497
+# %% chapters/10_triton_decode.md:506
 @triton.jit
 def _combine(
     acc_ptr,
@@ -223,7 +223,7 @@ def _reduce_kernel(
              NUM_HEADS, HEAD_DIM, D_P2, NUM_SPLITS)  # fmt: skip
 
 
-# %% chapters/10_triton_decode.md:571
+# %% chapters/10_triton_decode.md:580
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -259,7 +259,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:631
+# %% chapters/10_triton_decode.md:640
 # arrivals per (sequence, KV head) for combine; zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -284,7 +284,7 @@ def can_launch_early(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-# %% chapters/10_triton_decode.md:663
+# %% chapters/10_triton_decode.md:672
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -332,7 +332,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:715
+# %% chapters/10_triton_decode.md:724
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: bool = False
 ) -> Tensor:
@@ -350,7 +350,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:736
+# %% chapters/10_triton_decode.md:745
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
