@@ -108,10 +108,86 @@ def knob_grid(K: int) -> list[dict]:
     return [dict(use_dot=False, **c) for c in out]
 
 
+def real_layers(record: dict, max_len: int = 2064, seq_len: int = 256) -> None:
+    """28 Qwen3-0.6B layers at batch 1 as the engine's fused layers run them: qkv with
+    the input norm, q/k norm + rotation + cache write, decode attention (+ reduce), o,
+    gate-up with the post-attention norm, down with the activation; by launch mode."""
+    from minillm.kernels.paged_decode import paged_decode
+    from minillm.kernels.qk_norm_rope import qk_norm_rope_write
+
+    bf16, dev, eps = torch.bfloat16, "cuda", 1e-6
+    heads, kv_heads, hd, bs = 16, 8, 128, 16
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, device=dev, dtype=bf16) * scale
+
+    layers = [
+        dict(
+            qkv=rand(4096, 1024, scale=1024**-0.5),
+            o=rand(1024, 2048, scale=2048**-0.5),
+            gate_up=rand(6144, 1024, scale=1024**-0.5),
+            down=rand(1024, 3072, scale=3072**-0.5),
+            g1=rand(1024) * 0.1 + 1,
+            g2=rand(1024) * 0.1 + 1,
+            gqk=rand(heads + kv_heads, hd) * 0.1 + 1,
+            kc=rand(max_len // bs + 2, bs, kv_heads, hd),
+            vc=rand(max_len // bs + 2, bs, kv_heads, hd),
+        )
+        for _ in range(LAYERS)
+    ]
+    table = torch.arange(max_len // bs + 2, device=dev, dtype=torch.int32)[None]
+    lens = torch.tensor([seq_len], device=dev, dtype=torch.int32)
+    slot = torch.tensor([seq_len - 1], device=dev, dtype=torch.int64)
+    x0 = rand(1, 1024)
+    angles = torch.rand(1, hd, device=dev) * 6
+    cos, sin = angles.cos().to(bf16), angles.sin().to(bf16)
+    rows = []
+    outs = {}
+    for mode in (0, 1, 2):
+        for combine in (False,):
+            state = {}
+
+            def first():
+                state["h"], state["r"] = x0 * 1.0, x0 * 1.0
+
+            def layer(w, mode=mode, combine=combine):
+                h, r = state["h"], state["r"]
+                sums = torch.empty_like(h)
+                qkv = skinny_linear(h, w["qkv"], norm=(w["g1"], eps, r, sums), pdl=mode)
+                q = qk_norm_rope_write(
+                    qkv, w["gqk"], eps, cos, sin, w["kc"], w["vc"], slot, heads,
+                    pdl=mode,
+                )  # fmt: skip
+                a = paged_decode(q, w["kc"], w["vc"], table, lens, max_len,
+                                 combine=combine, pdl=mode)  # fmt: skip
+                o = skinny_linear(a.reshape(1, heads * hd), w["o"], pdl=mode)
+                sums2 = torch.empty_like(o)
+                gu = skinny_linear(o, w["gate_up"], norm=(w["g2"], eps, sums, sums2),
+                                   pdl=mode)  # fmt: skip
+                state["h"] = skinny_linear(gu, w["down"], gated=True, pdl=mode)
+                state["r"] = sums2
+
+            calls = [first] + [lambda w=w: layer(w) for w in layers]
+            try:
+                us = graph_us(calls, LAYERS)
+            except Exception as e:  # noqa: BLE001
+                print(f"real layers pdl={mode} failed: {e!r}", flush=True)
+                continue
+            outs[mode] = state["h"].clone()
+            row = dict(max_seq_len=max_len, pdl=mode, combine=combine, us_per_layer=us)
+            row["same_bits_as_pdl0"] = bool(torch.equal(outs[mode], outs[0]))
+            rows.append(row)
+            print(f"real layers {row}", flush=True)
+    record.setdefault("real_layers", []).extend(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=70, help="cap for shapes")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--only-real-layers", action="store_true", help="only the engine's layers"
+    )
     args = parser.parse_args()
     t0 = time.perf_counter()
     torch.manual_seed(0)
@@ -132,6 +208,11 @@ def main() -> None:
         "shapes": [],
         "layers": [],
     }
+    if args.only_real_layers:
+        for max_len in (2064, 400):
+            real_layers(record, max_len)
+        save("decode_chain_real_layers", record, args.out)
+        return
     for programs in (1, 132, 512):
         for pdl in (0, 1, 2):
             try:

@@ -106,22 +106,25 @@ def test_combining_in_the_decode_kernel_gives_the_two_kernels_bits(n_heads, n_kv
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="dependent launch needs a GPU")
-def test_decode_launched_early_in_a_graph_matches_the_reference():
+@pytest.mark.parametrize("pdl", [1, 2])
+def test_decode_launched_early_in_a_graph_matches_the_reference(pdl):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs Hopper or later")
     q, k, v, md = batch([1] * 3, [300, 17, 1000], 16, 16, 8, 128, torch.bfloat16)
-    expected = paged_decode(q, k, v, md.block_tables, md.seq_lens, 1024, pdl=False)
+    expected = paged_decode(q, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
+    # combine's counters exist before capture
+    paged_decode(q, k, v, md.block_tables, md.seq_lens, 1024, combine=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         h = q * 1.0  # a kernel before, that the first launch must wait for
         for _ in range(4):  # each reads the previous one's output
-            h = paged_decode(h, k, v, md.block_tables, md.seq_lens, 1024, pdl=True)
-            h = paged_decode(h, k, v, md.block_tables, md.seq_lens, 1024, pdl=True,
-                             combine=False)  # fmt: skip
+            h = paged_decode(h, k, v, md.block_tables, md.seq_lens, 1024, pdl=pdl,
+                             combine=True)  # fmt: skip
+            h = paged_decode(h, k, v, md.block_tables, md.seq_lens, 1024, pdl=pdl)
     ref = q
     for _ in range(4):
-        ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=False)
-        ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=False)
+        ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
+        ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
     for _ in range(3):
         h.zero_()
         graph.replay()

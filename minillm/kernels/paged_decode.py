@@ -61,12 +61,10 @@ def _decode_kernel(
     NUM_STAGES: tl.constexpr,
     IEEE: tl.constexpr,
     COMBINE: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     # (1) the program's sequence, KV head and split: which tokens it reads
-    if PDL:  # launched early: let the next kernel launch, wait for the previous one
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    _launched_early(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     # pieces of a fixed size: a long context gets more programs than a short one
@@ -161,7 +159,7 @@ def _decode_kernel(
             tl.store(counter, 0)
 
 
-# %% chapters/10_triton_decode.md:506
+# %% chapters/10_triton_decode.md:504
 @triton.jit
 def _combine(
     acc_ptr,
@@ -213,17 +211,15 @@ def _reduce_kernel(
     HEAD_DIM: tl.constexpr,
     D_P2: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    _launched_early(PDL)
     seq, head = tl.program_id(0), tl.program_id(1)
     _combine(acc_ptr, m_ptr, l_ptr, out_ptr, seq, head, stride_ot, stride_oh,
              NUM_HEADS, HEAD_DIM, D_P2, NUM_SPLITS)  # fmt: skip
 
 
-# %% chapters/10_triton_decode.md:580
+# %% chapters/10_triton_decode.md:576
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -259,7 +255,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:640
+# %% chapters/10_triton_decode.md:636
 # arrivals per (sequence, KV head) for combine; zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -284,7 +280,19 @@ def can_launch_early(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-# %% chapters/10_triton_decode.md:672
+@triton.jit
+def _launched_early(PDL: tl.constexpr):
+    """PDL 0: an ordinary launch. 1: wait for the previous kernel, then let the next
+    one launch; 2: the other way round, so that kernels can start several deep."""
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    if PDL > 0:
+        tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+# %% chapters/10_triton_decode.md:680
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -297,7 +305,7 @@ def decode_partials(
     num_stages: int,
     split_tokens: int,
     out: Tensor | None = None,
-    pdl: bool = False,
+    pdl: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
     num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
@@ -326,15 +334,15 @@ def decode_partials(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         SPLIT_TOKENS=split_tokens, NUM_STAGES=num_stages,
         IEEE=q.dtype == torch.float32, COMBINE=out is not None, PDL=pdl,
-        num_warps=num_warps, launch_pdl=pdl,
+        num_warps=num_warps, launch_pdl=pdl > 0,
     )
     # fmt: on
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:724
+# %% chapters/10_triton_decode.md:732
 def reduce_splits(
-    acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: bool = False
+    acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
     """Pass 2: out (num_seqs, n_heads, D) from the splits' partial results, rescaled to
     their common maximum and divided by the combined sum.
@@ -344,13 +352,13 @@ def reduce_splits(
     _reduce_kernel[(num_seqs, num_heads)](
         acc, m, l, out, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
-        NUM_SPLITS=num_splits, PDL=pdl, launch_pdl=pdl,
+        NUM_SPLITS=num_splits, PDL=pdl, launch_pdl=pdl > 0,
     )
     # fmt: on
     return out
 
 
-# %% chapters/10_triton_decode.md:745
+# %% chapters/10_triton_decode.md:753
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -364,8 +372,8 @@ def paged_decode(
     num_stages: int = 2,
     programs_per_sm: int = 16,
     split_tokens: int = 0,
-    combine: bool = True,
-    pdl: bool | None = None,
+    combine: bool = False,
+    pdl: int | None = None,
 ) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
     cached in key_cache, value_cache (num_blocks, block_size, n_kv_heads, D).
@@ -373,9 +381,10 @@ def paged_decode(
     Returns (num_seqs, n_heads, D). num_splits (or pieces of split_tokens tokens, a
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
     combine: the splits are combined by the last of them, in the same launch (False:
-    by a second kernel). pdl: launched early, on a GPU that can (None: if it can).
+    by a second kernel). pdl: launched early (None: 1 on a GPU that can; see
+    _launched_early).
     """
-    pdl = can_launch_early(q.device) if pdl is None else pdl
+    pdl = (1 if can_launch_early(q.device) else 0) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:
         raise ValueError("give num_splits or split_tokens, not both")
     num_kv_heads = key_cache.shape[2]

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minillm.kernels.paged_decode import can_launch_early
+from minillm.kernels.paged_decode import _launched_early, can_launch_early
 
 
 @triton.jit
@@ -45,9 +45,7 @@ def _qk_norm_rope_write_kernel(
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr,
     NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    if PDL:  # launched early: see chapter 10's paged_decode
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    _launched_early(PDL)  # see chapter 10's paged_decode
     t, h = tl.program_id(0), tl.program_id(1)  # a token; a query or key head
     d = tl.arange(0, D)
     row = t * stride_t + h * D  # the head's elements in qkv
@@ -74,7 +72,7 @@ def _qk_norm_rope_write_kernel(
         tl.store(value_cache_ptr + (slot * N_KV + kv) * D + d, v)
 
 
-# %% chapters/11_cuda_graph.md:1547
+# %% chapters/11_cuda_graph.md:1545
 def qk_norm_rope_write(
     qkv: Tensor,
     norm_weight: Tensor | None,
@@ -85,6 +83,7 @@ def qk_norm_rope_write(
     value_cache: Tensor,
     slot_mapping: Tensor,
     n_heads: int,
+    pdl: int | None = None,
 ) -> Tensor:
     """qkv (T, (n_heads + 2 n_kv) D); norm_weight (n_heads + n_kv, D) or None; cos,
     sin (T, D); caches (num_blocks, block_size, n_kv, D), contiguous. Returns the
@@ -105,14 +104,14 @@ def qk_norm_rope_write(
             "of two)"
         )
     q = torch.empty(T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
-    pdl = can_launch_early(qkv.device)
+    pdl = (1 if can_launch_early(qkv.device) else 0) if pdl is None else pdl
     g = norm_weight if norm_weight is not None else q  # not read without a norm
     # fmt: off
     _qk_norm_rope_write_kernel[(T, n_heads + n_kv)](
         qkv, g, cos, sin, q, key_cache, value_cache, slot_mapping, eps,
         qkv.stride(0), cos.stride(0),
         N_HEADS=n_heads, N_KV=n_kv, D=D, NORM=norm_weight is not None, PDL=pdl,
-        launch_pdl=pdl,
+        launch_pdl=pdl > 0,
     )
     # fmt: on
     return q
