@@ -255,7 +255,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:636
+# %% chapters/10_triton_decode.md:644
 # arrivals per (sequence, KV head) for combine; zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -292,7 +292,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:680
+# %% chapters/10_triton_decode.md:688
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -340,7 +340,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:732
+# %% chapters/10_triton_decode.md:740
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -358,7 +358,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:753
+# %% chapters/10_triton_decode.md:761
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
