@@ -108,7 +108,18 @@ def knob_grid(K: int) -> list[dict]:
     return [dict(use_dot=False, **c) for c in out]
 
 
-def real_layers(record: dict, max_len: int = 2064, seq_len: int = 256) -> None:
+# one step of K per program: a program's whole slice of W is in flight before it waits
+ONE_STEP = {
+    "qkv": dict(block_n=4, block_k=1024, num_stages=1, split_k=1),
+    "o": dict(block_n=4, block_k=1024, num_stages=1, split_k=2),
+    "gate_up": dict(block_n=4, block_k=1024, num_stages=1, split_k=1),
+    "down": dict(block_n=4, block_k=1024, num_stages=1, split_k=4),
+}
+
+
+def real_layers(
+    record: dict, max_len: int = 2064, seq_len: int = 256, modes=(0, 1, 2), knobs=None
+) -> None:
     """28 Qwen3-0.6B layers at batch 1 as the engine's fused layers run them: qkv with
     the input norm, q/k norm + rotation + cache write, decode attention (+ reduce), o,
     gate-up with the post-attention norm, down with the activation; by launch mode."""
@@ -143,7 +154,8 @@ def real_layers(record: dict, max_len: int = 2064, seq_len: int = 256) -> None:
     cos, sin = angles.cos().to(bf16), angles.sin().to(bf16)
     rows = []
     outs = {}
-    for mode in (0, 1, 2):
+    kn = knobs or {name: {} for name in ONE_STEP}
+    for mode in modes:
         for combine in (False,):
             state = {}
 
@@ -153,18 +165,20 @@ def real_layers(record: dict, max_len: int = 2064, seq_len: int = 256) -> None:
             def layer(w, mode=mode, combine=combine):
                 h, r = state["h"], state["r"]
                 sums = torch.empty_like(h)
-                qkv = skinny_linear(h, w["qkv"], norm=(w["g1"], eps, r, sums), pdl=mode)
+                qkv = skinny_linear(h, w["qkv"], norm=(w["g1"], eps, r, sums), pdl=mode,
+                                    **kn["qkv"])  # fmt: skip
                 q = qk_norm_rope_write(
                     qkv, w["gqk"], eps, cos, sin, w["kc"], w["vc"], slot, heads,
                     pdl=mode,
                 )  # fmt: skip
                 a = paged_decode(q, w["kc"], w["vc"], table, lens, max_len,
                                  combine=combine, pdl=mode)  # fmt: skip
-                o = skinny_linear(a.reshape(1, heads * hd), w["o"], pdl=mode)
+                o = skinny_linear(a.reshape(1, heads * hd), w["o"], pdl=mode, **kn["o"])
                 sums2 = torch.empty_like(o)
                 gu = skinny_linear(o, w["gate_up"], norm=(w["g2"], eps, sums, sums2),
-                                   pdl=mode)  # fmt: skip
-                state["h"] = skinny_linear(gu, w["down"], gated=True, pdl=mode)
+                                   pdl=mode, **kn["gate_up"])  # fmt: skip
+                state["h"] = skinny_linear(gu, w["down"], gated=True, pdl=mode,
+                                           **kn["down"])  # fmt: skip
                 state["r"] = sums2
 
             calls = [first] + [lambda w=w: layer(w) for w in layers]
@@ -174,7 +188,9 @@ def real_layers(record: dict, max_len: int = 2064, seq_len: int = 256) -> None:
                 print(f"real layers pdl={mode} failed: {e!r}", flush=True)
                 continue
             outs[mode] = state["h"].clone()
+            outs.setdefault(0, outs[mode])
             row = dict(max_seq_len=max_len, pdl=mode, combine=combine, us_per_layer=us)
+            row["knobs"] = "one step" if knobs else "default"
             row["same_bits_as_pdl0"] = bool(torch.equal(outs[mode], outs[0]))
             rows.append(row)
             print(f"real layers {row}", flush=True)
@@ -209,9 +225,10 @@ def main() -> None:
         "layers": [],
     }
     if args.only_real_layers:
-        for max_len in (2064, 400):
-            real_layers(record, max_len)
-        save("decode_chain_real_layers", record, args.out)
+        for max_len in (400, 2064):
+            for knobs in (None, ONE_STEP):  # saved as it goes: a cut run keeps some
+                real_layers(record, max_len, modes=(0, 1), knobs=knobs)
+                save("decode_chain_real_layers", record, args.out)
         return
     for programs in (1, 132, 512):
         for pdl in (0, 1, 2):
