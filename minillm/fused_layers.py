@@ -18,7 +18,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from minillm.kernels.skinny_gemm import silu_and_linear
+from minillm.decode_linear import DecodeLinear
+from minillm.kernels.qk_norm_rope import qk_norm_rope_write
+from minillm.kernels.skinny_gemm import rms_norm_linear, silu_and_linear
+from minillm.kv_cache import PagedKVCache
 from minillm.merged_projections import MergedAttention, MergedMLP
 from minillm.model import (
     CausalLM,
@@ -30,16 +33,26 @@ from minillm.model import (
 )
 
 
-# %% chapters/11_cuda_graph.md:1352
+# %% chapters/11_cuda_graph.md:1355
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, attn_metadata, kv_cache
     ) -> Tensor:
-        lead = x.shape[:-1]
+        return self.attend(self.qkv_proj(x), cos, sin, attn_metadata, kv_cache)
+
+    def attend(
+        self, qkv: Tensor, cos: Tensor, sin: Tensor, attn_metadata, kv_cache
+    ) -> Tensor:
+        """The rest of forward, from the qkv projection's output."""
+        lead = qkv.shape[:-1]
         q_size, k_size, _ = self.qkv_sizes
-        qkv = self.qkv_proj(x)
+        if kv_cache is not None and can_attend_rotated(kv_cache, qkv, self.head_dim):
+            T = qkv.numel() // qkv.shape[-1]  # norms, rotation, cache write: one kernel
+            flat = [t.reshape(T, t.shape[-1]) for t in (qkv, cos, sin)]
+            out = attend_rotated(self, *flat, attn_metadata, kv_cache)
+            return self.o_proj(out.reshape(*lead, q_size))
         heads = self.n_heads + self.n_kv_heads
         qk = qkv[..., : q_size + k_size].view(*lead, heads, self.head_dim)
         v = qkv[..., q_size + k_size :].view(*lead, self.n_kv_heads, self.head_dim)
@@ -73,15 +86,66 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/11_cuda_graph.md:1404
+# %% chapters/11_cuda_graph.md:1417
 class FusedMLP(MergedMLP):
     """MergedMLP whose down projection makes the activation as it loads its input."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return silu_and_linear(self.gate_up_proj(x), self.down_proj.weight)
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: Tensor) -> Tensor:
+        """The rest of forward, from the gate-up projection's output."""
+        return silu_and_linear(gate_up, self.down_proj.weight)
 
 
-# %% chapters/11_cuda_graph.md:1418
+# %% chapters/11_cuda_graph.md:1445
+def norm_and_project(
+    x: Tensor, residual: Tensor | None, norm: RMSNorm, proj: nn.Module
+) -> tuple[Tensor, Tensor]:
+    """(proj(norm(s)), s) for s = residual + x (x without a residual); with a plain
+    projection, in one launch of chapter 10's skinny kernel for a decode batch.
+    """
+    plain = type(proj) in (nn.Linear, DecodeLinear) and proj.bias is None
+    if plain and type(norm) is RMSNorm:
+        return rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight)
+    s = x if residual is None else residual + x
+    return proj(norm(s)), s
+
+
+# %% chapters/11_cuda_graph.md:1596
+def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
+    """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
+    return (
+        qkv.is_cuda
+        and type(kv_cache) is PagedKVCache
+        and kv_cache.attn_backend is not None
+        and kv_cache.key_cache.dtype == qkv.dtype
+        and head_dim & (head_dim - 1) == 0  # a power of two
+    )
+
+
+@torch.compiler.disable
+def attend_rotated(
+    attn: MergedAttention,
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    attn_metadata,
+    kv_cache,
+) -> Tensor:
+    """Attention from the qkv output (T, width): one launch for q/k norms, rotation
+    and cache write, then the cache's attention backend. Returns (T, n_heads, D)."""
+    layer = attn.layer_idx
+    keys, values = kv_cache.key_cache[layer], kv_cache.value_cache[layer]
+    norm = attn.qk_norm
+    q = qk_norm_rope_write(
+        qkv, None if norm is None else norm.weight, 0.0 if norm is None else norm.eps,
+        cos, sin, keys, values, attn_metadata.slot_mapping, attn.n_heads,
+    )  # fmt: skip
+    return kv_cache.attn_backend(q, keys, values, attn_metadata)
+
+
+# %% chapters/11_cuda_graph.md:1635
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -94,12 +158,16 @@ class FusedDecoderLayer(DecoderLayer):
         kv_cache,
         residual: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        if residual is not None:  # the previous layer's sum, made here
-            x = residual + x
-        h = x + self.self_attn(
-            self.input_layernorm(x), cos, sin, attn_metadata, kv_cache
-        )
-        return self.mlp(self.post_attention_layernorm(h)), h
+        attn, mlp = self.self_attn, self.mlp
+        # the previous layer's sum, made here, and the input norm, by the product
+        qkv, x = norm_and_project(x, residual, self.input_layernorm, attn.qkv_proj)
+        out = attn.attend(qkv, cos, sin, attn_metadata, kv_cache)
+        if not isinstance(mlp, FusedMLP):
+            h = x + out
+            return mlp(self.post_attention_layernorm(h)), h
+        norm = self.post_attention_layernorm
+        gate_up, h = norm_and_project(out, x, norm, mlp.gate_up_proj)
+        return mlp.down(gate_up), h
 
 
 class FusedDecoderModel(DecoderModel):
@@ -113,7 +181,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1456
+# %% chapters/11_cuda_graph.md:1677
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

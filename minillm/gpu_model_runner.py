@@ -210,7 +210,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2015
+    # %% chapters/11_cuda_graph.md:2238
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -249,7 +249,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2197
+    # %% chapters/11_cuda_graph.md:2420
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -282,7 +282,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2257
+    # %% chapters/11_cuda_graph.md:2480
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -369,7 +369,7 @@ class GPUModelRunner(ModelRunner):
             rows_, processors, outs = zip(*items)
             apply_batch(logits, list(rows_), list(processors), list(outs))
 
-    # %% chapters/11_cuda_graph.md:2888
+    # %% chapters/11_cuda_graph.md:3111
     def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
         """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
@@ -431,7 +431,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3521
+    # %% chapters/11_cuda_graph.md:3744
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -452,7 +452,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3468
+# %% chapters/11_cuda_graph.md:3691
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -497,5 +497,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3549
+# %% chapters/11_cuda_graph.md:3772
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

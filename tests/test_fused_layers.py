@@ -61,3 +61,33 @@ def test_stacked_norm_refuses_different_eps(tiny):
     attn.k_norm.eps = attn.q_norm.eps * 2
     with pytest.raises(ValueError, match="different eps"):
         stacked_qk_norm(attn)
+
+
+def test_norms_are_made_by_the_products_on_a_decode_batch(tiny, monkeypatch):
+    """A decode batch on a GPU: each layer's two norms and residual sums are made by
+    the skinny kernel (rms_norm_linear); elsewhere chapter 1's norm, bit for bit."""
+    from minillm import fused_layers
+
+    calls = []
+    real = fused_layers.rms_norm_linear
+    monkeypatch.setattr(
+        fused_layers,
+        "rms_norm_linear",
+        lambda *args: calls.append(args[0].shape) or real(*args),
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = model_with_norms(tiny[0].config).to(device, dtype)
+    merge_projections(model)
+    fused = copy.deepcopy(model)
+    assert fuse_layers(fused)
+    ids = torch.tensor([[3], [7], [11]], device=device)  # three rows: a decode batch
+    positions = torch.tensor([[4], [9], [2]], device=device)
+    with torch.no_grad():
+        got, expected = fused(ids, positions), model(ids, positions)
+    assert len(calls) == 2 * len(model.model.layers)
+    if device == "cpu":
+        assert torch.equal(got, expected)
+    else:  # cuBLAS and the skinny kernel: the same numbers within bf16 rounding
+        err = (got.float() - expected.float()).abs().max() / expected.abs().max()
+        assert err.item() < 3e-2

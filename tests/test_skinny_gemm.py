@@ -159,6 +159,44 @@ def test_silu_and_linear_and_its_operator():
     )
 
 
+@pytest.mark.parametrize("M,N,K,knobs", CONFIGS[::2] + CONFIGS[1::4])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_normed_load_is_chapter_1_norm_then_the_product(M, N, K, knobs, with_residual):
+    """norm=: the product of RMSNorm(residual + x), and the sum stored exactly."""
+    x, w = make(M, N, K)
+    residual = make(M, N, K, seed=2)[0] if with_residual else None
+    g = torch.rand(K, generator=torch.Generator().manual_seed(3)).to(DEVICE) + 0.5
+    sums = torch.full_like(x, float("nan"))
+    got = skinny_linear(x, w, norm=(g, 1e-6, residual, sums), **knobs)
+    s = x if residual is None else residual + x
+    assert torch.equal(sums, s)
+    check(got, skinny_gemm.rms_norm(s, g, 1e-6), w)
+    with pytest.raises(ValueError):
+        skinny_linear(x, w, gated=True, norm=(g, 1e-6, residual, sums))
+
+
+def test_rms_norm_linear_and_its_operator():
+    x, w = make(3, 40, 64)
+    residual = make(3, 40, 64, seed=1)[0]
+    g = torch.rand(64).to(DEVICE) + 0.5
+    for r in (None, residual):
+        s = x if r is None else r + x
+        y, got_s = skinny_gemm.rms_norm_linear(x, r, g, 1e-6, w)
+        assert torch.equal(got_s, s)
+        expected = F.linear(skinny_gemm.rms_norm(s, g, 1e-6), w)
+        torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    wide = torch.randn(2, 20, 64).to(DEVICE)  # 40 rows: PyTorch's arithmetic
+    y, s = skinny_gemm.rms_norm_linear(wide, None, g, 1e-6, w)
+    assert s is wide and torch.equal(
+        y, F.linear(skinny_gemm.rms_norm(wide, g, 1e-6), w)
+    )
+    torch.library.opcheck(
+        torch.ops.minillm.rms_norm_linear.default,
+        (x, residual, g, 1e-6, w),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="bfloat16 at real sizes needs a GPU")
 @pytest.mark.parametrize(
     "N,K",
@@ -179,6 +217,12 @@ def test_bf16_projection_shapes_on_gpu(N, K):
         gate_up = make(M, N, 2 * K, torch.bfloat16, seed=M + 1)[0]
         act = skinny_gemm.silu_mul(gate_up)  # PyTorch's bf16 activation
         check(skinny_linear(gate_up, w, gated=True), act, w)
+        residual = make(M, N, K, torch.bfloat16, seed=M + 2)[0]
+        g = (torch.rand(K, device=DEVICE) + 0.5).to(torch.bfloat16)
+        sums = torch.empty_like(x)
+        y = skinny_linear(x, w, norm=(g, 1e-6, residual, sums))
+        assert torch.equal(sums, residual + x)  # PyTorch's bf16 sum
+        check(y, skinny_gemm.rms_norm(residual + x, g, 1e-6), w)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -200,3 +244,52 @@ def test_cache_write_matches_chapter_2(dtype):
     with pytest.raises(ValueError, match="do not fit"):
         triton_reshape_and_cache(key[:, :3], value[:, :3], caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2])  # refused before anything was written
+
+
+@pytest.mark.skipif(
+    DEVICE != "cuda", reason="programmatic dependent launch needs a GPU"
+)
+@pytest.mark.parametrize("pdl", [1, 2])
+def test_dependent_launch_in_a_graph_gives_the_same_bits(pdl):
+    """A chain of products that each read the previous one's output, captured in a
+    CUDA graph: launched early (PDL), every product still waits for its input."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4096, 1024, False), (1024, 2048, False), (6144, 1024, False),
+              (1024, 3072, True)] * 3  # fmt: skip
+    ws = [(torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, torch.bfloat16)
+          for N, K, _ in shapes]  # fmt: skip
+    x0 = torch.randn(1, 1024, generator=g).to(DEVICE, torch.bfloat16)
+
+    def chain(knobs):
+        h = x0 * 1.0
+        for (_, _, gated), w in zip(shapes, ws):
+            h = skinny_linear(h[:, : 2 * w.shape[1] if gated else w.shape[1]], w,
+                              gated=gated, **knobs)  # fmt: skip
+            h = h / h.float().norm().to(h.dtype)  # a kernel in between
+        return h
+
+    expected = chain({"pdl": 0})
+    assert torch.equal(chain({"pdl": pdl}), expected)  # eager
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain({"pdl": pdl})
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, expected)
+    # back to back, no kernel in between
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h = x0 * 1.0
+        for (_, _, gated), w in zip(shapes, ws):
+            h = skinny_linear(h[:, : 2 * w.shape[1] if gated else w.shape[1]], w,
+                              gated=gated, pdl=pdl)  # fmt: skip
+    graph.replay()
+    torch.cuda.synchronize()
+    h0 = x0 * 1.0
+    for (_, _, gated), w in zip(shapes, ws):
+        h0 = skinny_linear(h0[:, : 2 * w.shape[1] if gated else w.shape[1]], w,
+                           gated=gated)  # fmt: skip
+    assert torch.equal(h, h0)

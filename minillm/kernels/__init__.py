@@ -8,6 +8,7 @@ paged_attention          chapters/10_triton_decode.md
 paged_decode             chapters/10_triton_decode.md
 paged_prefill            chapters/10_triton_decode.md
 penalties                chapters/11_cuda_graph.md
+qk_norm_rope             chapters/11_cuda_graph.md
 reshape_and_cache        chapters/10_triton_decode.md
 sample                   chapters/11_cuda_graph.md
 skinny_gemm              chapters/10_triton_decode.md

@@ -15,13 +15,15 @@ TRITON_INTERPRET=1 before importing this module.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/10_triton_decode.md:306
+# %% chapters/10_triton_decode.md:308
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
@@ -33,6 +35,8 @@ def _decode_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
+    out_ptr,
+    count_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -43,6 +47,8 @@ def _decode_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
+    stride_ot,
+    stride_oh,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
@@ -54,8 +60,11 @@ def _decode_kernel(
     SPLIT_TOKENS: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     IEEE: tl.constexpr,
+    COMBINE: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     # (1) the program's sequence, KV head and split: which tokens it reads
+    _launched_early(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     # pieces of a fixed size: a long context gets more programs than a short one
@@ -137,15 +146,28 @@ def _decode_kernel(
     )
     tl.store(m_ptr + row, m_i, mask=g_ok)
     tl.store(l_ptr + row, l_i, mask=g_ok)
+    if COMBINE:
+        # (6) the last split of the (sequence, KV head) to finish combines them
+        # (as the skinny product's split-K below: barrier, then acq_rel count)
+        tl.debug_barrier()
+        counter = count_ptr + seq * (NUM_HEADS // GROUP) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+            for gi in tl.static_range(GROUP):
+                _combine(acc_ptr, m_ptr, l_ptr, out_ptr, seq, kv_head * GROUP + gi,
+                         stride_ot, stride_oh, NUM_HEADS, HEAD_DIM, D_P2,
+                         NUM_SPLITS)  # fmt: skip
+            tl.store(counter, 0)
 
 
-# %% chapters/10_triton_decode.md:475
+# %% chapters/10_triton_decode.md:504
 @triton.jit
-def _reduce_kernel(
+def _combine(
     acc_ptr,
     m_ptr,
     l_ptr,
     out_ptr,
+    seq,
+    head,
     stride_ot,
     stride_oh,
     NUM_HEADS: tl.constexpr,
@@ -153,16 +175,18 @@ def _reduce_kernel(
     D_P2: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
-    seq, head = tl.program_id(0), tl.program_id(1)
+    """out[seq, head] from the head's NUM_SPLITS partial results."""
     sp = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, D_P2)
     row = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
-    m = tl.load(m_ptr + row)  # (SPLITS,)
-    l = tl.load(l_ptr + row)
+    # .cg: from L2, where other programs' stores are
+    m = tl.load(m_ptr + row, cache_modifier=".cg")  # (SPLITS,)
+    l = tl.load(l_ptr + row, cache_modifier=".cg")
     acc = tl.load(
         acc_ptr + row[:, None] * HEAD_DIM + d[None, :],
         mask=d[None, :] < HEAD_DIM,
         other=0.0,
+        cache_modifier=".cg",
     )
     m_max = tl.max(m, axis=0)
     # an empty split weighs nothing
@@ -175,7 +199,27 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:523
+@triton.jit
+def _reduce_kernel(
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    _launched_early(PDL)
+    seq, head = tl.program_id(0), tl.program_id(1)
+    _combine(acc_ptr, m_ptr, l_ptr, out_ptr, seq, head, stride_ot, stride_oh,
+             NUM_HEADS, HEAD_DIM, D_P2, NUM_SPLITS)  # fmt: skip
+
+
+# %% chapters/10_triton_decode.md:576
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -211,7 +255,44 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:572
+# %% chapters/10_triton_decode.md:644
+# arrivals per (sequence, KV head) for combine; zero between launches
+_COUNTERS: dict[torch.device, Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "paged_decode: call it once before CUDA-graph capture, so that its "
+                "counters exist"
+            )
+        buf = _COUNTERS[device] = torch.zeros(
+            max(n, 1 << 14), dtype=torch.int32, device=device
+        )
+    return buf
+
+
+@functools.lru_cache(maxsize=None)
+def can_launch_early(device: torch.device) -> bool:
+    """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@triton.jit
+def _launched_early(PDL: tl.constexpr):
+    """PDL 0: an ordinary launch. 1: wait for the previous kernel, then let the next
+    one launch; 2: the other way round, so that kernels can start several deep."""
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    if PDL > 0:
+        tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+# %% chapters/10_triton_decode.md:688
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -223,9 +304,13 @@ def decode_partials(
     num_warps: int,
     num_stages: int,
     split_tokens: int,
+    out: Tensor | None = None,
+    pdl: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
     num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
+    With out (num_seqs, n_heads, D), the last split of each (sequence, KV head) also
+    combines them into out, pass 2 in the same launch. pdl: launched early (Hopper).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -234,25 +319,31 @@ def decode_partials(
     acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(shape, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
+    count = acc if out is None else _counters(q.device, num_seqs * num_kv_heads)
+    out_ = acc if out is None else out  # not written without out
     # fmt: off
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, head_dim**-0.5,
+        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, out_, count,
+        head_dim**-0.5,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0),
+        block_tables.stride(0), out_.stride(0), out_.stride(1),
         NUM_HEADS=num_heads, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         SPLIT_TOKENS=split_tokens, NUM_STAGES=num_stages,
-        IEEE=q.dtype == torch.float32, num_warps=num_warps,
+        IEEE=q.dtype == torch.float32, COMBINE=out is not None, PDL=pdl,
+        num_warps=num_warps, launch_pdl=pdl > 0,
     )
     # fmt: on
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:616
-def reduce_splits(acc: Tensor, m: Tensor, l: Tensor, out: Tensor) -> Tensor:
+# %% chapters/10_triton_decode.md:740
+def reduce_splits(
+    acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
+) -> Tensor:
     """Pass 2: out (num_seqs, n_heads, D) from the splits' partial results, rescaled to
     their common maximum and divided by the combined sum.
     """
@@ -261,13 +352,13 @@ def reduce_splits(acc: Tensor, m: Tensor, l: Tensor, out: Tensor) -> Tensor:
     _reduce_kernel[(num_seqs, num_heads)](
         acc, m, l, out, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
-        NUM_SPLITS=num_splits,
+        NUM_SPLITS=num_splits, PDL=pdl, launch_pdl=pdl > 0,
     )
     # fmt: on
     return out
 
 
-# %% chapters/10_triton_decode.md:635
+# %% chapters/10_triton_decode.md:761
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -281,13 +372,19 @@ def paged_decode(
     num_stages: int = 2,
     programs_per_sm: int = 16,
     split_tokens: int = 0,
+    combine: bool = False,
+    pdl: int | None = None,
 ) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
     cached in key_cache, value_cache (num_blocks, block_size, n_kv_heads, D).
 
     Returns (num_seqs, n_heads, D). num_splits (or pieces of split_tokens tokens, a
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
+    combine: the splits are combined by the last of them, in the same launch (False:
+    by a second kernel). pdl: launched early (None: 1 on a GPU that can; see
+    _launched_early).
     """
+    pdl = (1 if can_launch_early(q.device) else 0) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:
         raise ValueError("give num_splits or split_tokens, not both")
     num_kv_heads = key_cache.shape[2]
@@ -295,6 +392,7 @@ def paged_decode(
         num_splits = decode_num_splits(
             len(q), num_kv_heads, max_seq_len, block_n, programs_per_sm, split_tokens
         )
+    out = torch.empty_like(q)
     acc, m, l = decode_partials(
         q,
         key_cache,
@@ -306,5 +404,7 @@ def paged_decode(
         num_warps,
         num_stages,
         split_tokens,
+        out if combine else None,
+        pdl,
     )
-    return reduce_splits(acc, m, l, torch.empty_like(q))
+    return out if combine else reduce_splits(acc, m, l, out, pdl)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:827
+# %% chapters/10_triton_decode.md:965
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 10, "Paged attention in Triton").
 
@@ -23,7 +23,7 @@ from torch import Tensor
 from minillm.model import AttentionMetadata
 
 
-# %% chapters/10_triton_decode.md:852
+# %% chapters/10_triton_decode.md:990
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -146,7 +146,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1010
+# %% chapters/10_triton_decode.md:1148
 def prefill_tile_map(md: AttentionMetadata, block_m: int) -> tuple[Tensor, Tensor]:
     """(tile_seq, tile_start), int32 on the device: each program's sequence and first
     query row.
@@ -175,7 +175,7 @@ def prefill_tile_map(md: AttentionMetadata, block_m: int) -> tuple[Tensor, Tenso
     return cached[block_m]
 
 
-# %% chapters/10_triton_decode.md:1050
+# %% chapters/10_triton_decode.md:1188
 def paged_prefill(
     q: Tensor,
     key_cache: Tensor,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1443
+# %% chapters/10_triton_decode.md:1581
 """Chapter 2's reshape_and_cache in one Triton kernel launch (chapter 10, "Writing the
 cache in one launch").
 
@@ -18,8 +18,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from minillm.kernels.paged_decode import _launched_early, can_launch_early
 
-# %% chapters/10_triton_decode.md:1461
+
+# %% chapters/10_triton_decode.md:1601
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -31,7 +33,9 @@ def _write_kv_kernel(
     stride_vt,
     ROW: tl.constexpr,
     ROW_P2: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    _launched_early(PDL)  # see paged_decode's launch options
     t = tl.program_id(0)  # one program per new token
     # int64: slot * ROW can pass 2**31 in a big cache
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
@@ -50,7 +54,7 @@ def _write_kv_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1497
+# %% chapters/10_triton_decode.md:1639
 def triton_reshape_and_cache(
     key: Tensor,
     value: Tensor,
@@ -80,10 +84,12 @@ def triton_reshape_and_cache(
     key = key if key.stride()[1:] == (head_dim, 1) else key.contiguous()
     value = value if value.stride()[1:] == (head_dim, 1) else value.contiguous()
     row = n_kv * head_dim
+    pdl = 1 if can_launch_early(key.device) else 0
     # fmt: off
     _write_kv_kernel[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping,
         key.stride(0), value.stride(0),
         ROW=row, ROW_P2=triton.next_power_of_2(row),
+        PDL=pdl, launch_pdl=pdl > 0,
     )
     # fmt: on

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1723
+# %% chapters/10_triton_decode.md:1867
 """A Triton matrix product for the few rows of a decode step (chapter 10, "Matrix
 products for a handful of rows").
 
@@ -25,23 +25,95 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from minillm.kernels.paged_decode import can_launch_early
+
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:1759
+# %% chapters/10_triton_decode.md:1912
 @triton.jit
-def _load_x(ptrs, mask, K, GATED: tl.constexpr):
-    """x at ptrs; GATED: silu(x) * x[K:] (gate, then up), PyTorch's roundings."""
+def _load_x(x_ptr, offs, mask, K, GATED: tl.constexpr, NORM: tl.constexpr, r_ptr,
+            g, rstd):  # fmt: skip
+    """x at offs; GATED: silu(x) * x[offs + K] (gate, then up); NORM: RMSNorm of x
+    (2: of r + x), given 1/rms and the norm's weights g. PyTorch's roundings."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if GATED:
-        gate = tl.load(ptrs, mask=mask, other=0.0)
-        up = tl.load(ptrs + K, mask=mask, other=0.0)
-        g = gate.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
-        return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
-    return tl.load(ptrs, mask=mask, other=0.0)
+        up = tl.load(x_ptr + offs + K, mask=mask, other=0.0)
+        gate = x.to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(x.dtype)
+        x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+    if NORM == 2:
+        res = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        x = (res.to(tl.float32) + x.to(tl.float32)).to(x.dtype)
+    if NORM > 0:
+        x = (x.to(tl.float32) * rstd).to(x.dtype)
+        x = (g.to(tl.float32) * x.to(tl.float32)).to(x.dtype)
+    return x
 
 
-# %% chapters/10_triton_decode.md:1775
+@triton.jit
+def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.constexpr,
+         K_P2: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+    """1/rms of each row of x (NORM 2: of r + x), (BLOCK_M,); where store, the rows
+    (r + x, or x) are also stored at s."""
+    kk = tl.arange(0, K_P2)
+    rstd = tl.zeros([BLOCK_M], tl.float32)
+    for r in tl.static_range(BLOCK_M):
+        offs = tl.minimum(r, M - 1) * stride_xm + kk
+        x = tl.load(x_ptr + offs, mask=kk < K, other=0.0)
+        if NORM == 2:
+            res = tl.load(r_ptr + offs, mask=kk < K, other=0.0)
+            x = (res.to(tl.float32) + x.to(tl.float32)).to(x.dtype)
+        if store:
+            tl.store(s_ptr + offs, x, mask=(kk < K) & (kk * 0 + r < M))
+        x32 = x.to(tl.float32)
+        rstd = tl.where(
+            m == r, 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / K + eps), rstd
+        )
+    return rstd
+
+
+# %% chapters/10_triton_decode.md:1962
+@triton.jit
+def _load_w(w_ptr, n, n_ok, kk, K, stride_wn):
+    """W's rows n at columns kk: (BLOCK_N, BLOCK_K), runs of contiguous bytes."""
+    mask = n_ok[:, None] & (kk < K)[None, :]
+    return tl.load(w_ptr + n[:, None] * stride_wn + kk[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, kk, M, K, stride_xm,
+             BLOCK_M: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+             GATED: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+    """acc[n, m] += sum over the tile's columns kk of w[n, k] x[m, k]."""
+    k_ok = kk < K
+    g = 1.0
+    if NORM > 0:  # the norm's weights for these columns
+        g = tl.load(g_ptr + kk, mask=k_ok, other=0.0)
+    if USE_DOT:  # tensor cores: x padded with zero rows to BLOCK_M = 16
+        x = _load_x(x_ptr, m[:, None] * stride_xm + kk[None, :],
+                    m_ok[:, None] & k_ok[None, :], K, GATED, NORM, r_ptr, g,
+                    rstd[:, None])  # fmt: skip
+        # float32: exact products rather than TF32 (the tests compare at 1e-5)
+        if IEEE:
+            acc += tl.dot(w, tl.trans(x), input_precision="ieee")
+        else:
+            acc += tl.dot(w, tl.trans(x))
+    else:  # CUDA cores: one multiply-and-sum over K per row of x
+        wf = w.to(tl.float32)
+        for r in tl.static_range(BLOCK_M):
+            rstd_r = 1.0
+            if NORM > 0:
+                rstd_r = tl.sum(tl.where(m == r, rstd, 0.0), axis=0)
+            xr = _load_x(x_ptr, tl.minimum(r, M - 1) * stride_xm + kk, k_ok, K,
+                         GATED, NORM, r_ptr, g, rstd_r)  # fmt: skip
+            col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
+            # rows r >= M are never stored
+            acc += tl.where(m[None, :] == r, col[:, None], 0.0)
+    return acc
+
+
+# %% chapters/10_triton_decode.md:2005
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -50,11 +122,15 @@ def _skinny_kernel(
     y_ptr,
     part_ptr,
     count_ptr,
+    r_ptr,
+    g_ptr,
+    s_ptr,
     M,
     N,
     K,
     K_PER_SPLIT,
     SPLIT_K,
+    eps,
     stride_xm,
     stride_wn,
     stride_ym,
@@ -66,6 +142,9 @@ def _skinny_kernel(
     IEEE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     GATED: tl.constexpr,
+    NORM: tl.constexpr = 0,
+    K_P2: tl.constexpr = 16,
+    PDL: tl.constexpr = 0,
 ):
     # (1) the program's band of W's rows and its slice of K
     # a band of BLOCK_N weight rows; a slice of K
@@ -78,45 +157,39 @@ def _skinny_kernel(
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     # y^T for this band: acc[n, m] = sum_k W[n, k] x[m, k]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    # (2) the stream: BLOCK_N runs of BLOCK_K contiguous weights per step
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = k0 + k < K
-        w = tl.load(
-            w_ptr + n[:, None] * stride_wn + (k0 + k)[None, :],
-            mask=n_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_N, BLOCK_K): BLOCK_N runs of contiguous bytes
-        # (3) the products: tensor cores from 3 rows of x, CUDA cores below
-        # tensor cores: x padded with zero rows to BLOCK_M = 16, W in the big
-        # operand's slot
-        if USE_DOT:
-            x = _load_x(
-                x_ptr + m[:, None] * stride_xm + (k0 + k)[None, :],
-                m_ok[:, None] & k_ok[None, :],
-                K,
-                GATED,
-            )
-            # float32: exact products rather than TF32 (the tests compare at 1e-5)
-            if IEEE:
-                acc += tl.dot(w, tl.trans(x), input_precision="ieee")
-            else:
-                acc += tl.dot(w, tl.trans(x))
-        else:  # CUDA cores: one multiply-and-sum over K per row of x
-            wf = w.to(tl.float32)
-            for r in tl.static_range(BLOCK_M):
-                xr = _load_x(
-                    x_ptr + tl.minimum(r, M - 1) * stride_xm + k0 + k, k_ok, K, GATED
-                )
-                col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
-                # rows r >= M are never stored
-                acc += tl.where(m[None, :] == r, col[:, None], 0.0)
-    # (4) without a split, the program's sums are y
+    k_loop = k_start
+    # fmt: off
+    if PDL:
+        # (2) launched early: W's first tile is read while the previous kernel,
+        # which makes x, finishes; then wait for it, and let the next one launch
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
+        w = _load_w(w_ptr, n, n_ok, k_start + k, K, stride_wn)
+        tl.extra.cuda.gdc_wait()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+    # (3) with NORM, each row's 1/rms; the first program stores the sums
+    rstd = tl.zeros([BLOCK_M], tl.float32)
+    if NORM > 0:
+        rstd = _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps,
+                    (pid_n == 0) & (pid_k == 0), BLOCK_M, K_P2, NORM)
+    if PDL:
+        acc = _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, k_start + k, M,
+                       K, stride_xm, BLOCK_M, USE_DOT, IEEE, GATED, NORM)
+        k_loop += BLOCK_K
+    # (4) the stream: BLOCK_N runs of BLOCK_K contiguous weights per step
+    for k0 in tl.range(k_loop, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        w = _load_w(w_ptr, n, n_ok, k0 + k, K, stride_wn)
+        acc = _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, k0 + k, M, K,
+                       stride_xm, BLOCK_M, USE_DOT, IEEE, GATED, NORM)
+    # fmt: on
+    # (5) without a split, the program's sums are y
     y_ptrs = y_ptr + m[None, :] * stride_ym + n[:, None]
     y_mask = n_ok[:, None] & m_ok[None, :]
     if not SPLIT:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
     else:
-        # (5) with a split, the last program of the band to arrive adds them up
+        # (6) with a split, the last program of the band to arrive adds them up
         # Store this slice's partial sum, then announce it. The CTA barrier orders
         # every thread's stores before the atomic; acq_rel at GPU scope makes them
         # visible to the program that sees the count reach SPLIT_K - 1, which adds
@@ -139,7 +212,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:1915
+# %% chapters/10_triton_decode.md:2153
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -168,7 +241,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:1950
+# %% chapters/10_triton_decode.md:2188
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -187,14 +260,25 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:1978
-def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Tensor:
+# %% chapters/10_triton_decode.md:2216
+def skinny_linear(
+    x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
+) -> Tensor:
     """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
     override default_config (block_n, block_k, num_warps, num_stages, split_k,
-    use_dot). gated: x is (M, 2K), gate then up, and the product is silu_mul(x) @ W.T.
+    use_dot, pdl). gated: x is (M, 2K), gate then up, and the product is
+    silu_mul(x) @ W.T. norm = (g, eps, residual, sums): the product is of
+    RMSNorm(residual + x) (residual None: of x) with weights g, and the rows
+    residual + x (or x) are stored in sums (M, K).
     """
     (M, K_x), (N, K) = x.shape, weight.shape
-    if K_x != (2 * K if gated else K) or not 1 <= M <= MAX_M or x.dtype != weight.dtype:
+    bad = gated and bool(norm)  # one or the other
+    if (
+        bad
+        or K_x != (2 * K if gated else K)
+        or not 1 <= M <= MAX_M
+        or x.dtype != weight.dtype
+    ):
         raise ValueError(
             f"skinny_linear takes x (1..{MAX_M}, K) (gated: 2K) and weight (N, K) of "
             f"one dtype, got {tuple(x.shape)} {x.dtype} and {tuple(weight.shape)} "
@@ -203,7 +287,12 @@ def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Te
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    g, eps, residual, sums = norm or (y, 0.0, None, y)  # (not read without norm)
+    if norm:
+        x = x.contiguous()  # x, the residual and the sums: rows of stride K
+        residual = x if residual is None else residual.contiguous()
     cfg = {**default_config(M, N, K, num_sms(x.device)), **knobs}
+    pdl = cfg.get("pdl", 1 if can_launch_early(x.device) else 0)
     bn, bk = cfg["block_n"], cfg["block_k"]
     k_steps = triton.cdiv(K, bk)
     steps_per_split = triton.cdiv(k_steps, min(cfg["split_k"], k_steps))
@@ -218,20 +307,23 @@ def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Te
         part = count = y  # not read
     # fmt: off
     _skinny_kernel[(n_blocks, splits)](
-        x, weight, y, part, count,
-        M, N, K, steps_per_split * bk, splits,
+        x, weight, y, part, count, residual if norm else y, g, sums,
+        M, N, K, steps_per_split * bk, splits, eps,
         x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=16 if cfg["use_dot"] else triton.next_power_of_2(M),
         BLOCK_N=bn, BLOCK_K=bk, USE_DOT=cfg["use_dot"], SPLIT=splits > 1,
         IEEE=x.dtype == torch.float32,
         NUM_STAGES=cfg["num_stages"],  # stages: on the K loop
-        GATED=gated, num_warps=cfg["num_warps"], num_stages=1,
+        GATED=gated, NORM=(1 if norm[2] is None else 2) if norm else 0,
+        K_P2=triton.next_power_of_2(K) if norm else 16,
+        PDL=pdl, num_warps=cfg["num_warps"], num_stages=1,
+        launch_pdl=pdl > 0,
     )
     # fmt: on
     return y
 
 
-# %% chapters/10_triton_decode.md:2031
+# %% chapters/10_triton_decode.md:2288
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -259,7 +351,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2064
+# %% chapters/10_triton_decode.md:2321
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
@@ -287,3 +379,45 @@ def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
         return F.linear(silu_mul(x), weight)
     y = torch.ops.minillm.silu_and_linear(x.reshape(rows, x.shape[-1]), weight)
     return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# %% chapters/10_triton_decode.md:2357
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Chapter 1's RMSNorm of x, with the norm's weight and eps."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+@torch.library.custom_op("minillm::rms_norm_linear", mutates_args=())
+def _rms_norm_linear_op(
+    x: Tensor, residual: Tensor | None, g: Tensor, eps: float, weight: Tensor
+) -> tuple[Tensor, Tensor]:
+    if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype == g.dtype:
+        sums = torch.empty_like(x)
+        return skinny_linear(x, weight, norm=(g, eps, residual, sums)), sums
+    sums = x.clone() if residual is None else residual + x
+    return F.linear(rms_norm(sums, g, eps), weight), sums
+
+
+@_rms_norm_linear_op.register_fake
+def _(x, residual, g, eps, weight):
+    return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x)
+
+
+def rms_norm_linear(
+    x: Tensor, residual: Tensor | None, g: Tensor, eps: float, weight: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(F.linear(rms_norm(s, g, eps), weight), s) for s = residual + x (x without a
+    residual): the sum and the norm made by the skinny kernel as it loads x, for at
+    most MAX_M rows on a GPU.
+    """
+    rows = x.numel() // x.shape[-1]
+    if not (x.is_cuda and 1 <= rows <= MAX_M):
+        s = x if residual is None else residual + x
+        return F.linear(rms_norm(s, g, eps), weight), s
+    flat = None if residual is None else residual.reshape(rows, x.shape[-1])
+    y, s = torch.ops.minillm.rms_norm_linear(
+        x.reshape(rows, x.shape[-1]), flat, g, eps, weight
+    )
+    return y.reshape(*x.shape[:-1], weight.shape[0]), s.reshape(x.shape)
