@@ -13,7 +13,7 @@ PyTorch reference on the same batch.
     python benchmarks/paged_attention.py --mixed
     # also the prefill kernels on a prompt step (--prefill-sweep: and a grid of knobs)
     python benchmarks/paged_attention.py --prefill
-    # only that; writes benchmarks/results/paged_prefill-*.json
+    # only that; writes benchmarks/results/paged_prefill-*.json (or _sweep-*.json)
     python benchmarks/paged_attention.py --prefill-only
 
 --mixed times a batch shaped like the middle of the standard throughput workload: 256
@@ -473,7 +473,8 @@ def main() -> None:
             },
             "prefill": prefill(args.prefill_sweep, wait_for=args.wait_for),
         }
-        out = save("paged_prefill", record, *([args.out] if args.out else []))
+        name = "paged_prefill_sweep" if args.prefill_sweep else "paged_prefill"
+        out = save(name, record, *([args.out] if args.out else []))
         print("wrote", out)
         return
     record = {
