@@ -203,6 +203,43 @@ def prefill_variants(sweep: bool) -> list[dict]:
     return variants
 
 
+# a verify step of speculative decoding (chapter 14): 4 query tokens per sequence
+VERIFY_VARIANTS = [
+    {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
+    {
+        "kernel": "current",
+        "block_m": 64,
+        "block_n": 64,
+        "num_warps": 4,
+        "num_stages": 3,
+    },
+    {"kernel": "current", "block_m": 8},  # what paged_prefill picks for 4 tokens
+]
+
+
+def verify_workload(batch: int = 128, query_len: int = 4, seed: int = 0):
+    """batch sequences adding query_len tokens each after 100-2,000 cached ones."""
+    import random
+
+    rng = random.Random(seed)
+    seq_lens = [rng.randint(100, 2000) + query_len for _ in range(batch)]
+    per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    k_cache = torch.randn(
+        sum(per_seq), BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+    )
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(sum(per_seq)).tolist()
+    tables, at = [], 0
+    for n in per_seq:
+        tables.append(order[at : at + n])
+        at += n
+    _, md = build_attention_metadata(
+        [query_len] * batch, seq_lens, tables, BLOCK_SIZE, "cuda"
+    )
+    q = torch.randn(batch * query_len, N_HEADS, HEAD_DIM, device="cuda").bfloat16()
+    return q, k_cache, v_cache, md
+
+
 def run_prefill(variant: dict, q, k_cache, v_cache, md):
     from benchmarks.prefill_steps import prefill_one_loop, prefill_v1
     from minillm.kernels.paged_prefill import paged_prefill
@@ -273,7 +310,8 @@ def prefill(sweep: bool = False, workers: int = 12, wait_for: Path | None = None
     variants = prefill_variants(sweep)
     t0 = time.perf_counter()
     # compiling dominates a sweep: do it in parallel, then time one by one
-    chunks = [variants[i::workers] for i in range(workers)]
+    to_compile = variants + VERIFY_VARIANTS[2:]
+    chunks = [to_compile[i::workers] for i in range(workers)]
     try:
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             compiled = sum(pool.map(_compile_prefill, [c for c in chunks if c]))
@@ -316,10 +354,33 @@ def prefill(sweep: bool = False, workers: int = 12, wait_for: Path | None = None
             f"diff {diff:.1e}",
             flush=True,
         )
+    del q, k_cache, v_cache, md, expected
+    verify = []
+    q, k_cache, v_cache, md = verify_workload()
+    expected = paged_attention_ref(q, k_cache, v_cache, md).float()
+    for variant in VERIFY_VARIANTS:
+        try:
+            diff = run_prefill(variant, q, k_cache, v_cache, md).float() - expected
+            us = 1e3 * do_bench_cudagraph(
+                lambda: run_prefill(variant, q, k_cache, v_cache, md), rep=20
+            )
+        except Exception as e:
+            print("skip verify", variant, type(e).__name__, flush=True)
+            continue
+        verify.append(
+            {**variant, "kernel_us": us, "max_abs_diff": diff.abs().max().item()}
+        )
+        print(f"verify step {variant}: {us:7.1f} us", flush=True)
     return {
         "num_seqs": len(lens),
         "tokens": sum(lens),
         "lens": lens,
+        "verify": {
+            "batch": md.num_seqs,
+            "query_len": md.max_query_len,
+            "context": "uniform 100-2000 tokens",
+            "rows": verify,
+        },
         "limits": prefill_limits(lens, flops),
         "flops": flops,
         "defaults": dict(PREFILL_KNOBS[2]),

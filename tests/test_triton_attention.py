@@ -12,7 +12,11 @@ triton = pytest.importorskip("triton")
 from minillm.attention import generate_paged, paged_attention_ref  # noqa: E402
 from minillm.kernels.paged_attention import triton_paged_attention  # noqa: E402
 from minillm.kernels.paged_decode import paged_decode  # noqa: E402
-from minillm.kernels.paged_prefill import paged_prefill, prefill_tile_map  # noqa: E402
+from minillm.kernels.paged_prefill import (  # noqa: E402
+    paged_prefill,
+    prefill_block_m,
+    prefill_tile_map,
+)
 from minillm.model import build_attention_metadata, generate  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -162,6 +166,19 @@ def test_prefill_tile_map_puts_the_longest_tiles_first():
 
     work = [keys(s, f) for s, f in zip(sorted_seq, sorted_start)]
     assert work == sorted(work, reverse=True) and work[-1] == -1
+
+
+def test_prefill_tiles_shrink_to_the_longest_chunk_but_keep_16_rows():
+    assert prefill_block_m(1000, 2, 128) == 64  # a prompt step: 64 tokens x 2 heads
+    assert prefill_block_m(4, 2, 128) == 8  # a verify step: 16 rows, not 128
+    assert prefill_block_m(1, 1, 128) == 16
+    assert prefill_block_m(3, 8, 128) == 4  # 4 tokens x 8 heads: more than needed
+    assert prefill_block_m(1, 32, 128) == 1  # a group wider than 16 rows
+    # a verify-like batch at the default tile: same answer as the reference
+    q, k, v, md = batch([4, 4, 3], [40, 9, 20], 16, 4, 2, 32)
+    assert (
+        paged_prefill(q, k, v, md) - paged_attention_ref(q, k, v, md)
+    ).abs().max() <= 1e-5
 
 
 def test_head_dim_that_is_not_a_power_of_two():

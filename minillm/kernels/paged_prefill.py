@@ -195,6 +195,14 @@ PREFILL_KNOBS = {
 }
 
 
+def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
+    """Query tokens per tile: enough for `rows` rows, fewer when no chunk is that
+    long (a verify step's few tokens), never fewer than tl.dot's 16 rows.
+    """
+    tokens = min(rows // group_p2, triton.next_power_of_2(max_query_len))
+    return max(1, 16 // group_p2, tokens)
+
+
 def paged_prefill(
     q: Tensor,
     key_cache: Tensor,
@@ -215,8 +223,7 @@ def paged_prefill(
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
     knobs = PREFILL_KNOBS[q.element_size()]
-    # block_m is in query tokens: rows // group_p2 of them fill the rows
-    block_m = block_m or max(1, knobs["rows"] // group_p2)
+    block_m = block_m or prefill_block_m(md.max_query_len, group_p2, knobs["rows"])
     tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first)
     out = torch.empty_like(q)
     # fmt: off
