@@ -188,10 +188,15 @@ def prefill_variants(sweep: bool) -> list[dict]:
         {"kernel": "current"},  # paged_prefill's defaults: what the engine runs
     ]
     if sweep:
-        for block_m, warps in ((32, (4,)), (64, (4, 8)), (128, (8,))):
-            for block_n in (32, 64, 128):
+        grid = [
+            (32, (32, 64), (4,), (2, 3)),  # 64 rows
+            (64, (32, 64, 128), (4, 8), (2, 3, 4)),  # 128 rows
+            (128, (64, 128), (8,), (2, 3)),  # 256 rows
+        ]
+        for block_m, block_ns, warps, stages in grid:
+            for block_n in block_ns:
                 for num_warps in warps:
-                    for num_stages in (2, 3, 4):
+                    for num_stages in stages:
                         knobs = dict(
                             block_m=block_m,
                             block_n=block_n,
@@ -297,7 +302,7 @@ def prefill_limits(lens: list[int], flops: float) -> dict:
     return limits
 
 
-def prefill(sweep: bool = False, workers: int = 12, wait_for: Path | None = None):
+def prefill(sweep: bool = False, workers: int = 8, wait_for: Path | None = None):
     """The prefill kernels on a prompt step of the standard workload, timed by
     CUDA-graph replay (as the engine's steps run); each checked against chapter 4's
     reference over the whole batch.
