@@ -28,7 +28,7 @@ from minillm.model import AttentionMetadata
 LOG2_E = math.log2(math.e)
 
 
-# %% chapters/10_triton_decode.md:835
+# %% chapters/10_triton_decode.md:833
 @triton.jit
 def _load_kv(
     base, block, slot, stride_b, stride_s, t_ok,
@@ -46,7 +46,7 @@ def _load_kv(
     return x
 
 
-# %% chapters/10_triton_decode.md:861
+# %% chapters/10_triton_decode.md:859
 @triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
@@ -83,7 +83,7 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:902
+# %% chapters/10_triton_decode.md:900
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -145,7 +145,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1003
+# %% chapters/10_triton_decode.md:1001
 def prefill_tile_map(
     md: AttentionMetadata, block_m: int, longest_first: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -187,7 +187,7 @@ def prefill_tile_map(
     return cached[block_m, longest_first]
 
 
-# %% chapters/10_triton_decode.md:1066
+# %% chapters/10_triton_decode.md:1064
 # tile knobs by the element size of q: chosen from the sweep (see the text)
 PREFILL_KNOBS = {
     2: dict(rows=128, block_n=64, num_warps=4, num_stages=3),
