@@ -64,14 +64,15 @@ def _key_tiles(
         k = _load_kv(k_base, block, slot, stride_kb, stride_ks, t_ok,
                      HEAD_DIM, D_P2, MASKED)  # fmt: skip
         if IEEE:  # float32: exact products, not TF32, so tests compare at 1e-5
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
-            s = tl.dot(q, tl.trans(k)) * qk_scale  # (R, N), in log2 units
+            s = tl.dot(q, tl.trans(k))  # (R, N), not yet scaled
         if MASKED:
             s = tl.where((t[None, :] <= pos[:, None]) & t_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # the scale is positive: scale the row maxima, and the rest in one FMA below
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # log2 units
         alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = _load_kv(v_base, block, slot, stride_vb, stride_vs, t_ok,
                      HEAD_DIM, D_P2, MASKED)  # fmt: skip
@@ -83,7 +84,7 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:900
+# %% chapters/10_triton_decode.md:901
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -145,7 +146,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1001
+# %% chapters/10_triton_decode.md:1002
 def prefill_tile_map(
     md: AttentionMetadata, block_m: int, longest_first: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -187,7 +188,7 @@ def prefill_tile_map(
     return cached[block_m, longest_first]
 
 
-# %% chapters/10_triton_decode.md:1064
+# %% chapters/10_triton_decode.md:1065
 # tile knobs by the element size of q: chosen from the sweep (see the text)
 PREFILL_KNOBS = {
     2: dict(rows=128, block_n=64, num_warps=4, num_stages=3),
