@@ -191,7 +191,7 @@ def _prefill_one_loop_kernel(
     acc, m_i, l_i = _key_tiles(
         acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
         stride_vb, stride_vs, qk_scale, 0, last,
-        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, True, IEEE, False,
+        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, True, IEEE,
     )  # fmt: skip
     # (5) normalise and store the real rows (a spare tile's l_i is 0)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -48,20 +48,11 @@ def _load_kv(
 
 # %% chapters/10_triton_decode.md:859
 @triton.jit
-def _rescale(acc, l_i, m_i, m_tile):
-    """Move the running sums to the new row maxima."""
-    m_new = tl.maximum(m_i, m_tile)
-    alpha = tl.math.exp2(m_i - m_new)
-    return acc * alpha[:, None], l_i * alpha, m_new
-
-
-@triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, start, end,
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
-    LAZY: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over keys [start, end) in tiles of BLOCK_N; MASKED adds
     the causal mask and the tile end."""
@@ -79,24 +70,21 @@ def _key_tiles(
         if MASKED:
             s = tl.where((t[None, :] <= pos[:, None]) & t_ok[None, :], s, float("-inf"))
         # the scale is positive: scale the row maxima, and the rest in one FMA below
-        m_tile = tl.max(s, axis=1) * qk_scale  # log2 units
-        if LAZY:  # keep a stale maximum while no row's grows by 8 or more
-            if tl.max(m_tile - m_i) > 8.0:
-                acc, l_i, m_i = _rescale(acc, l_i, m_i, m_tile)
-        else:
-            acc, l_i, m_i = _rescale(acc, l_i, m_i, m_tile)
-        p = tl.math.exp2(s * qk_scale - m_i[:, None])  # at most 2^8
-        l_i += tl.sum(p, axis=1)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # log2 units
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = _load_kv(v_base, block, slot, stride_vb, stride_vs, t_ok,
                      HEAD_DIM, D_P2, MASKED)  # fmt: skip
         if IEEE:
-            acc = tl.dot(p, v, acc, input_precision="ieee")
+            acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
         else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:913
+# %% chapters/10_triton_decode.md:901
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -108,7 +96,6 @@ def _prefill_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-    LAZY: tl.constexpr,
 ):  # fmt: skip
     # (1) the program's tile; neighbouring programs share a tile, not a KV head
     tile = tl.program_id(0) // NUM_KV_HEADS
@@ -142,12 +129,12 @@ def _prefill_kernel(
     acc, m_i, l_i = _key_tiles(
         acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
         stride_vb, stride_vs, qk_scale, 0, full,
-        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, False, IEEE, LAZY,
+        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, False, IEEE,
     )  # fmt: skip
     acc, m_i, l_i = _key_tiles(
         acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
         stride_vb, stride_vs, qk_scale, full, last,
-        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, True, IEEE, LAZY,
+        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, True, IEEE,
     )  # fmt: skip
     # (5) normalise and store the real rows (a spare tile's l_i is 0)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -159,7 +146,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1015
+# %% chapters/10_triton_decode.md:1002
 def prefill_tile_map(
     md: AttentionMetadata, block_m: int, longest_first: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -201,7 +188,7 @@ def prefill_tile_map(
     return cached[block_m, longest_first]
 
 
-# %% chapters/10_triton_decode.md:1078
+# %% chapters/10_triton_decode.md:1065
 # tile knobs by the element size of q: chosen from the sweep (see the text)
 PREFILL_KNOBS = {
     2: dict(rows=128, block_n=64, num_warps=4, num_stages=3),
@@ -227,7 +214,6 @@ def paged_prefill(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
-    lazy_rescale: bool = False,
 ) -> Tensor:
     """Attention for a flat batch of query chunks (any lengths) over the paged cache.
     Returns q's shape. Knobs left None take PREFILL_KNOBS' values.
@@ -254,7 +240,7 @@ def paged_prefill(
         HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n or knobs["block_n"], IEEE=q.dtype == torch.float32,
-        LAZY=lazy_rescale, num_warps=num_warps or knobs["num_warps"],
+        num_warps=num_warps or knobs["num_warps"],
         num_stages=num_stages or knobs["num_stages"],
     )
     # fmt: on
