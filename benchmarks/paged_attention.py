@@ -191,6 +191,7 @@ def prefill_variants(sweep: bool) -> list[dict]:
         {"kernel": "one_loop", **tile, "longest_first": False},
         {"kernel": "current", **tile, "longest_first": False},
         {"kernel": "current"},  # paged_prefill's defaults: what the engine runs
+        {"kernel": "by_sequence", **tile},  # another order of the same tiles
     ]
     # each knob moved one step from the defaults, the others kept
     for name, values in (
@@ -260,10 +261,19 @@ def verify_workload(batch: int = 128, query_len: int = 4, seed: int = 0):
 
 
 def run_prefill(variant: dict, q, k_cache, v_cache, md):
-    from benchmarks.prefill_steps import prefill_one_loop, prefill_v1
+    from benchmarks.prefill_steps import (
+        prefill_longest_sequence_first,
+        prefill_one_loop,
+        prefill_v1,
+    )
     from minillm.kernels.paged_prefill import paged_prefill
 
-    kernel = {"v1": prefill_v1, "one_loop": prefill_one_loop, "current": paged_prefill}
+    kernel = {
+        "v1": prefill_v1,
+        "one_loop": prefill_one_loop,
+        "current": paged_prefill,
+        "by_sequence": prefill_longest_sequence_first,
+    }
     knobs = {k: v for k, v in variant.items() if k != "kernel"}
     return kernel[variant["kernel"]](q, k_cache, v_cache, md, **knobs)
 

@@ -191,7 +191,7 @@ def prefill_tile_map(
 # %% chapters/10_triton_decode.md:1065
 # tile knobs by the element size of q: chosen from the sweep (see the text)
 PREFILL_KNOBS = {
-    2: dict(rows=128, block_n=64, num_warps=4, num_stages=3),
+    2: dict(rows=128, block_n=32, num_warps=8, num_stages=3),
     4: dict(rows=64, block_n=32, num_warps=4, num_stages=2),
 }
 
