@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1786
+# %% chapters/10_triton_decode.md:1800
 """Chapter 2's reshape_and_cache in one Triton kernel launch (chapter 10, "Writing the
 cache in one launch").
 
@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/10_triton_decode.md:1804
+# %% chapters/10_triton_decode.md:1818
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -50,7 +50,7 @@ def _write_kv_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1840
+# %% chapters/10_triton_decode.md:1854
 def triton_reshape_and_cache(
     key: Tensor,
     value: Tensor,

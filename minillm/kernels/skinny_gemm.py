@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:2066
+# %% chapters/10_triton_decode.md:2080
 """A Triton matrix product for the few rows of a decode step (chapter 10, "Matrix
 products for a handful of rows").
 
@@ -28,7 +28,7 @@ from torch import Tensor
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:2102
+# %% chapters/10_triton_decode.md:2116
 @triton.jit
 def _load_x(ptrs, mask, K, GATED: tl.constexpr):
     """x at ptrs; GATED: silu(x) * x[K:] (gate, then up), PyTorch's roundings."""
@@ -41,7 +41,7 @@ def _load_x(ptrs, mask, K, GATED: tl.constexpr):
     return tl.load(ptrs, mask=mask, other=0.0)
 
 
-# %% chapters/10_triton_decode.md:2118
+# %% chapters/10_triton_decode.md:2132
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -139,7 +139,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:2258
+# %% chapters/10_triton_decode.md:2272
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -168,7 +168,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:2293
+# %% chapters/10_triton_decode.md:2307
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -187,7 +187,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:2321
+# %% chapters/10_triton_decode.md:2335
 def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Tensor:
     """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
     override default_config (block_n, block_k, num_warps, num_stages, split_k,
@@ -231,7 +231,7 @@ def skinny_linear(x: Tensor, weight: Tensor, gated: bool = False, **knobs) -> Te
     return y
 
 
-# %% chapters/10_triton_decode.md:2374
+# %% chapters/10_triton_decode.md:2388
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -259,7 +259,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2407
+# %% chapters/10_triton_decode.md:2421
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
