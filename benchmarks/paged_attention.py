@@ -11,8 +11,10 @@ PyTorch reference on the same batch.
     python benchmarks/paged_attention.py
     # also the mixed lengths of the standard workload
     python benchmarks/paged_attention.py --mixed
-    # also the prefill kernel's tile sizes on a prompt step
+    # also the prefill kernels on a prompt step (--prefill-sweep: and a grid of knobs)
     python benchmarks/paged_attention.py --prefill
+    # only that; writes benchmarks/results/paged_prefill-*.json (or _sweep-*.json)
+    python benchmarks/paged_attention.py --prefill-only
 
 --mixed times a batch shaped like the middle of the standard throughput workload: 256
 sequences, each a prompt of 100-1024 tokens plus part of its 100-1024 output tokens, so
@@ -24,6 +26,7 @@ the engine runs them.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -37,6 +40,7 @@ from minillm.kernels.paged_decode import (  # noqa: E402
     decode_num_splits,
     paged_decode,
 )
+from minillm.kernels.paged_prefill import PREFILL_KNOBS  # noqa: E402
 from minillm.model import build_attention_metadata  # noqa: E402
 
 N_HEADS, N_KV, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -137,24 +141,22 @@ def mixed_batch(batch: int = 256, seed: int = 0):
     return q, k_cache, v_cache, md, lens
 
 
-def prefill(max_tokens: int = 16384, seed: int = 0) -> dict:
-    """The prefill kernel on a step of the standard workload's prompts (100-1024 tokens,
-    no cached context, up to max_tokens in all), over its tile sizes; time by
-    CUDA-graph replay.
+def prefill_workload(
+    lens: list[int] | None = None, seed: int = 0, device: str = "cuda"
+):
+    """A prompt step of the standard workload: prompts of 100-1024 tokens, no cached
+    context, up to 16,384 tokens in all (or the given lengths); blocks shuffled.
     """
     import random
 
-    from triton.testing import do_bench_cudagraph
-
-    from minillm.kernels.paged_prefill import paged_prefill
-
-    rng = random.Random(seed)
-    lens = []
-    while sum(lens) < max_tokens - 1024:
-        lens.append(rng.randint(100, 1024))
+    if lens is None:
+        rng = random.Random(seed)
+        lens = []
+        while sum(lens) < 16384 - 1024:
+            lens.append(rng.randint(100, 1024))
     per_seq = [-(-n // BLOCK_SIZE) for n in lens]
     k_cache = torch.randn(
-        sum(per_seq), BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+        sum(per_seq), BLOCK_SIZE, N_KV, HEAD_DIM, device=device, dtype=torch.bfloat16
     )
     v_cache = torch.randn_like(k_cache)
     order = torch.randperm(
@@ -164,48 +166,260 @@ def prefill(max_tokens: int = 16384, seed: int = 0) -> dict:
     for n in per_seq:
         tables.append(order[at : at + n])
         at += n
-    _, md = build_attention_metadata(lens, lens, tables, BLOCK_SIZE, "cuda")
-    q = torch.randn(sum(lens), N_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    _, md = build_attention_metadata(lens, lens, tables, BLOCK_SIZE, device)
+    q = torch.randn(sum(lens), N_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    return lens, q, k_cache, v_cache, md
+
+
+def prefill_variants(sweep: bool) -> list[dict]:
+    """The kernels and knobs to time: the first kernel as the engine ran it (the
+    baseline), the stepping stones of benchmarks/prefill_steps.py, the current kernel
+    at its defaults, and with sweep a grid of its knobs.
+    """
+    # paged_prefill's defaults for this workload (groups of 2 heads), spelled out
+    knobs = PREFILL_KNOBS[2]
+    tile = dict(
+        block_m=knobs["rows"] // (N_HEADS // N_KV),
+        block_n=knobs["block_n"],
+        num_warps=knobs["num_warps"],
+        num_stages=knobs["num_stages"],
+    )
+    variants = [
+        {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
+        {"kernel": "v1", "block_m": 32, "block_n": 32, "exp2": True},
+        {"kernel": "v1", **tile},
+        {"kernel": "one_loop", **tile, "longest_first": False},
+        {"kernel": "current", **tile, "longest_first": False},
+        {"kernel": "current"},  # paged_prefill's defaults: what the engine runs
+        {"kernel": "by_sequence", **tile},  # another order of the same tiles
+    ]
+    # each knob moved one step from the defaults, the others kept
+    for name, values in (
+        ("block_m", (tile["block_m"] // 2, tile["block_m"] * 2)),
+        ("block_n", (64 if tile["block_n"] == 32 else 32,)),
+        ("num_warps", (12 - tile["num_warps"],)),
+        ("num_stages", (tile["num_stages"] - 1, tile["num_stages"] + 1)),
+    ):
+        for value in values:
+            variants.append({"kernel": "current", **tile, name: value})
+    if sweep:
+        grid = [
+            (32, (32, 64), (4,), (2, 3)),  # 64 rows
+            (64, (32, 64, 128), (4, 8), (2, 3, 4)),  # 128 rows
+            (128, (64, 128), (8,), (2, 3)),  # 256 rows
+        ]
+        for block_m, block_ns, warps, stages in grid:
+            for block_n in block_ns:
+                for num_warps in warps:
+                    for num_stages in stages:
+                        knobs = dict(
+                            block_m=block_m,
+                            block_n=block_n,
+                            num_warps=num_warps,
+                            num_stages=num_stages,
+                        )
+                        if {"kernel": "current", **knobs} not in variants:
+                            variants.append({"kernel": "current", **knobs})
+    return variants
+
+
+# a verify step of speculative decoding (chapter 14): 4 query tokens per sequence
+VERIFY_VARIANTS = [
+    {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
+    {
+        "kernel": "current",
+        "block_m": 64,
+        "block_n": 64,
+        "num_warps": 4,
+        "num_stages": 3,
+    },
+    {"kernel": "current", "block_m": 8},  # what paged_prefill picks for 4 tokens
+]
+
+
+def verify_workload(batch: int = 128, query_len: int = 4, seed: int = 0):
+    """batch sequences adding query_len tokens each after 100-2,000 cached ones."""
+    import random
+
+    rng = random.Random(seed)
+    seq_lens = [rng.randint(100, 2000) + query_len for _ in range(batch)]
+    per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    k_cache = torch.randn(
+        sum(per_seq), BLOCK_SIZE, N_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+    )
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(sum(per_seq)).tolist()
+    tables, at = [], 0
+    for n in per_seq:
+        tables.append(order[at : at + n])
+        at += n
+    _, md = build_attention_metadata(
+        [query_len] * batch, seq_lens, tables, BLOCK_SIZE, "cuda"
+    )
+    q = torch.randn(batch * query_len, N_HEADS, HEAD_DIM, device="cuda").bfloat16()
+    return q, k_cache, v_cache, md
+
+
+def run_prefill(variant: dict, q, k_cache, v_cache, md):
+    from benchmarks.prefill_steps import (
+        prefill_longest_sequence_first,
+        prefill_one_loop,
+        prefill_v1,
+    )
+    from minillm.kernels.paged_prefill import paged_prefill
+
+    kernel = {
+        "v1": prefill_v1,
+        "one_loop": prefill_one_loop,
+        "current": paged_prefill,
+        "by_sequence": prefill_longest_sequence_first,
+    }
+    knobs = {k: v for k, v in variant.items() if k != "kernel"}
+    return kernel[variant["kernel"]](q, k_cache, v_cache, md, **knobs)
+
+
+def _compile_prefill(variants: list[dict]) -> int:
+    """Compile the variants in a process of its own (Triton caches on disk), on a
+    small batch with the large one's strides; returns how many compiled.
+    """
+    _, q, k_cache, v_cache, md = prefill_workload([300, 200])
+    done = 0
+    for variant in variants:
+        try:
+            run_prefill(variant, q, k_cache, v_cache, md)
+            torch.cuda.synchronize()
+            done += 1
+        except Exception as e:  # a tile that does not fit: the timing skips it
+            print("compile skip", variant, type(e).__name__, flush=True)
+    return done
+
+
+def prefill_limits(lens: list[int], flops: float) -> dict:
+    """What bounds the kernel: a large bf16 matmul's FLOP/s, and PyTorch's attention
+    (SDPA, its default and its FlashAttention backend) on the same prompts laid out
+    densely, one call per prompt, no paging.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    limits = {"matmul_flops": 2 * 8192**3 / (do_bench(lambda: a @ a, rep=100) / 1e3)}
+    del a
+    # (1, n_heads, n, D) each; K and V with the query heads' count (GQA repeated)
+    qs = [torch.randn(1, N_HEADS, n, HEAD_DIM, device="cuda").bfloat16() for n in lens]
+    ks = [torch.randn_like(x) for x in qs]
+    vs = [torch.randn_like(x) for x in qs]
+
+    def attend(backend):
+        with sdpa_kernel(backend) if backend else contextlib.nullcontext():
+            for q, k, v in zip(qs, ks, vs):
+                sdpa(q, k, v, is_causal=True)
+
+    for name, backend in (("sdpa", None), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            us = 1e3 * do_bench_cudagraph(lambda: attend(backend), rep=50)
+            limits[f"{name}_us"], limits[f"{name}_tflops"] = us, flops / us / 1e6
+        except Exception as e:
+            print("skip", name, type(e).__name__, flush=True)
+    print("limits:", limits, flush=True)
+    return limits
+
+
+def prefill(
+    sweep: bool = False,
+    workers: int = 8,
+    wait_for: Path | None = None,
+    wait_max: float = 60,
+):
+    """The prefill kernels on a prompt step of the standard workload, timed by
+    CUDA-graph replay (as the engine's steps run); each checked against chapter 4's
+    reference over the whole batch.
+    """
+    import multiprocessing
+    import time
+
+    from triton.testing import do_bench_cudagraph
+
+    variants = prefill_variants(sweep)
+    t0 = time.perf_counter()
+    # compiling dominates a sweep: do it in parallel, then time one by one
+    to_compile = variants + VERIFY_VARIANTS[2:]
+    chunks = [to_compile[i::workers] for i in range(workers)]
+    try:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            compiled = sum(pool.map(_compile_prefill, [c for c in chunks if c]))
+        print(
+            f"compiled {compiled}/{len(variants)} in {time.perf_counter() - t0:.0f} s"
+        )
+    except Exception as e:  # the timing loop compiles what is missing
+        print("parallel compile failed:", type(e).__name__, e, flush=True)
+    # wait for other GPU work of the same job (the tests) before timing
+    while wait_for is not None and not wait_for.exists():
+        if time.perf_counter() - t0 > wait_max:
+            break
+        time.sleep(0.5)
+    lens, q, k_cache, v_cache, md = prefill_workload()
     # causal: QK^T and PV, half the square
     flops = sum(4 * n * (n + 1) / 2 * HEAD_DIM * N_HEADS for n in lens)
-    expected = paged_attention_ref(
-        q[: lens[0]],
-        k_cache,
-        v_cache,
-        build_attention_metadata(lens[:1], lens[:1], tables[:1], BLOCK_SIZE, "cuda")[1],
-    )
+    expected = paged_attention_ref(q, k_cache, v_cache, md).float()
     rows = []
-    for block_m in (8, 16, 32, 64):
-        for block_n in (32, 64):
-            try:
-                out = paged_prefill(
-                    q, k_cache, v_cache, md, block_m=block_m, block_n=block_n
-                )
-                diff = (out[: lens[0]].float() - expected.float()).abs().max().item()
-                us = 1e3 * do_bench_cudagraph(
-                    lambda: paged_prefill(
-                        q, k_cache, v_cache, md, block_m=block_m, block_n=block_n
-                    ),
-                    rep=50,
-                )
-            except Exception as e:  # a tile that does not fit
-                print("skip", block_m, block_n, type(e).__name__, flush=True)
-                continue
-            rows.append(
-                {
-                    "block_m": block_m,
-                    "block_n": block_n,
-                    "kernel_us": us,
-                    "tflops": flops / us / 1e6,
-                    "max_abs_diff_vs_reference": diff,
-                }
+    for variant in variants:
+        try:
+            out = run_prefill(variant, q, k_cache, v_cache, md)
+            diff = (out.float() - expected).abs().max().item()
+            us = 1e3 * do_bench_cudagraph(
+                lambda: run_prefill(variant, q, k_cache, v_cache, md),
+                rep=20 if sweep else 50,
             )
-            print(
-                f"prefill block_m {block_m:3d} block_n {block_n:3d}: {us:8.1f} us, "
-                f"{flops / us / 1e6:6.1f} TFLOP/s, diff {diff:.1e}",
-                flush=True,
+        except Exception as e:  # a tile that does not fit
+            print("skip", variant, type(e).__name__, flush=True)
+            continue
+        rows.append(
+            {
+                **variant,
+                "kernel_us": us,
+                "tflops": flops / us / 1e6,
+                "max_abs_diff": diff,
+            }
+        )
+        print(
+            f"{variant}: {us:7.1f} us, {flops / us / 1e6:6.1f} TFLOP/s, "
+            f"diff {diff:.1e}",
+            flush=True,
+        )
+    del q, k_cache, v_cache, md, expected
+    verify = []
+    q, k_cache, v_cache, md = verify_workload()
+    expected = paged_attention_ref(q, k_cache, v_cache, md).float()
+    for variant in VERIFY_VARIANTS:
+        try:
+            diff = run_prefill(variant, q, k_cache, v_cache, md).float() - expected
+            us = 1e3 * do_bench_cudagraph(
+                lambda: run_prefill(variant, q, k_cache, v_cache, md), rep=20
             )
-    return {"num_seqs": len(lens), "tokens": sum(lens), "flops": flops, "rows": rows}
+        except Exception as e:
+            print("skip verify", variant, type(e).__name__, flush=True)
+            continue
+        verify.append(
+            {**variant, "kernel_us": us, "max_abs_diff": diff.abs().max().item()}
+        )
+        print(f"verify step {variant}: {us:7.1f} us", flush=True)
+    return {
+        "num_seqs": len(lens),
+        "tokens": sum(lens),
+        "lens": lens,
+        "verify": {
+            "batch": md.num_seqs,
+            "query_len": md.max_query_len,
+            "context": "uniform 100-2000 tokens",
+            "rows": verify,
+        },
+        "limits": prefill_limits(lens, flops),
+        "flops": flops,
+        "defaults": dict(PREFILL_KNOBS[2]),
+        "rows": rows,
+    }
 
 
 def mixed(copy_bw: float, max_model_len: int = 2064) -> dict:
@@ -305,7 +519,29 @@ def main() -> None:
     parser.add_argument(
         "--prefill",
         action="store_true",
-        help="also time the prefill kernel's tiles on a prompt step",
+        help="also time the prefill kernels on a prompt step",
+    )
+    parser.add_argument(
+        "--prefill-sweep",
+        action="store_true",
+        help="with --prefill: also a grid of the prefill kernel's knobs",
+    )
+    parser.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="time the prefill kernels only; write paged_prefill-*.json",
+    )
+    parser.add_argument(
+        "--wait-for",
+        type=Path,
+        default=None,
+        help="a file whose existence says other GPU work is done (time after it)",
+    )
+    parser.add_argument(
+        "--wait-max",
+        type=float,
+        default=60,
+        help="seconds to wait for --wait-for at most",
     )
     parser.add_argument(
         "--out",
@@ -320,6 +556,30 @@ def main() -> None:
         )
     from triton.testing import do_bench
 
+    if args.prefill_only:
+        record = {
+            "benchmark": "paged_prefill",
+            "environment": environment(),
+            "workload": {
+                "layer": "Qwen3-0.6B attention",
+                "n_heads": N_HEADS,
+                "n_kv_heads": N_KV,
+                "head_dim": HEAD_DIM,
+                "block_size": BLOCK_SIZE,
+                "dtype": "bfloat16",
+                "prompts": "uniform 100-1024 tokens up to 16,384, no cached context",
+                "flops": "causal: 4 n(n+1)/2 D H per sequence",
+                "timing": "triton.testing.do_bench_cudagraph",
+                "baseline": "kernel v1, block_m 32, block_n 32: what the engine ran",
+            },
+            "prefill": prefill(
+                args.prefill_sweep, wait_for=args.wait_for, wait_max=args.wait_max
+            ),
+        }
+        name = "paged_prefill_sweep" if args.prefill_sweep else "paged_prefill"
+        out = save(name, record, *([args.out] if args.out else []))
+        print("wrote", out)
+        return
     record = {
         "benchmark": "paged_attention",
         "environment": environment(),
@@ -348,7 +608,7 @@ def main() -> None:
     if args.mixed:
         record["mixed"] = mixed(record["copy_bandwidth_bytes_per_s"])
     if args.prefill:
-        record["prefill"] = prefill()
+        record["prefill"] = prefill(args.prefill_sweep)
     for context in (512, 4096):
         for batch in (1, 8, 64, 256):
             q, k_cache, v_cache, md = decode_batch(batch, context)

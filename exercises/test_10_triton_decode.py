@@ -16,7 +16,11 @@ from _check import answer, attempted
 triton = pytest.importorskip("triton")
 
 from minillm.kernels import paged_decode, paged_prefill, skinny_gemm  # noqa: E402
-from minillm.kernels.paged_prefill import prefill_tile_map  # noqa: E402
+from minillm.kernels.paged_prefill import (  # noqa: E402
+    PREFILL_KNOBS,
+    prefill_block_m,
+    prefill_tile_map,
+)
 from minillm.model import build_attention_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,7 +88,8 @@ def test_paged_decode_window():
 def _occupancy(md, num_heads, num_kv_heads, block_m=None):
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
-    block_m = block_m or max(1, 64 // group_p2)
+    rows = PREFILL_KNOBS[2]["rows"]  # a bf16 batch's
+    block_m = block_m or prefill_block_m(md.max_query_len, group_p2, rows)
     programs = prefill_tile_map(md, block_m)[0].shape[0]  # per KV head
     return md.num_tokens * group / (programs * block_m * group_p2)
 
@@ -107,12 +112,12 @@ def test_prefill_row_occupancy():
                 kv,
                 block_m,
             )
-    # a decode step with Qwen3-0.6B's heads: 2 real rows in a program's 64, and spare
+    # a decode step with Qwen3-0.6B's heads: 2 real rows in a program's 16, and spare
     # programs on top
     seq_lens = batches[0][1]
     tables = [[0] * -(-n // 16) for n in seq_lens]
     _, md = build_attention_metadata(decodes, seq_lens, tables, 16, DEVICE)
-    assert fn(md, 16, 8) < 2 / 64
+    assert fn(md, 16, 8) < 2 / 16
 
 
 # 10.3 --------------------------------------------------------------------------------

@@ -12,7 +12,11 @@ triton = pytest.importorskip("triton")
 from minillm.attention import generate_paged, paged_attention_ref  # noqa: E402
 from minillm.kernels.paged_attention import triton_paged_attention  # noqa: E402
 from minillm.kernels.paged_decode import paged_decode  # noqa: E402
-from minillm.kernels.paged_prefill import paged_prefill  # noqa: E402
+from minillm.kernels.paged_prefill import (  # noqa: E402
+    paged_prefill,
+    prefill_block_m,
+    prefill_tile_map,
+)
 from minillm.model import build_attention_metadata, generate  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -170,6 +174,55 @@ def test_prefill_tiles_smaller_than_the_chunks(block_m):
     )
     out = paged_prefill(q, k, v, md, block_m=block_m, block_n=16)
     assert (out - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("block_m, block_n", [(4, 16), (8, 16), (16, 16), (8, 32)])
+def test_prefill_full_and_diagonal_key_tiles_meet_anywhere(block_m, block_n):
+    # contexts just below, at and above a multiple of block_n, so the first key tile
+    # that needs the mask starts before, at or after a tile's first query; chunks that
+    # are not a multiple of block_m, so the last tile runs past the chunk's end
+    contexts = [0, 15, 16, 17, 31, 32, 33, 3]
+    query_lens = [23, 1, 16, 9, 17, 5, 40, 33]
+    seq_lens = [c + n for c, n in zip(contexts, query_lens)]
+    q, k, v, md = batch(query_lens, seq_lens, 16, 8, 2, 32, seed=block_m + block_n)
+    expected = paged_attention_ref(q, k, v, md)
+    for longest_first in (True, False):
+        out = paged_prefill(
+            q, k, v, md, block_m=block_m, block_n=block_n, longest_first=longest_first
+        )
+        assert (out - expected).abs().max() <= 1e-5
+
+
+def test_prefill_tile_map_puts_the_longest_tiles_first():
+    _, _, _, md = batch([1, 16, 5, 40, 9, 13], [9, 16, 40, 40, 30, 13], 5, 8, 2, 32)
+    block_m = 4
+    seq, start = (t.tolist() for t in prefill_tile_map(md, block_m, False))
+    sorted_seq, sorted_start = (t.tolist() for t in prefill_tile_map(md, block_m, True))
+    # the same tiles, spare ones included, in another order
+    assert sorted(zip(seq, start)) == sorted(zip(sorted_seq, sorted_start))
+    q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).tolist()
+    seq_lens = md.seq_lens.tolist()
+
+    def keys(s, first):  # the keys the tile's last row sees; a spare tile: none
+        if first >= q_lens[s]:
+            return -1
+        return seq_lens[s] - q_lens[s] + min(first + block_m, q_lens[s])
+
+    work = [keys(s, f) for s, f in zip(sorted_seq, sorted_start)]
+    assert work == sorted(work, reverse=True) and work[-1] == -1
+
+
+def test_prefill_tiles_shrink_to_the_longest_chunk_but_keep_16_rows():
+    assert prefill_block_m(1000, 2, 128) == 64  # a prompt step: 64 tokens x 2 heads
+    assert prefill_block_m(4, 2, 128) == 8  # a verify step: 16 rows, not 128
+    assert prefill_block_m(1, 1, 128) == 16
+    assert prefill_block_m(3, 8, 128) == 4  # 4 tokens x 8 heads: more than needed
+    assert prefill_block_m(1, 32, 128) == 1  # a group wider than 16 rows
+    # a verify-like batch at the default tile: same answer as the reference
+    q, k, v, md = batch([4, 4, 3], [40, 9, 20], 16, 4, 2, 32)
+    assert (
+        paged_prefill(q, k, v, md) - paged_attention_ref(q, k, v, md)
+    ).abs().max() <= 1e-5
 
 
 def test_head_dim_that_is_not_a_power_of_two():

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:965
+# %% chapters/10_triton_decode.md:938
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 10, "Paged attention in Triton").
 
@@ -15,6 +15,8 @@ machine without a GPU, set TRITON_INTERPRET=1 before importing this module.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -22,141 +24,141 @@ from torch import Tensor
 
 from minillm.model import AttentionMetadata
 
+# exp(x) = exp2(x * log2(e)): the scale carries the factor
+LOG2_E = math.log2(math.e)
 
-# %% chapters/10_triton_decode.md:990
+
+# %% chapters/10_triton_decode.md:971
+@triton.jit
+def _load_kv(
+    base, block, slot, stride_b, stride_s, t_ok,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """(N, D) keys or values of one KV head, gathered through the block table."""
+    d = tl.arange(0, D_P2)
+    ptrs = base + block[:, None] * stride_b + slot[:, None] * stride_s + d[None, :]
+    if MASKED:  # keys past the tile's last may lie in a block it does not own
+        x = tl.load(ptrs, mask=t_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    elif HEAD_DIM == D_P2:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=(d < HEAD_DIM)[None, :], other=0.0)
+    return x
+
+
+# %% chapters/10_triton_decode.md:997
+@triton.jit
+def _key_tiles(
+    acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
+    stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, start, end,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over keys [start, end) in tiles of BLOCK_N; MASKED adds
+    the causal mask and the tile end."""
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        t_ok = t < end
+        block = tl.load(bt_row + t // BLOCK_SIZE, mask=t_ok, other=0)
+        slot = t % BLOCK_SIZE
+        k = _load_kv(k_base, block, slot, stride_kb, stride_ks, t_ok,
+                     HEAD_DIM, D_P2, MASKED)  # fmt: skip
+        if IEEE:  # float32: exact products, not TF32, so tests compare at 1e-5
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))  # (R, N), not yet scaled
+        if MASKED:
+            s = tl.where((t[None, :] <= pos[:, None]) & t_ok[None, :], s, float("-inf"))
+        # the scale is positive: scale the row maxima, and the rest in one FMA below
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # log2 units
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_kv(v_base, block, slot, stride_vb, stride_vs, t_ok,
+                     HEAD_DIM, D_P2, MASKED)  # fmt: skip
+        if IEEE:
+            acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+# %% chapters/10_triton_decode.md:1039
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    out_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    query_start_loc_ptr,
-    tile_seq_ptr,
-    tile_start_ptr,
-    scale,
-    stride_qt,
-    stride_qh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_bt,
-    stride_ot,
-    stride_oh,
-    GROUP: tl.constexpr,
-    GROUP_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    # (1) the program's tile: its sequence, first query and context
-    tile, kv_head = tl.program_id(0), tl.program_id(1)
+    q_ptr, k_ptr, v_ptr, out_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, tile_seq_ptr, tile_start_ptr,
+    qk_scale,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+    stride_vh, stride_bt, stride_ot, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    # (1) the program's tile; neighbouring programs share a tile, not a KV head
+    tile = tl.program_id(0) // NUM_KV_HEADS
+    kv_head = tl.program_id(0) % NUM_KV_HEADS
     seq = tl.load(tile_seq_ptr + tile)
-    # the tile's first query, counted within its sequence's chunk
-    q_first = tl.load(tile_start_ptr + tile)
+    q_first = tl.load(tile_start_ptr + tile)  # within the sequence's chunk
     q_begin = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)
     context = seq_len - q_len  # tokens cached before this chunk
-    # (2) the tile's rows: BLOCK_M query tokens times the group's heads
-    # one row per (query token, query head of the group)
+    # (2) the rows: BLOCK_M query tokens times the group's heads
     r = tl.arange(0, BLOCK_M * GROUP_P2)
     i, g = r // GROUP_P2, r % GROUP_P2
     row_ok = (q_first + i < q_len) & (g < GROUP)
     pos = context + q_first + i  # each row's position in its sequence
     d = tl.arange(0, D_P2)
-    d_ok = d < HEAD_DIM
     token, head = q_begin + q_first + i, kv_head * GROUP + g
-    q = tl.load(
-        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )  # (R, D)
+    q_ptrs = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
+    q_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+    q = tl.load(q_ptrs + d[None, :], mask=q_mask, other=0.0)  # (R, D)
     m_i = tl.full([BLOCK_M * GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
     acc = tl.zeros([BLOCK_M * GROUP_P2, D_P2], tl.float32)
-    # (3) how far the tile's keys go: causal, and nothing for a spare tile
-    # the furthest key any row here may see
-    last = tl.minimum(seq_len, context + q_first + BLOCK_M)
-    # a tile past the last real one (see paged_prefill) skips the loop
-    last = tl.where(q_first < q_len, last, 0)
-    # (4) the key loop: as in the decode kernel, with a causal mask
-    for t0 in range(0, last, BLOCK_N):
-        t = t0 + tl.arange(0, BLOCK_N)
-        t_ok = t < last
-        block = tl.load(
-            block_tables_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=t_ok, other=0
-        )
-        slot = t % BLOCK_SIZE
-        kv_mask = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(
-            k_ptr
-            + block[:, None] * stride_kb
-            + slot[:, None] * stride_ks
-            + kv_head * stride_kh
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )  # (N, D)
-        # float32 inputs: exact products, not TF32, so tests can compare at 1e-5
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        # (R, N) causal
-        s = tl.where(
-            (t[None, :] <= pos[:, None]) & t_ok[None, :], s * scale, float("-inf")
-        )
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # padding rows see nothing: keep them finite
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_ptr
-            + block[:, None] * stride_vb
-            + slot[:, None] * stride_vs
-            + kv_head * stride_vh
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(
-                p.to(v.dtype), v, input_precision="ieee"
-            )
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    # (5) normalise and store: no workspace, one program owns each row
+    # (3) keys every row sees need no mask; the diagonal's do
+    real = q_first < q_len  # a spare tile (see the tile map) has no keys
+    full = tl.where(real, (context + q_first + 1) // BLOCK_N * BLOCK_N, 0)
+    last = tl.where(real, tl.minimum(seq_len, context + q_first + BLOCK_M), 0)
+    k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
+    bt_row = block_tables_ptr + seq * stride_bt
+    # (4) the two loops: full tiles, then the diagonal
+    acc, m_i, l_i = _key_tiles(
+        acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
+        stride_vb, stride_vs, qk_scale, 0, full,
+        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, False, IEEE,
+    )  # fmt: skip
+    acc, m_i, l_i = _key_tiles(
+        acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
+        stride_vb, stride_vs, qk_scale, full, last,
+        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, True, IEEE,
+    )  # fmt: skip
+    # (5) normalise and store the real rows (a spare tile's l_i is 0)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(
-        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        out_ptrs + d[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
+        mask=q_mask,
     )
 
 
-# %% chapters/10_triton_decode.md:1148
-def prefill_tile_map(md: AttentionMetadata, block_m: int) -> tuple[Tensor, Tensor]:
+# %% chapters/10_triton_decode.md:1140
+def prefill_tile_map(
+    md: AttentionMetadata, block_m: int, longest_first: bool = True
+) -> tuple[Tensor, Tensor]:
     """(tile_seq, tile_start), int32 on the device: each program's sequence and first
-    query row.
+    query row, the tiles with the most keys first (unless longest_first is False).
 
     Built once per step: the map depends on the metadata alone, so the first layer
     builds it and stores it on the metadata object, and every later layer of the same
     forward reuses it.
     """
     cached = md.__dict__.setdefault("_prefill_tiles", {})
-    if block_m not in cached:
+    if (block_m, longest_first) not in cached:
         # (num_seqs,), on the device
         q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).long()
         tiles = (q_lens + block_m - 1) // block_m
@@ -171,43 +173,75 @@ def prefill_tile_map(md: AttentionMetadata, block_m: int) -> tuple[Tensor, Tenso
         )
         # past the end: beyond the chunk, so no work
         tile_start = (tile - (ends - tiles)[tile_seq]) * block_m
-        cached[block_m] = (tile_seq.to(torch.int32), tile_start.to(torch.int32))
-    return cached[block_m]
+        if longest_first:
+            q_len = q_lens[tile_seq]
+            context = md.seq_lens.long()[tile_seq] - q_len
+            # the keys a tile's last row sees; a spare tile sees none
+            keys = context + torch.minimum(tile_start + block_m, q_len)
+            keys = torch.where(tile_start < q_len, keys, -1)
+            order = torch.argsort(keys, descending=True, stable=True)
+            tile_seq, tile_start = tile_seq[order], tile_start[order]
+        cached[block_m, longest_first] = (
+            tile_seq.to(torch.int32),
+            tile_start.to(torch.int32),
+        )
+    return cached[block_m, longest_first]
 
 
-# %% chapters/10_triton_decode.md:1188
+# %% chapters/10_triton_decode.md:1203
+# tile knobs by the element size of q: chosen from the sweep (see the text)
+PREFILL_KNOBS = {
+    2: dict(rows=128, block_n=32, num_warps=8, num_stages=3),
+    4: dict(rows=64, block_n=32, num_warps=4, num_stages=2),
+}
+
+
+def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
+    """Query tokens per tile: enough for `rows` rows, fewer when no chunk is that
+    long (a verify step's few tokens), never fewer than tl.dot's 16 rows.
+    """
+    tokens = min(rows // group_p2, triton.next_power_of_2(max_query_len))
+    return max(1, 16 // group_p2, tokens)
+
+
 def paged_prefill(
     q: Tensor,
     key_cache: Tensor,
     value_cache: Tensor,
     attn_metadata: AttentionMetadata,
     block_m: int | None = None,
-    block_n: int = 32,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    longest_first: bool = True,
 ) -> Tensor:
     """Attention for a flat batch of query chunks (any lengths) over the paged cache.
-    Returns q's shape.
+    Returns q's shape. Knobs left None take PREFILL_KNOBS' values.
     """
     md = attn_metadata
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
-    # tiles of 64 rows (tl.dot wants at least 16); see the text
-    block_m = block_m or max(1, 64 // group_p2)
-    tile_seq, tile_start = prefill_tile_map(md, block_m)
+    knobs = PREFILL_KNOBS[q.element_size()]
+    block_m = block_m or prefill_block_m(md.max_query_len, group_p2, knobs["rows"])
+    tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first)
     out = torch.empty_like(q)
     # fmt: off
-    _prefill_kernel[(tile_seq.shape[0], num_kv_heads)](
+    _prefill_kernel[(tile_seq.shape[0] * num_kv_heads,)](
         q, key_cache, value_cache, out,
         md.block_tables, md.seq_lens, md.query_start_loc, tile_seq, tile_start,
-        head_dim**-0.5,
+        head_dim**-0.5 * LOG2_E,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         md.block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, GROUP_P2=group_p2, HEAD_DIM=head_dim,
-        D_P2=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P2=group_p2,
+        HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=block_size, BLOCK_M=block_m,
+        BLOCK_N=block_n or knobs["block_n"], IEEE=q.dtype == torch.float32,
+        num_warps=num_warps or knobs["num_warps"],
+        num_stages=num_stages or knobs["num_stages"],
     )
     # fmt: on
     return out
