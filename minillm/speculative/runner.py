@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1472
+# %% chapters/14_speculative.md:1536
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -32,6 +32,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS, SamplingType
 from minillm.speculative.draft_model import DraftModelProposer, draft_model_path
 from minillm.speculative.eagle import EagleProposer, eagle_path, load_eagle
+from minillm.speculative.eagle_graphs import EagleGraphRunner
 from minillm.speculative.medusa import load_medusa, medusa_path
 from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
@@ -72,7 +73,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1543
+# %% chapters/14_speculative.md:1608
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -113,7 +114,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1600
+# %% chapters/14_speculative.md:1665
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -136,7 +137,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1631
+# %% chapters/14_speculative.md:1696
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -154,8 +155,11 @@ class SpeculativeRunnerMixin:
         # seeded request -> its own generator, for rejection sampling's draws
         self.generators: dict[str, torch.Generator] = {}
         self.verify_graphs = None  # chapter 11's graphs, for verification steps
+        self.pending = None  # (requests, read): drafts still on the device
         if getattr(self, "graph_runner", None) is not None:
             self.verify_graphs = self.capture_verify_graphs(config)
+            if isinstance(self.proposer, EagleProposer):  # its draft, on graphs too
+                self.proposer.graphs = self.capture_draft_graphs()
 
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
@@ -194,6 +198,7 @@ class SpeculativeRunnerMixin:
 
     @torch.inference_mode()
     def execute_model(self, output, kv_cache_manager) -> ModelRunnerOutput:
+        self.settle_proposals()
         requests = output.scheduled_requests
         query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
         if isinstance(self.proposer, DraftModelProposer):  # it writes the same slots
@@ -232,7 +237,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1749
+    # %% chapters/14_speculative.md:1818
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -260,7 +265,10 @@ class SpeculativeRunnerMixin:
             new = sampled[r.request_id] = self.cut_at_stop(r, sampled[r.request_id])
             contexts.append(r.all_token_ids + new)
             ks.append(num_to_propose(r, len(new), k, self.max_model_len))
-        for r, proposal in zip(chosen, self.propose(chosen, contexts, ks)):
+        proposals = self.propose(chosen, contexts, ks)
+        if callable(proposals):  # still on the device: placeholders until next step
+            self.pending, proposals = (chosen, proposals), [[-1] * k for k in ks]
+        for r, proposal in zip(chosen, proposals):
             r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
 
@@ -272,6 +280,8 @@ class SpeculativeRunnerMixin:
             ]
         ids = [r.request_id for r in requests]
         if isinstance(self.proposer, EagleProposer):
+            if self.proposer.graphs is not None:  # read at the next step's start
+                return self.proposer.propose_async(ids, contexts, ks)
             return self.proposer.propose(ids, contexts, ks)
         tables = [self.block_tables[r.request_id] for r in requests]
         # a draft model writes K/V up to the last proposal but one: only as far
@@ -282,6 +292,14 @@ class SpeculativeRunnerMixin:
             for k, t, c in zip(ks, tables, contexts)
         ]
         return self.proposer.propose(ids, contexts, ks, tables)
+
+    def settle_proposals(self) -> None:
+        """The drafts the last step left on the device (EAGLE on graphs), into its
+        requests; from the start of the next step, before anything reads them."""
+        if self.pending is not None:
+            (chosen, read), self.pending = self.pending, None
+            for r, proposal in zip(chosen, read()):
+                r.spec_token_ids = proposal
 
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
@@ -294,7 +312,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1833
+    # %% chapters/14_speculative.md:1915
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -341,7 +359,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2282
+    # %% chapters/14_speculative.md:2364
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
         tokens fit the step's budget, sharing chapter 11's memory pool."""
@@ -371,6 +389,7 @@ class SpeculativeRunnerMixin:
     def launch(self, output, kv_cache_manager):
         """Chapter 11's step launched ahead, for a step that neither verifies nor
         proposes; None (run it in step) for any other."""
+        self.settle_proposals()
         requests = output.scheduled_requests
         if self.speculating(len(requests)) or any(r.spec_token_ids for r in requests):
             return None
@@ -378,8 +397,22 @@ class SpeculativeRunnerMixin:
             self.proposer.features.clear()  # as a step too large to draft keeps none
         return super().launch(output, kv_cache_manager)
 
+    # %% chapters/14_speculative.md:2510
+    def capture_draft_graphs(self) -> EagleGraphRunner | None:
+        """EAGLE's chain on graphs, for the batch sizes that propose; None for
+        every other proposer."""
+        if type(self.proposer) is not EagleProposer:  # Medusa: one head pass, eager
+            return None
+        first, limit = self.graph_runner, self.spec_config.disable_by_batch_size
+        sizes = first.sizes
+        if limit is not None and limit - 1 <= sizes[-1]:  # the batches that propose
+            sizes = [s for s in sizes if s <= first.bucket(max(1, limit - 1))]
+        graphs = EagleGraphRunner(self.proposer, sizes)
+        graphs.capture(pool=self.graph_runner.pool)
+        return graphs
 
-# %% chapters/14_speculative.md:1887
+
+# %% chapters/14_speculative.md:1969
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
