@@ -13,7 +13,7 @@ Two measurements, in one run:
    model (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32
    and 128 (all requests submitted at once, max_num_seqs = batch): without
    speculation, with the n-gram proposer (k = 3 and k = 5; lookup 2..4), with the
-   EAGLE proposer (k = 3 and k = 5; the tiny model's draft,
+   EAGLE proposer (k = 3, 5 and 8; the tiny model's draft,
    minillm/speculative/eagle.py, trained on the CPU first if the cache lacks it),
    and at batch >= 32 with k = 3 and disable_by_batch_size = 32 (n-gram and
    EAGLE). All on the engine's default runner — on a GPU chapter 11's fast path:
@@ -114,6 +114,7 @@ METHODS = {  # proposers measured: (method, k)
     "ngram k=5": ("ngram", 5),
     "eagle k=3": ("eagle", 3),
     "eagle k=5": ("eagle", 5),
+    "eagle k=8": ("eagle", 8),
 }
 RUNNERS = {  # engine options of each runner measured
     "fast path": {},  # the engine's defaults: on a GPU, chapter 11's fast path

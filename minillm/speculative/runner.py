@@ -336,8 +336,10 @@ class SpeculativeRunnerMixin:
 
     def verify_greedy(self, chosen, hidden: Tensor, rows, drafts):
         """New tokens of plainly greedy requests, from one argmax of all rows."""
-        flat = upload([i for r in chosen for i in rows[r.request_id]], self.device)
-        argmax = self.model.compute_logits(hidden[flat]).argmax(dim=-1).tolist()
+        flat = [i for r in chosen for i in rows[r.request_id]]
+        if flat != list(range(len(hidden))):  # else every row, in order: no gather
+            hidden = hidden[upload(flat, self.device)]
+        argmax = self.model.compute_logits(hidden).argmax(dim=-1).tolist()
         out, row = {}, 0
         for r in chosen:
             d = drafts[r.request_id]
@@ -359,7 +361,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2364
+    # %% chapters/14_speculative.md:2366
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
         tokens fit the step's budget, sharing chapter 11's memory pool."""
@@ -397,7 +399,7 @@ class SpeculativeRunnerMixin:
             self.proposer.features.clear()  # as a step too large to draft keeps none
         return super().launch(output, kv_cache_manager)
 
-    # %% chapters/14_speculative.md:2510
+    # %% chapters/14_speculative.md:2512
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -412,7 +414,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
 
-# %% chapters/14_speculative.md:1969
+# %% chapters/14_speculative.md:1971
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
