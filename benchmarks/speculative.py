@@ -136,7 +136,9 @@ def run(
         speculative_config=spec,
         **options,
     )
+    built = time.perf_counter()
     engine = LLMEngine(model, tokenizer, config)
+    built = time.perf_counter() - built  # graphs captured, layers compiled
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     device = model.lm_head.weight.device.type
     runner_ = engine.model_runner
@@ -172,6 +174,7 @@ def run(
     return {
         "seconds": seconds,
         "seconds_all": all_seconds,
+        "engine_build_seconds": built,
         "steps": engine.num_steps - steps0,
         "output_tok_s": sum(map(len, tokens.values())) / seconds,
         "tau": 1 + accepted / max(1, num_drafts) if stats else 1.0,
@@ -309,7 +312,8 @@ def main() -> None:
                     f"{result['speedup_same_runner']:.2f}x) same {same}/{len(tokens)} "
                     f"graphs {result['graph_steps']}/{result['steps']} "
                     f"verify {result['verify_graph_replays']} "
-                    f"draft {result['draft_graph_replays']} {result['step_parts_ms']}",
+                    f"draft {result['draft_graph_replays']} {result['step_parts_ms']} "
+                    f"build {result['engine_build_seconds']:.1f}s",
                     flush=True,
                 )
     record = {
