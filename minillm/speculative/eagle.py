@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:744
+# %% chapters/14_speculative.md:754
 """The EAGLE proposer: one decoder layer that predicts the target's next feature (its
 last hidden state) from the current one and the next token (chapter 14).
 
@@ -55,7 +55,7 @@ class EagleDraft(nn.Module):
     def logits(self, features: Tensor) -> Tensor:
         return self.frozen[1](features).float()  # the target's LM head
 
-    # %% chapters/14_speculative.md:799
+    # %% chapters/14_speculative.md:809
     def forward(self, features, token_ids, positions, valid, past=None):
         """Predicted next features (B, T, hidden) of rows (f_i, x_{i+1}), and the K/V
         of past plus these rows. features: (B, T, hidden); token_ids, positions:
@@ -87,7 +87,7 @@ class EagleDraft(nn.Module):
         return x, (k, v)
 
 
-# %% chapters/14_speculative.md:870
+# %% chapters/14_speculative.md:880
 class EagleProposer:
     """Chain drafts of an EagleDraft from each request's last target features.
 
@@ -109,7 +109,7 @@ class EagleProposer:
         rows = torch.cat([old[: start - first], hidden])[-(self.window + self.k) :]
         self.features[request_id] = (start + len(hidden) - len(rows), rows)
 
-    # %% chapters/14_speculative.md:894
+    # %% chapters/14_speculative.md:904
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks) -> list[list[int]]:
         """ks[i] greedy drafts to follow contexts[i] (ks[i] may be 0), batched."""
@@ -159,7 +159,7 @@ class EagleProposer:
             out[i] = chain[: ks[i]]
         return out
 
-    # %% chapters/14_speculative.md:963
+    # %% chapters/14_speculative.md:973
     graphs = None  # chapter 14's EagleGraphRunner, on the fast path (below)
 
     @property
@@ -192,7 +192,7 @@ class EagleProposer:
         return torch.cat(guesses, dim=1)
 
 
-# %% chapters/14_speculative.md:952
+# %% chapters/14_speculative.md:962
 def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     """x's copy on the CPU, and an event after which it may be read (None: now)."""
     if x.device.type != "cuda":
@@ -202,7 +202,7 @@ def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     return host, done
 
 
-# %% chapters/14_speculative.md:1009
+# %% chapters/14_speculative.md:1019
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -247,7 +247,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/14_speculative.md:1055
+# %% chapters/14_speculative.md:1065
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -291,7 +291,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/14_speculative.md:1106
+# %% chapters/14_speculative.md:1116
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -325,7 +325,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/14_speculative.md:1141
+# %% chapters/14_speculative.md:1151
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -337,7 +337,7 @@ def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     return round(same.float().mean().item(), 4)
 
 
-# %% chapters/14_speculative.md:1167
+# %% chapters/14_speculative.md:1177
 def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
     """cache_dir/{prefix}-{hash of the tiny model's folder and key}; if absent,
     build(target, tokenizer, folder) fills it, under a lock, written atomically."""
@@ -392,7 +392,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/14_speculative.md:1227
+# %% chapters/14_speculative.md:1237
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions

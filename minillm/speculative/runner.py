@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1536
+# %% chapters/14_speculative.md:1546
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -73,7 +73,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1608
+# %% chapters/14_speculative.md:1618
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -114,7 +114,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1665
+# %% chapters/14_speculative.md:1675
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -137,7 +137,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1696
+# %% chapters/14_speculative.md:1706
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -237,7 +237,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1818
+    # %% chapters/14_speculative.md:1828
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -312,7 +312,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1915
+    # %% chapters/14_speculative.md:1925
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -361,7 +361,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2366
+    # %% chapters/14_speculative.md:2376
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
         tokens fit the step's budget, sharing chapter 11's memory pool."""
@@ -399,7 +399,7 @@ class SpeculativeRunnerMixin:
             self.proposer.features.clear()  # as a step too large to draft keeps none
         return super().launch(output, kv_cache_manager)
 
-    # %% chapters/14_speculative.md:2512
+    # %% chapters/14_speculative.md:2522
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -414,7 +414,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
 
-# %% chapters/14_speculative.md:1971
+# %% chapters/14_speculative.md:1981
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls

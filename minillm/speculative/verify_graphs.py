@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:2227
+# %% chapters/14_speculative.md:2237
 """CUDA graphs for verification steps (chapter 14, "On chapter 11's fast path").
 
 `pad_rows` pads every sequence of a step to q query tokens, so that chapter 11's
@@ -52,7 +52,7 @@ def pad_rows(
     return padded, where
 
 
-# %% chapters/14_speculative.md:2339
+# %% chapters/14_speculative.md:2349
 class VerifyGraphRunner(CUDAGraphRunner):
     """Chapter 11's graph runner captured with query_len = q = 1 + k: replays steps
     whose sequences have at most q query tokens each."""
