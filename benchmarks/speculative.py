@@ -240,6 +240,7 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=None, help="a subset of METHODS")
     p.add_argument("--no-step-curve", action="store_true", help="skip measurement 1")
     p.add_argument("--no-chapter7", action="store_true", help="fast path only")
+    p.add_argument("--workloads", nargs="+", default=["repetitive", "open"])
     p.add_argument("--name", default="speculative_draft_graphs", help="JSON's name")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
@@ -260,7 +261,7 @@ def main() -> None:
     methods = {m: METHODS[m] for m in args.methods or METHODS}
     eagle_folder = eagle_path()
     runs = []
-    for kind in ("repetitive", "open"):
+    for kind in args.workloads:
         for batch in batches:
             prompts = held_out_prompts(tokenizer, kind, batch)
             configs = {"none": None}
