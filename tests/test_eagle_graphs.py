@@ -136,7 +136,8 @@ def test_engine_with_draft_graphs_is_lossless(tiny, trained_eagle, device, limit
         SamplingParams(temperature=0, max_tokens=16 + 4 * i, ignore_eos=True)
         for i in range(len(prompts))
     ]
-    common = dict(num_kv_blocks=200, block_size=16, max_num_seqs=8)
+    # graphs and async scheduling as on the fast path; uncompiled layers (quicker)
+    common = dict(num_kv_blocks=200, block_size=16, max_num_seqs=8, torch_compile=False)
 
     def run(spec, eager_draft=False):
         model = tiny_model(device="cuda", dtype=torch.float32, progress=False)[0]
