@@ -31,7 +31,7 @@ Two measurements, in one run:
    step's parts (step_parts_ms: the decode graph, the verification graph, EAGLE's
    draft chain replayed and eager), timed with CUDA events after the run.
 
-    # on a GPU; writes benchmarks/results/speculative_draft_graphs-*.json
+    # on a GPU; writes benchmarks/results/speculative_decode_rows-*.json
     python benchmarks/speculative.py
     # a CPU smoke test: small sizes
     python benchmarks/speculative.py --quick --out /tmp
@@ -222,8 +222,8 @@ def step_parts(runner) -> dict:
     if graphs is not None and 1 in graphs.graphs:
         parts["decode_graph"] = replay_ms(graphs.graphs[1].replay)
     verify = getattr(runner, "verify_graphs", None)
-    if verify is not None and 1 in verify.graphs:
-        parts["verify_graph"] = replay_ms(verify.graphs[1].replay)
+    if verify is not None and verify.graphs:  # the smallest: one sequence's 1 + k
+        parts["verify_graph"] = replay_ms(verify.graphs[verify.sizes[0]].replay)
     draft = getattr(getattr(runner, "proposer", None), "graphs", None)
     if draft is not None and 1 in draft.graphs:
         parts["draft_graph"] = replay_ms(draft.graphs[1].replay)
@@ -241,7 +241,7 @@ def main() -> None:
     p.add_argument("--no-step-curve", action="store_true", help="skip measurement 1")
     p.add_argument("--no-chapter7", action="store_true", help="fast path only")
     p.add_argument("--workloads", nargs="+", default=["repetitive", "open"])
-    p.add_argument("--name", default="speculative_draft_graphs", help="JSON's name")
+    p.add_argument("--name", default="speculative_decode_rows", help="JSON's name")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     runners = dict(RUNNERS)

@@ -361,16 +361,17 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2376
+    # %% chapters/14_speculative.md:2425
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
-        """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
-        tokens fit the step's budget, sharing chapter 11's memory pool."""
+        """Graphs of up to 1 + k query tokens per sequence as decode rows, for
+        chapter 11's buckets whose tokens fit the step's budget, sharing chapter
+        11's memory pool."""
         first, q = self.graph_runner, 1 + self.spec_config.num_speculative_tokens
         budget = max(config.max_num_batched_tokens, q)
-        sizes = [s for s in first.sizes if s * q <= budget]
+        sizes = [s * q for s in first.sizes if s * q <= budget]  # tokens
         graphs = VerifyGraphRunner(
             self.model, self.kv_cache, sizes, self.max_model_len,
-            first.pad_slot // self.kv_cache.block_size, query_len=q,
+            first.pad_slot // self.kv_cache.block_size, q=q,
         )  # fmt: skip
         graphs.capture(pool=first.pool)
         return graphs
@@ -382,8 +383,8 @@ class SpeculativeRunnerMixin:
             graphs is None
             and verify is not None
             and patch_input_ids is None
-            and inputs.max_query_len <= verify.query_len
-            and inputs.num_seqs <= verify.max_batch_size
+            and inputs.max_query_len <= verify.q
+            and len(inputs.input_ids) <= verify.max_batch_size
         ):
             return verify
         return graphs
@@ -399,7 +400,7 @@ class SpeculativeRunnerMixin:
             self.proposer.features.clear()  # as a step too large to draft keeps none
         return super().launch(output, kv_cache_manager)
 
-    # %% chapters/14_speculative.md:2522
+    # %% chapters/14_speculative.md:2572
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
