@@ -164,10 +164,11 @@ def test_engine_with_draft_graphs_is_lossless(tiny, trained_eagle, device, limit
 
 
 def test_drafts_read_a_step_late_change_no_token(tiny):
-    """With a graph runner attached (here uncaptured, on the CPU) the runner reads
-    EAGLE's drafts at the start of the next step, not at the end of their own: the
-    tokens are the plain engine's, under preemption and batches larger than every
-    bucket."""
+    """With a graph runner attached (here uncaptured, on the CPU) EAGLE's drafts
+    stay on the device: placeholders on the host, written into the next step's
+    token ids on the device (patch_for_pending, which would fail on a placeholder
+    left in), read after its forward pass; the tokens are the plain engine's,
+    under preemption and batches larger than every bucket."""
     model, tokenizer = tiny
     code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
     prompts = [code[: 8 + 5 * i] for i in range(7)]

@@ -113,16 +113,17 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks) -> list[list[int]]:
         """ks[i] greedy drafts to follow contexts[i] (ks[i] may be 0), batched."""
-        return self.propose_async(request_ids, contexts, ks)()
+        return self.propose_async(request_ids, contexts, ks)[1]()
 
     @torch.inference_mode()
     def propose_async(self, request_ids, contexts, ks):
-        """A function returning propose's drafts: computed (on a GPU, enqueued) now,
-        read when it is called."""
+        """(chains, read): the drafts (num_live, k) on the device, of the requests
+        with ks[i] > 0 in order (None: no such request), and a function returning
+        propose's drafts, read to the host when it is called."""
         live = [i for i, k in enumerate(ks) if k > 0]
         out = [[] for _ in ks]
         if not live:
-            return lambda: out
+            return None, lambda: out
         feats, tokens = [], []
         for i in live:
             first, rows = self.features[request_ids[i]]
@@ -143,7 +144,7 @@ class EagleProposer:
                 out[i] = chain[: ks[i]]
             return out
 
-        return read
+        return chains, read
         feats, tokens = [], []
         for i in live:
             first, rows = self.features[request_ids[i]]
@@ -159,7 +160,7 @@ class EagleProposer:
             out[i] = chain[: ks[i]]
         return out
 
-    # %% chapters/14_speculative.md:973
+    # %% chapters/14_speculative.md:974
     graphs = None  # chapter 14's EagleGraphRunner, on the fast path (below)
 
     @property
@@ -192,7 +193,7 @@ class EagleProposer:
         return torch.cat(guesses, dim=1)
 
 
-# %% chapters/14_speculative.md:962
+# %% chapters/14_speculative.md:963
 def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     """x's copy on the CPU, and an event after which it may be read (None: now)."""
     if x.device.type != "cuda":
@@ -202,7 +203,7 @@ def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     return host, done
 
 
-# %% chapters/14_speculative.md:1019
+# %% chapters/14_speculative.md:1020
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -247,7 +248,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/14_speculative.md:1065
+# %% chapters/14_speculative.md:1066
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -291,7 +292,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/14_speculative.md:1116
+# %% chapters/14_speculative.md:1117
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -325,7 +326,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/14_speculative.md:1151
+# %% chapters/14_speculative.md:1152
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -337,7 +338,7 @@ def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     return round(same.float().mean().item(), 4)
 
 
-# %% chapters/14_speculative.md:1177
+# %% chapters/14_speculative.md:1178
 def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
     """cache_dir/{prefix}-{hash of the tiny model's folder and key}; if absent,
     build(target, tokenizer, folder) fills it, under a lock, written atomically."""
@@ -392,7 +393,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/14_speculative.md:1237
+# %% chapters/14_speculative.md:1238
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions

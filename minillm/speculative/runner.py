@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1546
+# %% chapters/14_speculative.md:1547
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -73,7 +73,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1618
+# %% chapters/14_speculative.md:1619
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -114,7 +114,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1675
+# %% chapters/14_speculative.md:1676
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -137,7 +137,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1706
+# %% chapters/14_speculative.md:1707
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -198,7 +198,6 @@ class SpeculativeRunnerMixin:
 
     @torch.inference_mode()
     def execute_model(self, output, kv_cache_manager) -> ModelRunnerOutput:
-        self.settle_proposals()
         requests = output.scheduled_requests
         query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
         if isinstance(self.proposer, DraftModelProposer):  # it writes the same slots
@@ -206,7 +205,9 @@ class SpeculativeRunnerMixin:
                 r.request_id: kv_cache_manager.get_block_ids(r.request_id)
                 for r in requests
             }
-        hidden = self.forward_with_proposals(output, kv_cache_manager)
+        patch = self.patch_for_pending(output)  # EAGLE's drafts, on the device
+        hidden = self.forward_with_proposals(output, kv_cache_manager, patch)
+        self.settle_proposals()  # to the host, for the verification
         ends = list(accumulate(query_lens))  # each sequence's end in the flat batch
         rows, drafts = {}, {}
         for r, n, end in zip(requests, query_lens, ends):
@@ -223,12 +224,12 @@ class SpeculativeRunnerMixin:
                     self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    def forward_with_proposals(self, output, kv_cache_manager) -> Tensor:
+    def forward_with_proposals(self, output, kv_cache_manager, patch=None) -> Tensor:
         """Hidden states (num_tokens, hidden) of the step, each request's chunk
-        running on into its proposals."""
+        running on into its proposals; patch(ids): see patch_for_pending."""
         if isinstance(self, GPUModelRunner):  # its persistent batch reads them
             self.previous = None  # sampled in step: no placeholder follows
-            return self.forward(output, kv_cache_manager)[1]
+            return self.forward(output, kv_cache_manager, patch)[1]
         # chapter 7's inputs, each chunk running on into the request's proposals
         return self.run_forward(output, kv_cache_manager, lambda r: r.spec_token_ids)[0]
 
@@ -237,7 +238,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1828
+    # %% chapters/14_speculative.md:1830
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -266,8 +267,9 @@ class SpeculativeRunnerMixin:
             contexts.append(r.all_token_ids + new)
             ks.append(num_to_propose(r, len(new), k, self.max_model_len))
         proposals = self.propose(chosen, contexts, ks)
-        if callable(proposals):  # still on the device: placeholders until next step
-            self.pending, proposals = (chosen, proposals), [[-1] * k for k in ks]
+        if isinstance(proposals, tuple):  # on the device: placeholders till then
+            self.pending = (chosen, ks, *proposals)
+            proposals = [[-1] * k for k in ks]
         for r, proposal in zip(chosen, proposals):
             r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
@@ -280,7 +282,7 @@ class SpeculativeRunnerMixin:
             ]
         ids = [r.request_id for r in requests]
         if isinstance(self.proposer, EagleProposer):
-            if self.proposer.graphs is not None:  # read at the next step's start
+            if self.proposer.graphs is not None:  # read in the next step
                 return self.proposer.propose_async(ids, contexts, ks)
             return self.proposer.propose(ids, contexts, ks)
         tables = [self.block_tables[r.request_id] for r in requests]
@@ -295,11 +297,38 @@ class SpeculativeRunnerMixin:
 
     def settle_proposals(self) -> None:
         """The drafts the last step left on the device (EAGLE on graphs), into its
-        requests; from the start of the next step, before anything reads them."""
+        requests: from the next step, once its forward pass is enqueued."""
         if self.pending is not None:
-            (chosen, read), self.pending = self.pending, None
+            (chosen, _, _, read), self.pending = self.pending, None
             for r, proposal in zip(chosen, read()):
                 r.spec_token_ids = proposal
+
+    def patch_for_pending(self, output):
+        """A function writing the drafts still on the device into the step's token
+        ids on the device, where the chunks reach them (None: nothing to write)."""
+        if self.pending is None or self.pending[2] is None:
+            return None
+        chosen, ks, chains, _ = self.pending
+        live = [r.request_id for r, k in zip(chosen, ks) if k > 0]
+        row = {request_id: j for j, request_id in enumerate(live)}
+        dst, src, start, k = [], [], 0, chains.shape[1]
+        for r in output.scheduled_requests:
+            n = output.num_scheduled_tokens[r.request_id]
+            for d in range(len(r.spec_token_ids)) if r.request_id in row else ():
+                at = r.num_tokens + d - r.num_computed_tokens  # in the chunk
+                if 0 <= at < n:
+                    dst.append(start + at)
+                    src.append(row[r.request_id] * k + d)
+            start += n
+        if not dst:
+            return None
+        dst, src = upload(dst, self.device), upload(src, self.device)
+        drafts = chains.reshape(-1)
+
+        def patch(input_ids: Tensor) -> None:  # on the device, in stream order
+            input_ids[dst] = drafts[src]
+
+        return patch
 
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
@@ -312,7 +341,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1925
+    # %% chapters/14_speculative.md:1955
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -361,7 +390,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2425
+    # %% chapters/14_speculative.md:2454
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 11's buckets whose tokens fit the step's budget, sharing chapter
@@ -382,7 +411,6 @@ class SpeculativeRunnerMixin:
         if (
             graphs is None
             and verify is not None
-            and patch_input_ids is None
             and inputs.max_query_len <= verify.q
             and len(inputs.input_ids) <= verify.max_batch_size
         ):
@@ -392,15 +420,15 @@ class SpeculativeRunnerMixin:
     def launch(self, output, kv_cache_manager):
         """Chapter 11's step launched ahead, for a step that neither verifies nor
         proposes; None (run it in step) for any other."""
-        self.settle_proposals()
         requests = output.scheduled_requests
         if self.speculating(len(requests)) or any(r.spec_token_ids for r in requests):
             return None
         if isinstance(self.proposer, EagleProposer):
             self.proposer.features.clear()  # as a step too large to draft keeps none
+        self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output, kv_cache_manager)
 
-    # %% chapters/14_speculative.md:2572
+    # %% chapters/14_speculative.md:2600
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -415,7 +443,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
 
-# %% chapters/14_speculative.md:1981
+# %% chapters/14_speculative.md:2011
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls

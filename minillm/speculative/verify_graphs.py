@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:2240
+# %% chapters/14_speculative.md:2270
 """CUDA graphs for verification steps (chapter 14, "On chapter 11's fast path").
 
 `pad_rows` pads every sequence of a step to q query tokens (a uniform shape, for
@@ -53,7 +53,7 @@ def pad_rows(
     return padded, where
 
 
-# %% chapters/14_speculative.md:2387
+# %% chapters/14_speculative.md:2417
 def as_decode_rows(inputs: StepInputs) -> StepInputs:
     """The same step with every query token a sequence of its own: one query token
     whose seq_len, its position + 1, makes the causal mask, and its sequence's
@@ -79,6 +79,5 @@ class VerifyGraphRunner(CUDAGraphRunner):
         self.q = q  # query tokens per sequence, at most: 1 + k
 
     def run(self, inputs: StepInputs, patch_input_ids=None) -> Tensor:
-        if patch_input_ids is not None:
-            raise ValueError("a step with proposals is never launched ahead")
-        return super().run(as_decode_rows(inputs))  # (num_tokens, hidden)
+        # the rows keep the tokens' order: a patch of the ids applies unchanged
+        return super().run(as_decode_rows(inputs), patch_input_ids)
