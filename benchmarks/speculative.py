@@ -1,5 +1,5 @@
 """Speculative decoding (chapter 14): what a step costs per query token, and what the
-n-gram proposer buys at batch 1 to 128, against the same engine without it.
+proposers buy at batch 1 to 128, against the same engine without them.
 
 Two measurements, in one run:
 
@@ -13,21 +13,25 @@ Two measurements, in one run:
    model (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32
    and 128 (all requests submitted at once, max_num_seqs = batch): without
    speculation, with the n-gram proposer (k = 3 and k = 5; lookup 2..4), with the
-   EAGLE proposer (k = 3; the tiny model's draft, minillm/speculative/eagle.py,
-   trained on the CPU first if the cache lacks it), and at batch >= 32 with k = 3
-   and disable_by_batch_size = 32 (n-gram and EAGLE). All on the engine's default
-   runner — on a GPU chapter 11's fast path: persistent batch, CUDA graphs (for
-   verification steps too), compiled layers, async scheduling for the steps that
-   neither verify nor propose — and, at batch 1, without speculation, with n-gram
-   k = 3 and with EAGLE k = 3 on chapter 7's runner as well (a second baseline;
-   its own copy of the model). Each engine runs the prompts once untimed, then
-   once timed. Reported per run: the runner and its flags, output tokens/s, the
-   mean acceptance length tau, steps and how many replayed a graph (verification
-   graphs apart), the speed-up over the fast path without speculation at the same
-   batch and workload, the speed-up over the same runner without speculation, and
-   whether the tokens equal the baseline's.
+   EAGLE proposer (k = 3, 5 and 8; the tiny model's draft,
+   minillm/speculative/eagle.py, trained on the CPU first if the cache lacks it),
+   and at batch >= 32 with k = 3 and disable_by_batch_size = 32 (n-gram and
+   EAGLE). All on the engine's default runner — on a GPU chapter 11's fast path:
+   persistent batch, CUDA graphs (for verification steps and EAGLE's draft too),
+   compiled layers, async scheduling for the steps that neither verify nor
+   propose — and, at batch 1, without speculation, with n-gram k = 3 and with
+   EAGLE k = 3 on chapter 7's runner as well (a second baseline; its own copy of
+   the model). Each engine runs the prompts once untimed, then --repeats times
+   timed (the median counts). Reported per run: the runner and its flags, output
+   tokens/s, the mean acceptance length tau and the acceptances per position,
+   steps and how many replayed a graph (verification and draft graphs apart), the
+   speed-up over the fast path without speculation at the same batch and
+   workload, the speed-up over the same runner without speculation, whether the
+   tokens equal the baseline's, and at batch 1 on a GPU the device time of the
+   step's parts (step_parts_ms: the decode graph, the verification graph, EAGLE's
+   draft chain replayed and eager), timed with CUDA events after the run.
 
-    # on a GPU; writes benchmarks/results/speculative_fast_path-*.json
+    # on a GPU; writes benchmarks/results/speculative_decode_rows-*.json
     python benchmarks/speculative.py
     # a CPU smoke test: small sizes
     python benchmarks/speculative.py --quick --out /tmp
@@ -105,15 +109,26 @@ def step_vs_query_tokens(device: str, quick: bool) -> tuple[list[dict], str]:
     return rows, backend
 
 
+METHODS = {  # proposers measured: (method, k)
+    "ngram k=3": ("ngram", 3),
+    "ngram k=5": ("ngram", 5),
+    "eagle k=3": ("eagle", 3),
+    "eagle k=5": ("eagle", 5),
+    "eagle k=8": ("eagle", 8),
+}
 RUNNERS = {  # engine options of each runner measured
     "fast path": {},  # the engine's defaults: on a GPU, chapter 11's fast path
     "chapter 7": {"persistent_batch": False},
 }
 
 
-def run(model, tokenizer, prompts, spec, batch: int, max_tokens: int, runner, options):
-    """One engine, a warm-up pass over the prompts and a timed one (the counts are
-    the timed pass's)."""
+def run(
+    model, tokenizer, prompts, spec, batch: int, max_tokens: int, runner, options,
+    repeats: int = 1,
+):  # fmt: skip
+    """One engine, a warm-up pass over the prompts and `repeats` timed ones: the
+    median pass's time; the counts are the last pass's (greedy: every pass the
+    same)."""
     config = EngineConfig(
         max_num_seqs=batch,
         max_num_batched_tokens=max(1024, batch * 8),
@@ -121,14 +136,19 @@ def run(model, tokenizer, prompts, spec, batch: int, max_tokens: int, runner, op
         speculative_config=spec,
         **options,
     )
+    built = time.perf_counter()
     engine = LLMEngine(model, tokenizer, config)
+    built = time.perf_counter() - built  # graphs captured, layers compiled
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     device = model.lm_head.weight.device.type
     runner_ = engine.model_runner
     stats = getattr(runner_, "spec_stats", None)
-    for timed in (False, True):
+    draft_graphs = getattr(getattr(runner_, "proposer", None), "graphs", None)
+    all_seconds = []
+    for timed in [False] + [True] * repeats:
+        tag = f"{len(all_seconds)}-{timed}"
         for i, prompt in enumerate(prompts):
-            engine.add_request(f"{timed}-{i}", prompt, params)
+            engine.add_request(f"{tag}-{i}", prompt, params)
         if timed:  # counts from here on
             steps0 = engine.num_steps
             drafts0 = stats.num_drafts if stats else 0
@@ -137,6 +157,7 @@ def run(model, tokenizer, prompts, spec, batch: int, max_tokens: int, runner, op
             graphs0 = getattr(runner_, "num_graph_steps", 0)
             verify = getattr(runner_, "verify_graphs", None)
             verify0 = verify.num_replays if verify else 0
+            draft0 = draft_graphs.num_replays if draft_graphs else 0
         tokens = {}
         sync(device)
         start = time.perf_counter()
@@ -145,11 +166,15 @@ def run(model, tokenizer, prompts, spec, batch: int, max_tokens: int, runner, op
                 if out.finished:
                     tokens[out.request_id] = out.outputs[0].token_ids
         sync(device)
-        seconds = time.perf_counter() - start
+        if timed:
+            all_seconds.append(time.perf_counter() - start)
+    seconds = statistics.median(all_seconds)
     num_drafts = stats.num_drafts - drafts0 if stats else 0
     accepted = stats.num_accepted_tokens - accepted0 if stats else 0
     return {
         "seconds": seconds,
+        "seconds_all": all_seconds,
+        "engine_build_seconds": built,
         "steps": engine.num_steps - steps0,
         "output_tok_s": sum(map(len, tokens.values())) / seconds,
         "tau": 1 + accepted / max(1, num_drafts) if stats else 1.0,
@@ -165,8 +190,45 @@ def run(model, tokenizer, prompts, spec, batch: int, max_tokens: int, runner, op
         "async_scheduling": engine.stepper is not None,
         "graph_steps": getattr(runner_, "num_graph_steps", 0) - graphs0,
         "verify_graph_replays": verify.num_replays - verify0 if verify else 0,
-        "tokens": [tokens[f"True-{i}"] for i in range(len(prompts))],
+        "draft_graph_replays": draft_graphs.num_replays - draft0 if draft_graphs else 0,
+        "step_parts_ms": step_parts(runner_) if device == "cuda" and batch == 1 else {},
+        "tokens": [
+            tokens[f"{len(all_seconds) - 1}-True-{i}"] for i in range(len(prompts))
+        ],
     }
+
+
+def replay_ms(fn, n: int = 50) -> float:
+    """GPU time of fn() (a replay), by CUDA events: the median of n."""
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def step_parts(runner) -> dict:
+    """The GPU time of the parts of a batch-1 step, replayed after the run (the
+    buffers hold its last step; the graphs write only the scratch block or slots of
+    finished requests): chapter 11's decode graph, the verification graph of 1 + k
+    tokens, EAGLE's draft chain from its graph and eagerly."""
+    parts = {}
+    graphs = getattr(runner, "graph_runner", None)
+    if graphs is not None and 1 in graphs.graphs:
+        parts["decode_graph"] = replay_ms(graphs.graphs[1].replay)
+    verify = getattr(runner, "verify_graphs", None)
+    if verify is not None and verify.graphs:  # the smallest: one sequence's 1 + k
+        parts["verify_graph"] = replay_ms(verify.graphs[verify.sizes[0]].replay)
+    draft = getattr(getattr(runner, "proposer", None), "graphs", None)
+    if draft is not None and 1 in draft.graphs:
+        parts["draft_graph"] = replay_ms(draft.graphs[1].replay)
+        parts["draft_eager"] = replay_ms(lambda: runner.proposer.chain(*draft.args(1)))
+    return parts
 
 
 def main() -> None:
@@ -174,12 +236,21 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="CPU smoke test, small sizes")
     p.add_argument("--out", type=Path, default=None, help="folder for the JSON")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per engine")
+    p.add_argument("--methods", nargs="+", default=None, help="a subset of METHODS")
+    p.add_argument("--no-step-curve", action="store_true", help="skip measurement 1")
+    p.add_argument("--no-chapter7", action="store_true", help="fast path only")
+    p.add_argument("--workloads", nargs="+", default=["repetitive", "open"])
+    p.add_argument("--name", default="speculative_decode_rows", help="JSON's name")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     runners = dict(RUNNERS)
     if device == "cpu":  # the defaults there are chapter 7's: smoke-test the batch
         runners["fast path"] = {"persistent_batch": True}
-    steps, backend = step_vs_query_tokens(device, args.quick)
+    load_plugins()
+    steps, backend = [], ATTENTION_BACKENDS.resolve("auto", device)
+    if not args.no_step_curve:
+        steps, backend = step_vs_query_tokens(device, args.quick)
     # one model per runner: chapter 11's fast path rewrites its model's layers
     models = {
         name: tiny_model(device=device, dtype=torch.float32, progress=False)
@@ -187,11 +258,10 @@ def main() -> None:
     }
     tokenizer = models["fast path"][1]
     batches, max_tokens = ((1, 4), 16) if args.quick else (tuple(args.batches), 64)
-    methods = {"ngram k=3": ("ngram", 3), "ngram k=5": ("ngram", 5)}
-    methods["eagle k=3"] = ("eagle", 3)
+    methods = {m: METHODS[m] for m in args.methods or METHODS}
     eagle_folder = eagle_path()
     runs = []
-    for kind in ("repetitive", "open"):
+    for kind in args.workloads:
         for batch in batches:
             prompts = held_out_prompts(tokenizer, kind, batch)
             configs = {"none": None}
@@ -208,15 +278,17 @@ def main() -> None:
                 }
             # chapter 7's runner, the second baseline: batch 1, three configurations
             plan = [("fast path", m) for m in configs]
-            if batch == 1:
-                plan += [("chapter 7", m) for m in ("none", "ngram k=3", "eagle k=3")]
+            if batch == 1 and not args.no_chapter7:
+                c7 = [m for m in ("none", "ngram k=3", "eagle k=3") if m in configs]
+                plan += [("chapter 7", m) for m in c7]
             base_tokens, base_rate = None, {}
             for runner, method in plan:
                 model = models[runner][0]
                 spec, options = configs[method], runners[runner]
                 result = run(
-                    model, tokenizer, prompts, spec, batch, max_tokens, runner, options
-                )
+                    model, tokenizer, prompts, spec, batch, max_tokens, runner,
+                    options, args.repeats,
+                )  # fmt: skip
                 tokens = result.pop("tokens")
                 if base_tokens is None:  # the first: the fast path without speculation
                     base_tokens = tokens
@@ -240,11 +312,13 @@ def main() -> None:
                     f"{result['speedup']:.2f}x (same runner "
                     f"{result['speedup_same_runner']:.2f}x) same {same}/{len(tokens)} "
                     f"graphs {result['graph_steps']}/{result['steps']} "
-                    f"verify {result['verify_graph_replays']}",
+                    f"verify {result['verify_graph_replays']} "
+                    f"draft {result['draft_graph_replays']} {result['step_parts_ms']} "
+                    f"build {result['engine_build_seconds']:.1f}s",
                     flush=True,
                 )
     record = {
-        "benchmark": "speculative_fast_path",
+        "benchmark": args.name,
         "model": "Qwen3-0.6B shape" if not args.quick else "tiny Qwen3 shape",
         "workload_model": "course tiny model (float32)",
         "attention_backend": backend,
@@ -256,6 +330,7 @@ def main() -> None:
             "chapter 7": "chapter 7 ModelRunner (persistent_batch=False), batch 1",
         },
         "max_tokens": max_tokens,
+        "repeats": args.repeats,
         "eagle_draft": {
             "folder": eagle_folder.name,
             "recipe": json.loads((eagle_folder / "recipe.json").read_text()),
@@ -267,8 +342,7 @@ def main() -> None:
         "runs": runs,
         "environment": environment(),
     }
-    name = "speculative_fast_path"
-    path = save(name, record, *([args.out] if args.out else []))
+    path = save(args.name, record, *([args.out] if args.out else []))
     print(f"wrote {path}")
 
 

@@ -21,7 +21,7 @@ from minillm.model import build_attention_metadata
 from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 from minillm.speculative.eagle import EagleDraft, EagleRecipe, save_eagle
-from minillm.speculative.verify_graphs import pad_rows
+from minillm.speculative.verify_graphs import as_decode_rows, pad_rows
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -231,10 +231,47 @@ def test_cuda_graphs_replay_verification_steps(hf_checkpoint, tmp_path, device):
         got = llm.generate(prompts, GREEDY, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in got] == want
         runner = llm.engine.model_runner
-        assert runner.cuda_graphs and runner.verify_graphs.query_len == 4
+        assert runner.cuda_graphs and runner.verify_graphs.q == 4
         assert runner.verify_graphs.num_replays > 0
         assert runner.spec_stats.num_drafts > 0
         assert llm.engine.num_preemptions > 0 and all_blocks_free(llm.engine)
-        if spec is NGRAM:  # requests with and without a match share steps
-            assert runner.verify_graphs.num_padded > 0
         del llm
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("seed", range(3))
+def test_decode_rows_give_the_chunks_hidden_states(tiny, backend, seed):
+    """A batch of chunks of 1..q tokens run as one decode row per token
+    (as_decode_rows, what the verification graphs replay): the hidden states and
+    the K/V written are the chunked batch's."""
+    model, _ = tiny
+    g = torch.Generator().manual_seed(seed)
+    block_size, q, num_seqs = 4, 4, 5
+    query_lens = torch.randint(1, q + 1, (num_seqs,), generator=g).tolist()
+    seq_lens = [n + int(torch.randint(0, 14, (1,), generator=g)) for n in query_lens]
+    tables, free = [], iter(range(64))
+    for s in seq_lens:
+        tables.append([next(free) for _ in range(-(-s // block_size))])
+    if backend == "triton":
+        from minillm.kernels.paged_attention import triton_paged_attention as attend
+    else:
+        attend = paged_attention_ref
+    caches = []
+    for _ in range(2):
+        cache = PagedKVCache(model.config, 64, block_size, attend, torch.float32)
+        torch.manual_seed(seed)  # the same context in both
+        cache.key_cache.normal_(), cache.value_cache.normal_()
+        caches.append(cache)
+    ids = torch.randint(2, 2048, (sum(query_lens),), generator=g).tolist()
+    inputs = step_inputs(query_lens, seq_lens, tables, block_size, ids)
+    rows = as_decode_rows(inputs)
+    assert rows.max_query_len == 1 and rows.num_seqs == sum(query_lens)
+    hidden = []
+    for step, cache in zip((inputs, rows), caches):
+        ids_, positions, md = step.to_device(torch.device("cpu"))
+        with torch.inference_mode():
+            hidden.append(model(ids_, positions, md, cache))
+    assert torch.allclose(hidden[1], hidden[0], atol=1e-4)
+    for name in ("key_cache", "value_cache"):
+        a, b = (getattr(c, name) for c in caches)
+        assert torch.allclose(a, b, atol=1e-4)

@@ -5,6 +5,7 @@
 module                   chapter
 draft_model              chapters/14_speculative.md
 eagle                    chapters/14_speculative.md
+eagle_graphs             chapters/14_speculative.md
 medusa                   chapters/14_speculative.md
 ngram                    chapters/14_speculative.md
 rejection                chapters/14_speculative.md

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:536
+# %% chapters/14_speculative.md:546
 """The draft-model proposer: a smaller model with the target's tokenizer proposes k
 tokens greedily, over its own paged KV cache (chapter 14).
 
@@ -63,7 +63,7 @@ def draft_model_path(
     return folder
 
 
-# %% chapters/14_speculative.md:598
+# %% chapters/14_speculative.md:608
 def _train_draft(target: Path, folder: Path, train_config, progress: bool) -> None:
     _, tokenizer = load_pretrained(target)
     torch.manual_seed(train_config.seed)
@@ -82,7 +82,7 @@ def _train_draft(target: Path, folder: Path, train_config, progress: bool) -> No
     (folder / "training_log.json").write_text(json.dumps(log) + "\n")
 
 
-# %% chapters/14_speculative.md:626
+# %% chapters/14_speculative.md:636
 class DraftModelProposer:
     """Greedy proposals of a draft model that keeps its own paged KV cache, indexed by
     the target's block tables (the same blocks, another cache).
@@ -122,7 +122,7 @@ class DraftModelProposer:
             same_blocks += 1
         return min(n, same_blocks * self.block_size)
 
-    # %% chapters/14_speculative.md:675
+    # %% chapters/14_speculative.md:685
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks, tables) -> list[list[int]]:
         """k greedy proposals per request (k[i] may be 0), computed batched: first the

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:744
+# %% chapters/14_speculative.md:754
 """The EAGLE proposer: one decoder layer that predicts the target's next feature (its
 last hidden state) from the current one and the next token (chapter 14).
 
@@ -55,7 +55,7 @@ class EagleDraft(nn.Module):
     def logits(self, features: Tensor) -> Tensor:
         return self.frozen[1](features).float()  # the target's LM head
 
-    # %% chapters/14_speculative.md:799
+    # %% chapters/14_speculative.md:809
     def forward(self, features, token_ids, positions, valid, past=None):
         """Predicted next features (B, T, hidden) of rows (f_i, x_{i+1}), and the K/V
         of past plus these rows. features: (B, T, hidden); token_ids, positions:
@@ -87,7 +87,7 @@ class EagleDraft(nn.Module):
         return x, (k, v)
 
 
-# %% chapters/14_speculative.md:870
+# %% chapters/14_speculative.md:880
 class EagleProposer:
     """Chain drafts of an EagleDraft from each request's last target features.
 
@@ -109,43 +109,101 @@ class EagleProposer:
         rows = torch.cat([old[: start - first], hidden])[-(self.window + self.k) :]
         self.features[request_id] = (start + len(hidden) - len(rows), rows)
 
-    # %% chapters/14_speculative.md:894
+    # %% chapters/14_speculative.md:904
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks) -> list[list[int]]:
         """ks[i] greedy drafts to follow contexts[i] (ks[i] may be 0), batched."""
+        return self.propose_async(request_ids, contexts, ks)[1]()
+
+    @torch.inference_mode()
+    def propose_async(self, request_ids, contexts, ks):
+        """(chains, read): the drafts (num_live, k) on the device, of the requests
+        with ks[i] > 0 in order (None: no such request), and a function returning
+        propose's drafts, read to the host when it is called."""
         live = [i for i, k in enumerate(ks) if k > 0]
         out = [[] for _ in ks]
         if not live:
-            return out
-        width = max(1, self.window - max(ks) + 1)  # the chain stays in the window
+            return None, lambda: out
         feats, tokens = [], []
         for i in live:
             first, rows = self.features[request_ids[i]]
             end = len(contexts[i]) - 1  # settled features: positions < end
-            rows = rows[: end - first][-width:]
+            rows = rows[: end - first][-self.width :]
             feats.append(rows)  # rows (f_p, x_{p+1}) for p in end - n .. end - 1
             tokens.append(contexts[i][end - len(rows) + 1 : end + 1])
-        n = max(map(len, feats))
-        pad = torch.tensor([n - len(f) for f in feats], device=feats[0].device)
-        features = torch.stack([F.pad(f, (0, 0, n - len(f), 0)) for f in feats])
-        ids = torch.tensor([[0] * (n - len(t)) + t for t in tokens], device=pad.device)
-        positions = torch.arange(n, device=pad.device) - pad[:, None]  # (B, n)
-        valid = positions >= 0  # (B, n) False for the padding on the left
-        h, past = self.draft(features, ids, positions.clamp(min=0), valid)
-        h, guesses = h[:, -1:], []  # (B, 1, hidden): the feature after each context
-        for step in range(max(ks)):
-            next_ids = self.draft.logits(h).argmax(-1)  # (B, 1), left on the device
-            guesses.append(next_ids)
-            if step + 1 < max(ks):  # the chain: feed the guess back in
-                positions, valid = positions[:, -1:] + 1, F.pad(valid, (0, 1), value=1)
-                h, past = self.draft(h, next_ids, positions, valid, past)
-        chains = torch.cat(guesses, dim=1).tolist()  # (B, max(ks)): the one wait
-        for i, chain in zip(live, chains):
+        if self.graphs is not None and len(live) <= self.graphs.max_batch_size:
+            chains = self.graphs.run(feats, tokens)  # (B, k), from a replayed graph
+        else:
+            chains = self.chain(*self.batch(feats, tokens), max(ks))
+        host, done = to_host(chains)
+
+        def read() -> list[list[int]]:
+            if done is not None:
+                done.synchronize()  # the one wait
+            for i, chain in zip(live, host.tolist()):
+                out[i] = chain[: ks[i]]
+            return out
+
+        return chains, read
+        feats, tokens = [], []
+        for i in live:
+            first, rows = self.features[request_ids[i]]
+            end = len(contexts[i]) - 1  # settled features: positions < end
+            rows = rows[: end - first][-self.width :]
+            feats.append(rows)  # rows (f_p, x_{p+1}) for p in end - n .. end - 1
+            tokens.append(contexts[i][end - len(rows) + 1 : end + 1])
+        if self.graphs is not None and len(live) <= self.graphs.max_batch_size:
+            chains = self.graphs.run(feats, tokens)  # (B, k), from a replayed graph
+        else:
+            chains = self.chain(*self.batch(feats, tokens), max(ks))
+        for i, chain in zip(live, chains.tolist()):  # the one wait
             out[i] = chain[: ks[i]]
         return out
 
+    # %% chapters/14_speculative.md:974
+    graphs = None  # chapter 14's EagleGraphRunner, on the fast path (below)
 
-# %% chapters/14_speculative.md:945
+    @property
+    def width(self) -> int:  # feature rows drafted from: the chain stays in the window
+        return max(1, self.window - self.k + 1)
+
+    def batch(self, feats, tokens) -> tuple[Tensor, Tensor, Tensor]:
+        """features (B, width, hidden), ids (B, width), pad (B,): the rows of each
+        request padded on the left to width."""
+        W, device = self.width, feats[0].device
+        features = feats[0].new_zeros(len(feats), W, feats[0].shape[-1])
+        for j, f in enumerate(feats):
+            features[j, W - len(f) :] = f
+        ids = torch.tensor([[0] * (W - len(t)) + t for t in tokens], device=device)
+        pad = torch.tensor([W - len(f) for f in feats], device=device)
+        return features, ids, pad
+
+    def chain(self, features, ids, pad, steps: int) -> Tensor:
+        """(B, steps) greedy drafts, left on the device; no shape depends on values."""
+        positions = torch.arange(ids.shape[1], device=ids.device) - pad[:, None]
+        valid = positions >= 0  # (B, width) False for the padding on the left
+        h, past = self.draft(features, ids, positions.clamp(min=0), valid)
+        h, guesses = h[:, -1:], []  # (B, 1, hidden): the feature after each context
+        for step in range(steps):
+            next_ids = self.draft.logits(h).argmax(-1)  # (B, 1)
+            guesses.append(next_ids)
+            if step + 1 < steps:  # the chain: feed the guess back in
+                positions, valid = positions[:, -1:] + 1, F.pad(valid, (0, 1), value=1)
+                h, past = self.draft(h, next_ids, positions, valid, past)
+        return torch.cat(guesses, dim=1)
+
+
+# %% chapters/14_speculative.md:963
+def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
+    """x's copy on the CPU, and an event after which it may be read (None: now)."""
+    if x.device.type != "cuda":
+        return x, None
+    host, done = x.to("cpu", non_blocking=True), torch.cuda.Event()
+    done.record()  # a non-blocking copy to the CPU lands in page-locked memory
+    return host, done
+
+
+# %% chapters/14_speculative.md:1020
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -190,7 +248,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/14_speculative.md:991
+# %% chapters/14_speculative.md:1066
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -234,7 +292,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/14_speculative.md:1042
+# %% chapters/14_speculative.md:1117
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -268,7 +326,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/14_speculative.md:1077
+# %% chapters/14_speculative.md:1152
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -280,7 +338,7 @@ def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     return round(same.float().mean().item(), 4)
 
 
-# %% chapters/14_speculative.md:1103
+# %% chapters/14_speculative.md:1178
 def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
     """cache_dir/{prefix}-{hash of the tiny model's folder and key}; if absent,
     build(target, tokenizer, folder) fills it, under a lock, written atomically."""
@@ -335,7 +393,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/14_speculative.md:1163
+# %% chapters/14_speculative.md:1238
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions

@@ -6,13 +6,12 @@
 """The n-gram (prompt lookup) proposer (chapter 14).
 
 vLLM: vllm/v1/spec_decode/ngram_proposer.py (`NgramProposer`, which finds the match
-with a KMP-style scan compiled by numba); ours compares all windows at once in numpy.
+with a KMP-style scan compiled by numba); ours extends candidate matches in numpy.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 class NgramProposer:
@@ -28,17 +27,24 @@ class NgramProposer:
 
     def propose(self, token_ids: list[int], k: int) -> list[int]:
         tokens = np.asarray(token_ids)
-        for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
-            # (len - n, n): every window that ends before the last token
-            windows = sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        L = len(tokens)
+        # where an earlier window may end: before the last token, on its value
+        ends = np.flatnonzero(tokens[:-1] == tokens[-1])
+        matched = np.ones(len(ends), dtype=np.int64)  # tokens matched, backwards
+        alive = np.ones(len(ends), dtype=bool)
+        for j in range(1, min(self.max_n, L - 1)):  # one more token back
+            alive &= ends >= j
+            alive[alive] = tokens[ends[alive] - j] == tokens[L - 1 - j]
+            matched += alive
+        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
+            hits = ends[matched >= n]
             if hits.size:
-                start = hits[0] + n  # the tokens after the earliest match
+                start = hits[0] + 1  # the tokens after the earliest match
                 return tokens[start : start + k].tolist()
         return []
 
 
-# %% chapters/14_speculative.md:492
+# %% chapters/14_speculative.md:502
 def ngram_propose_ref(
     token_ids: list[int], k: int, min_n: int, max_n: int
 ) -> list[int]:

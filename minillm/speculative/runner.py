@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1472
+# %% chapters/14_speculative.md:1547
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -32,6 +32,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS, SamplingType
 from minillm.speculative.draft_model import DraftModelProposer, draft_model_path
 from minillm.speculative.eagle import EagleProposer, eagle_path, load_eagle
+from minillm.speculative.eagle_graphs import EagleGraphRunner
 from minillm.speculative.medusa import load_medusa, medusa_path
 from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
@@ -72,7 +73,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1543
+# %% chapters/14_speculative.md:1619
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -113,7 +114,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1600
+# %% chapters/14_speculative.md:1676
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -136,7 +137,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1631
+# %% chapters/14_speculative.md:1707
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -154,8 +155,11 @@ class SpeculativeRunnerMixin:
         # seeded request -> its own generator, for rejection sampling's draws
         self.generators: dict[str, torch.Generator] = {}
         self.verify_graphs = None  # chapter 11's graphs, for verification steps
+        self.pending = None  # (requests, read): drafts still on the device
         if getattr(self, "graph_runner", None) is not None:
             self.verify_graphs = self.capture_verify_graphs(config)
+            if isinstance(self.proposer, EagleProposer):  # its draft, on graphs too
+                self.proposer.graphs = self.capture_draft_graphs()
 
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
@@ -201,7 +205,9 @@ class SpeculativeRunnerMixin:
                 r.request_id: kv_cache_manager.get_block_ids(r.request_id)
                 for r in requests
             }
-        hidden = self.forward_with_proposals(output, kv_cache_manager)
+        patch = self.patch_for_pending(output)  # EAGLE's drafts, on the device
+        hidden = self.forward_with_proposals(output, kv_cache_manager, patch)
+        self.settle_proposals()  # to the host, for the verification
         ends = list(accumulate(query_lens))  # each sequence's end in the flat batch
         rows, drafts = {}, {}
         for r, n, end in zip(requests, query_lens, ends):
@@ -218,12 +224,12 @@ class SpeculativeRunnerMixin:
                     self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    def forward_with_proposals(self, output, kv_cache_manager) -> Tensor:
+    def forward_with_proposals(self, output, kv_cache_manager, patch=None) -> Tensor:
         """Hidden states (num_tokens, hidden) of the step, each request's chunk
-        running on into its proposals."""
+        running on into its proposals; patch(ids): see patch_for_pending."""
         if isinstance(self, GPUModelRunner):  # its persistent batch reads them
             self.previous = None  # sampled in step: no placeholder follows
-            return self.forward(output, kv_cache_manager)[1]
+            return self.forward(output, kv_cache_manager, patch)[1]
         # chapter 7's inputs, each chunk running on into the request's proposals
         return self.run_forward(output, kv_cache_manager, lambda r: r.spec_token_ids)[0]
 
@@ -232,7 +238,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1749
+    # %% chapters/14_speculative.md:1830
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -260,7 +266,11 @@ class SpeculativeRunnerMixin:
             new = sampled[r.request_id] = self.cut_at_stop(r, sampled[r.request_id])
             contexts.append(r.all_token_ids + new)
             ks.append(num_to_propose(r, len(new), k, self.max_model_len))
-        for r, proposal in zip(chosen, self.propose(chosen, contexts, ks)):
+        proposals = self.propose(chosen, contexts, ks)
+        if isinstance(proposals, tuple):  # on the device: placeholders till then
+            self.pending = (chosen, ks, *proposals)
+            proposals = [[-1] * k for k in ks]
+        for r, proposal in zip(chosen, proposals):
             r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
 
@@ -272,6 +282,8 @@ class SpeculativeRunnerMixin:
             ]
         ids = [r.request_id for r in requests]
         if isinstance(self.proposer, EagleProposer):
+            if self.proposer.graphs is not None:  # read in the next step
+                return self.proposer.propose_async(ids, contexts, ks)
             return self.proposer.propose(ids, contexts, ks)
         tables = [self.block_tables[r.request_id] for r in requests]
         # a draft model writes K/V up to the last proposal but one: only as far
@@ -282,6 +294,41 @@ class SpeculativeRunnerMixin:
             for k, t, c in zip(ks, tables, contexts)
         ]
         return self.proposer.propose(ids, contexts, ks, tables)
+
+    def settle_proposals(self) -> None:
+        """The drafts the last step left on the device (EAGLE on graphs), into its
+        requests: from the next step, once its forward pass is enqueued."""
+        if self.pending is not None:
+            (chosen, _, _, read), self.pending = self.pending, None
+            for r, proposal in zip(chosen, read()):
+                r.spec_token_ids = proposal
+
+    def patch_for_pending(self, output):
+        """A function writing the drafts still on the device into the step's token
+        ids on the device, where the chunks reach them (None: nothing to write)."""
+        if self.pending is None or self.pending[2] is None:
+            return None
+        chosen, ks, chains, _ = self.pending
+        live = [r.request_id for r, k in zip(chosen, ks) if k > 0]
+        row = {request_id: j for j, request_id in enumerate(live)}
+        dst, src, start, k = [], [], 0, chains.shape[1]
+        for r in output.scheduled_requests:
+            n = output.num_scheduled_tokens[r.request_id]
+            for d in range(len(r.spec_token_ids)) if r.request_id in row else ():
+                at = r.num_tokens + d - r.num_computed_tokens  # in the chunk
+                if 0 <= at < n:
+                    dst.append(start + at)
+                    src.append(row[r.request_id] * k + d)
+            start += n
+        if not dst:
+            return None
+        dst, src = upload(dst, self.device), upload(src, self.device)
+        drafts = chains.reshape(-1)
+
+        def patch(input_ids: Tensor) -> None:  # on the device, in stream order
+            input_ids[dst] = drafts[src]
+
+        return patch
 
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
@@ -294,7 +341,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1833
+    # %% chapters/14_speculative.md:1955
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -318,8 +365,10 @@ class SpeculativeRunnerMixin:
 
     def verify_greedy(self, chosen, hidden: Tensor, rows, drafts):
         """New tokens of plainly greedy requests, from one argmax of all rows."""
-        flat = upload([i for r in chosen for i in rows[r.request_id]], self.device)
-        argmax = self.model.compute_logits(hidden[flat]).argmax(dim=-1).tolist()
+        flat = [i for r in chosen for i in rows[r.request_id]]
+        if flat != list(range(len(hidden))):  # else every row, in order: no gather
+            hidden = hidden[upload(flat, self.device)]
+        argmax = self.model.compute_logits(hidden).argmax(dim=-1).tolist()
         out, row = {}, 0
         for r in chosen:
             d = drafts[r.request_id]
@@ -341,16 +390,17 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2282
+    # %% chapters/14_speculative.md:2454
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
-        """Graphs of 1 + k query tokens per sequence, in chapter 11's buckets whose
-        tokens fit the step's budget, sharing chapter 11's memory pool."""
+        """Graphs of up to 1 + k query tokens per sequence as decode rows, for
+        chapter 11's buckets whose tokens fit the step's budget, sharing chapter
+        11's memory pool."""
         first, q = self.graph_runner, 1 + self.spec_config.num_speculative_tokens
         budget = max(config.max_num_batched_tokens, q)
-        sizes = [s for s in first.sizes if s * q <= budget]
+        sizes = [s * q for s in first.sizes if s * q <= budget]  # tokens
         graphs = VerifyGraphRunner(
             self.model, self.kv_cache, sizes, self.max_model_len,
-            first.pad_slot // self.kv_cache.block_size, query_len=q,
+            first.pad_slot // self.kv_cache.block_size, q=q,
         )  # fmt: skip
         graphs.capture(pool=first.pool)
         return graphs
@@ -361,9 +411,8 @@ class SpeculativeRunnerMixin:
         if (
             graphs is None
             and verify is not None
-            and patch_input_ids is None
-            and inputs.max_query_len <= verify.query_len
-            and inputs.num_seqs <= verify.max_batch_size
+            and inputs.max_query_len <= verify.q
+            and len(inputs.input_ids) <= verify.max_batch_size
         ):
             return verify
         return graphs
@@ -376,10 +425,25 @@ class SpeculativeRunnerMixin:
             return None
         if isinstance(self.proposer, EagleProposer):
             self.proposer.features.clear()  # as a step too large to draft keeps none
+        self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output, kv_cache_manager)
 
+    # %% chapters/14_speculative.md:2600
+    def capture_draft_graphs(self) -> EagleGraphRunner | None:
+        """EAGLE's chain on graphs, for the batch sizes that propose; None for
+        every other proposer."""
+        if type(self.proposer) is not EagleProposer:  # Medusa: one head pass, eager
+            return None
+        first, limit = self.graph_runner, self.spec_config.disable_by_batch_size
+        sizes = first.sizes
+        if limit is not None and limit - 1 <= sizes[-1]:  # the batches that propose
+            sizes = [s for s in sizes if s <= first.bucket(max(1, limit - 1))]
+        graphs = EagleGraphRunner(self.proposer, sizes)
+        graphs.capture(pool=self.graph_runner.pool)
+        return graphs
 
-# %% chapters/14_speculative.md:1887
+
+# %% chapters/14_speculative.md:2011
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls

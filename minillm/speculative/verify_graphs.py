@@ -2,13 +2,14 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:2143
+# %% chapters/14_speculative.md:2270
 """CUDA graphs for verification steps (chapter 14, "On chapter 11's fast path").
 
-`pad_rows` pads every sequence of a step to q query tokens, so that chapter 11's
-CUDAGraphRunner, captured with query_len = q, replays it; `VerifyGraphRunner` does that
-and returns the real tokens' rows. vLLM: the uniform-decode graphs of
-vllm/v1/worker/gpu_model_runner.py and vllm/v1/cudagraph_dispatcher.py.
+`pad_rows` pads every sequence of a step to q query tokens (a uniform shape, for
+a graph captured with query_len = q); `as_decode_rows` makes every query token a
+decode row of its own, and `VerifyGraphRunner` replays chapter 11's one-token graphs
+over those rows. vLLM: the uniform-decode graphs of vllm/v1/worker/gpu_model_runner.py
+and vllm/v1/cudagraph_dispatcher.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from torch import Tensor
 
 from minillm.cuda_graph import CUDAGraphRunner
-from minillm.input_batch import StepInputs, upload
+from minillm.input_batch import StepInputs
 
 
 def pad_rows(
@@ -52,21 +53,31 @@ def pad_rows(
     return padded, where
 
 
-# %% chapters/14_speculative.md:2255
-class VerifyGraphRunner(CUDAGraphRunner):
-    """Chapter 11's graph runner captured with query_len = q = 1 + k: replays steps
-    whose sequences have at most q query tokens each."""
+# %% chapters/14_speculative.md:2417
+def as_decode_rows(inputs: StepInputs) -> StepInputs:
+    """The same step with every query token a sequence of its own: one query token
+    whose seq_len, its position + 1, makes the causal mask, and its sequence's
+    block table; tokens, positions and slots unchanged, in the same order."""
+    lens = np.diff(inputs.query_start_loc)
+    seq_of_token = np.repeat(np.arange(len(lens)), lens)  # (num_tokens,)
+    return StepInputs(
+        inputs.input_ids, inputs.positions, inputs.slot_mapping,
+        np.arange(len(seq_of_token) + 1, dtype=np.int32),
+        (inputs.positions + 1).astype(np.int32),
+        inputs.block_tables[seq_of_token],
+        inputs.all_sample,
+    )  # fmt: skip
 
-    num_padded = 0  # replays of steps that needed padding
+
+class VerifyGraphRunner(CUDAGraphRunner):
+    """Chapter 11's one-token graphs, over steps whose sequences have at most q
+    query tokens each: every token a decode row (as_decode_rows); the buckets count
+    tokens."""
+
+    def __init__(self, *args, q: int, **kwargs):
+        super().__init__(*args, query_len=1, **kwargs)
+        self.q = q  # query tokens per sequence, at most: 1 + k
 
     def run(self, inputs: StepInputs, patch_input_ids=None) -> Tensor:
-        if patch_input_ids is not None:
-            raise ValueError("a step with proposals is never launched ahead")
-        if (np.diff(inputs.query_start_loc) == self.query_len).all():
-            return super().run(inputs)  # (num_tokens, hidden): nothing to pad
-        block_size = self.kv_cache.block_size
-        scratch = self.pad_slot // block_size
-        padded, where = pad_rows(inputs, self.query_len, scratch, block_size)
-        self.num_padded += 1
-        hidden = super().run(padded)  # (num_seqs * q, hidden)
-        return hidden[upload(where, hidden.device)]  # (num_tokens, hidden)
+        # the rows keep the tokens' order: a patch of the ids applies unchanged
+        return super().run(as_decode_rows(inputs), patch_input_ids)
