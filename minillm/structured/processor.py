@@ -226,7 +226,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4189
+    # %% chapters/15_structured_output.md:4193
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -236,9 +236,19 @@ class StructuredOutputLogitsProcessor:
     ) -> Tensor:
         """The batch path (chapter 6's apply_batch): logits (num_seqs, vocab); one
         bitmask for the grammar rows, one copy to the device, one masked fill."""
+        apply = StructuredOutputLogitsProcessor.prepare_batch(
+            rows, processors, output_token_ids, logits.device
+        )
+        return apply(logits)
+
+    @staticmethod
+    def prepare_batch(rows, processors, output_token_ids, device: torch.device):
+        """apply_batch in two halves (chapter 11's overlap): the CPU's now — the
+        bitmask filled, its copy to the device started — and a function that masks
+        the logits (num_seqs, vocab) in place, later."""
         slot = {row: k for k, row in enumerate(dict.fromkeys(rows))}
         num_words = processors[0].compiled.num_words
-        host = host_bitmask(len(slot), num_words, logits.device)  # (rows, words)
+        host = host_bitmask(len(slot), num_words, device)  # (rows, words)
         words = host.numpy().view(np.uint32)
         masks = [p.next_token_mask(i) for p, i in zip(processors, output_token_ids)]
         if len(slot) == len(rows):  # one grammar per row: one copy of all rows
@@ -252,11 +262,18 @@ class StructuredOutputLogitsProcessor:
                 else:
                     words[k] = mask
                     filled.add(k)
-        indices = None if list(slot) == list(range(logits.shape[0])) else list(slot)
-        return apply_token_bitmask_inplace(logits, host, indices)
+        bitmask = host.to(device, non_blocking=True)  # from pinned memory on a GPU
+
+        def apply(logits: Tensor) -> Tensor:
+            whole = list(slot) == list(range(logits.shape[0]))
+            return apply_token_bitmask_inplace(
+                logits, bitmask, None if whole else list(slot)
+            )
+
+        return apply
 
 
-# %% chapters/15_structured_output.md:4221
+# %% chapters/15_structured_output.md:4242
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -266,14 +283,14 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4230
+# %% chapters/15_structured_output.md:4251
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4265
+# %% chapters/15_structured_output.md:4286
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -311,7 +328,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4339
+# %% chapters/15_structured_output.md:4360
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -341,7 +358,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:4892
+# %% chapters/15_structured_output.md:4913
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
