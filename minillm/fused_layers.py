@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1317
+# %% chapters/11_cuda_graph.md:1319
 """Fused layers (chapter 11, "Fewer kernels"): the decoder layer rearranged so that
 torch.compile makes fewer kernels — q and k normed and rotated as one tensor, each
 residual sum made by the kernel of the norm that reads it, the MLP's activation made
@@ -30,7 +30,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/11_cuda_graph.md:1354
+# %% chapters/11_cuda_graph.md:1356
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
@@ -73,7 +73,7 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/11_cuda_graph.md:1406
+# %% chapters/11_cuda_graph.md:1408
 class FusedMLP(MergedMLP):
     """MergedMLP whose down projection makes the activation as it loads its input."""
 
@@ -81,7 +81,7 @@ class FusedMLP(MergedMLP):
         return silu_and_linear(self.gate_up_proj(x), self.down_proj.weight)
 
 
-# %% chapters/11_cuda_graph.md:1420
+# %% chapters/11_cuda_graph.md:1422
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -113,7 +113,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1458
+# %% chapters/11_cuda_graph.md:1460
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

@@ -108,6 +108,7 @@ class GPUModelRunner(ModelRunner):
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
         self.plain_greedy: dict[str, bool] = {}
         self.token_rules: dict[str, bool] = {}
+        self.ahead: dict[str, bool] = {}  # can a step launched ahead draw its token
         # "Penalties and token rules ahead": requests' parameters without their
         # allowed tokens, whose masks (vocab,) stay on the device
         self.params_ahead: dict[str, SamplingParams] = {}
@@ -127,7 +128,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:609
+    # %% chapters/11_cuda_graph.md:610
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -144,6 +145,7 @@ class GPUModelRunner(ModelRunner):
         for per_request in (
             self.plain_greedy,
             self.token_rules,
+            self.ahead,
             self.params_ahead,
             self.allowed_masks,
         ):
@@ -157,7 +159,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:649
+    # %% chapters/11_cuda_graph.md:651
     def forward(
         self,
         output: SchedulerOutput,
@@ -195,7 +197,7 @@ class GPUModelRunner(ModelRunner):
             return graphs
         return None
 
-    # %% chapters/11_cuda_graph.md:695
+    # %% chapters/11_cuda_graph.md:697
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -212,7 +214,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2017
+    # %% chapters/11_cuda_graph.md:2019
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -251,7 +253,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2199
+    # %% chapters/11_cuda_graph.md:2201
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -284,7 +286,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2275
+    # %% chapters/11_cuda_graph.md:2277
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -295,10 +297,7 @@ class GPUModelRunner(ModelRunner):
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
-        if not all(
-            self.plain_greedy.get(r.request_id) or self.draws_ahead(r.sampling_params)
-            for r in chosen
-        ):
+        if not self.all_draw_ahead(chosen):
             return None
         previous, self.previous = self.previous, None
         masks = None  # the batch-level processors' device halves, once prepared
@@ -331,6 +330,20 @@ class GPUModelRunner(ModelRunner):
             ready.record()
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
+
+    def all_draw_ahead(self, chosen: list[Request]) -> bool:
+        """Whether a step launched ahead can draw every token of `chosen`, asked
+        once per request."""
+        ahead = self.ahead
+        for r in chosen:
+            ok = ahead.get(r.request_id)
+            if ok is None:
+                params = r.sampling_params
+                plain = self.plain_greedy.get(r.request_id)
+                ok = ahead[r.request_id] = plain or self.draws_ahead(params)
+            if not ok:
+                return False
+        return True
 
     def draws_ahead(self, params: SamplingParams) -> bool:
         """Whether a step launched ahead can draw this request's token
@@ -367,18 +380,19 @@ class GPUModelRunner(ModelRunner):
                 previous.ready.synchronize()  # step N's tokens, not this step
             ids = (r.request_id for r in previous.sampling)
             last = dict(zip(ids, previous.host.tolist()))
-        batched: dict = {}  # its class's two halves -> [(row, processor, output ids)]
+        batched: dict = {}  # class -> [(row, processor, output ids)]
         for row in rows:
             r = chosen[row]
             out = r.output_token_ids
             if r.num_output_placeholders:
                 out = [*out, last[r.request_id]]
             for p in r.sampling_params.logits_processors:
-                kind = type(p).apply_batch, getattr(type(p), "prepare_batch", None)
-                batched.setdefault(kind, []).append((row, p, out))
+                batched.setdefault(type(p), []).append((row, p, out))
         masks = []
-        for (apply_batch, prepare_batch), items in batched.items():
+        for cls, items in batched.items():
             rows_, processors, outs = (list(x) for x in zip(*items))
+            apply_batch = cls.apply_batch
+            prepare_batch = getattr(cls, "prepare_batch", None)
             if prepare_batch is not None:  # its CPU work now, its mask later
                 masks.append(prepare_batch(rows_, processors, outs, self.device))
             else:  # all of it when the logits are there
@@ -387,7 +401,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:2922
+    # %% chapters/11_cuda_graph.md:2936
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -449,7 +463,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3558
+    # %% chapters/11_cuda_graph.md:3572
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -470,7 +484,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3502
+# %% chapters/11_cuda_graph.md:3516
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -518,5 +532,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3586
+# %% chapters/11_cuda_graph.md:3600
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
