@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import random
 import shutil
@@ -185,6 +186,8 @@ def run(
     seconds = time.perf_counter() - start
     waited = WAITS["seconds"]
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    ids = str([o.outputs[0].token_ids for o in outputs]).encode()
+    digest = hashlib.sha256(ids).hexdigest()[:16]  # the outputs, to compare runs
     assert produced == len(prompts) * max_tokens
     valid = None
     if constrained:
@@ -202,7 +205,7 @@ def run(
                 pass
     return {"seconds": seconds, "output_tokens": produced,
             "output_tokens_per_s": produced / seconds, "valid": valid,
-            "wait_seconds": waited}  # fmt: skip
+            "wait_seconds": waited, "outputs_sha256": digest}  # fmt: skip
 
 
 def summarize(runs: dict) -> dict:
@@ -225,6 +228,7 @@ def summarize(runs: dict) -> dict:
             over = [1 - r["output_tokens_per_s"] / b for r, b in zip(rs, pair)]
             results[name]["overhead"] = statistics.median(over)
             results[name]["overhead_per_repeat"] = over
+        results[name]["outputs_sha256"] = sorted({r["outputs_sha256"] for r in rs})
         results[name]["repeats"] = rs
     return results
 
@@ -355,6 +359,11 @@ def main() -> None:
         "engine": engine_settings(llm.engine),
         "results": results,
     }
+    # the greedy outputs of the two orders, in every repeat: one digest between them
+    orders = ("constrained_warm", "constrained_warm_in_order")
+    record["orders_identical"] = (
+        len({d for name in orders for d in results[name]["outputs_sha256"]}) == 1
+    )
     out = args.out or Path("benchmarks/results")
     if not args.quick:
         print("wrote", save(args.name, record, out), flush=True)
