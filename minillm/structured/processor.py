@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3929
+# %% chapters/15_structured_output.md:3930
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
 with caches, and the logits processor that masks the grammar rows (chapter 15).
 
@@ -38,7 +38,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3966
+# %% chapters/15_structured_output.md:3967
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -64,7 +64,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3994
+    # %% chapters/15_structured_output.md:3995
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -107,7 +107,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:4044
+# %% chapters/15_structured_output.md:4045
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -140,7 +140,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4083
+# %% chapters/15_structured_output.md:4084
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -208,7 +208,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4153
+    # %% chapters/15_structured_output.md:4154
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -226,7 +226,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4193
+    # %% chapters/15_structured_output.md:4194
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -273,7 +273,7 @@ class StructuredOutputLogitsProcessor:
         return apply
 
 
-# %% chapters/15_structured_output.md:4242
+# %% chapters/15_structured_output.md:4243
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -283,14 +283,14 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4251
+# %% chapters/15_structured_output.md:4252
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4286
+# %% chapters/15_structured_output.md:4287
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -328,7 +328,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4360
+# %% chapters/15_structured_output.md:4361
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -358,7 +358,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:4913
+# %% chapters/15_structured_output.md:4914
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
