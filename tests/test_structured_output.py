@@ -18,7 +18,11 @@ from minillm.structured.bitmask import apply_token_bitmask_inplace
 from minillm.structured.fsm import NFA
 from minillm.structured.grammar import Grammar
 from minillm.structured.matcher import CompiledGrammar, GrammarMatcher, allowed_tokens
-from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
+from minillm.structured.processor import (
+    GrammarCompiler,
+    StructuredOutputLogitsProcessor,
+    StructuredOutputsParams,
+)
 from minillm.structured.schema_ops import SchemaError
 
 
@@ -364,6 +368,67 @@ def test_constrained_requests_run_ahead_like_chapter7():
     assert run(fast) == expected
     stepper = fast.engine.stepper
     assert stepper.num_ahead > 0 and stepper.num_in_step == 0
+
+
+def test_next_masks_equal_next_token_mask(compiler):
+    """prepare_batch's rows (next_masks, the common case inlined) get each
+    processor's next_token_mask and leave its matcher where next_token_mask leaves
+    it: outputs growing a token a step, then EOS; a token the mask forbade; an
+    output that goes back (a preempted request, recomputed); one processor shared by
+    two rows; with and without a finish budget."""
+    from minillm.structured.processor import next_masks
+
+    rng = random.Random(0)
+    schemas = [
+        *BATCH_SCHEMAS,
+        {"type": "object", "properties": {"n": {"type": "integer"}}},
+    ]
+    eos = compiler.index.eos_token_ids[0]
+    walks, made = [], []
+    for i in range(5):
+        params = {"json": schemas[i % len(schemas)]}
+        walks.append(random_walk(compiler, params, rng, max_tokens=30) + [eos, eos])
+        budget = 32 if i % 2 == 0 else None
+        made.append((StructuredOutputsParams(**params), budget))
+
+    def processors():
+        procs = [so.logits_processor(compiler, max_tokens=b) for so, b in made]
+        return [*procs, procs[1]]  # row 5 shares row 1's processor
+
+    class Counted(StructuredOutputLogitsProcessor):  # counts the calls not inlined
+        calls = 0
+
+        def next_token_mask(self, output_token_ids):
+            Counted.calls += 1
+            return super().next_token_mask(output_token_ids)
+
+    fast, ref = processors(), processors()
+    for p in (fast[0], fast[3], fast[4]):  # rows with their own processor, no cut
+        p.__class__ = Counted
+    walks.append(walks[1][:3] + walks[0][3:])  # row 5: another output, same grammar
+    forbidden = walks[2][:4]
+    mask = ref[2].next_token_mask(forbidden)
+    cut = next(t for t in range(compiler.index.vocab_size)
+               if not (mask[t >> 5] >> (t & 31)) & 1)  # fmt: skip
+    walks[2] = forbidden + [cut] + walks[2][4:]  # row 2 writes a forbidden token
+    length = max(len(w) for w in walks)
+    warm = processors()  # the grammars' caches filled, as a server's would be
+    for step in range(length):
+        [p.next_token_mask(w[: min(step, len(w))]) for p, w in zip(warm, walks)]
+    rows = 0
+    for step in [*range(length), *range(5, length)]:  # then all go back to step 5
+        outs = [w[: min(step, len(w))] for w in walks]
+        expected = [p.next_token_mask(o) for p, o in zip(ref, outs)]
+        got = next_masks(fast, outs)
+        rows += 3
+        assert all(np.array_equal(g, e) for g, e in zip(got, expected)), step
+        for f, r in zip(fast, ref):
+            assert f.last[0] == r.last[0]
+            assert (f.last[1].stacks, f.last[1].terminated) == (
+                r.last[1].stacks,
+                r.last[1].terminated,
+            )
+    assert Counted.calls < rows / 4  # most of their steps took the inlined path
 
 
 OVERLAP_PROMPTS = ["Once upon a time", "The dog", "A cat sat on the mat " * 4,

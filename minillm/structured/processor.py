@@ -250,7 +250,7 @@ class StructuredOutputLogitsProcessor:
         num_words = processors[0].compiled.num_words
         host = host_bitmask(len(slot), num_words, device)  # (rows, words)
         words = host.numpy().view(np.uint32)
-        masks = [p.next_token_mask(i) for p, i in zip(processors, output_token_ids)]
+        masks = next_masks(processors, output_token_ids)  # (num_words,) each
         if len(slot) == len(rows):  # one grammar per row: one copy of all rows
             np.concatenate(masks, out=words.reshape(-1))  # a view: rows are contiguous
         else:
@@ -283,14 +283,45 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4252
+# %% chapters/15_structured_output.md:4262
+def next_masks(processors, output_token_ids) -> list[np.ndarray]:
+    """[p.next_token_mask(ids) for each row], the common case inlined."""
+    masks = []
+    for p, out in zip(processors, output_token_ids):
+        last, n = p.last, len(out)
+        if last is not None and len(last[0]) == n - 1 and not last[1].terminated:
+            seen, m = last
+            c, t = m.compiled, out[-1]
+            seen.append(t)  # the processor's own list, grown as `matcher` grows it
+            new = None
+            if seen == out and t not in c.index.eos_token_ids:
+                new = c.steps.get((m.stacks, t))  # None: not seen, or forbidden
+            if new is not None:
+                m.history.append(m.stacks)
+                m.stacks = new
+                budget = p.budget
+                if budget is None:
+                    masks.append(c.mask(new))
+                    continue
+                known = budget.plain.get(new)  # as final_mask's first lookup
+                if known is not None and known[0] <= p.max_tokens - n - 1:
+                    masks.append(known[1])
+                else:
+                    masks.append(budget.final_mask(new, p.max_tokens - n))
+                continue
+            del seen[-1]  # as it was: next_token_mask starts from there
+        masks.append(p.next_token_mask(out))
+    return masks
+
+
+# %% chapters/15_structured_output.md:4294
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4287
+# %% chapters/15_structured_output.md:4329
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -328,7 +359,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4361
+# %% chapters/15_structured_output.md:4403
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -358,7 +389,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:4914
+# %% chapters/15_structured_output.md:4956
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
