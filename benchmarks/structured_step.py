@@ -13,7 +13,9 @@ timed once more ("seen": every state and step met before). Per row per step, in 
   matcher, accept the sampled token);
 - mask: the row's mask from its matcher, the grammar's alone and with the finish
   budget (what the processor returns);
-- fill: copying the rows' masks into the step's host bitmask.
+- fill: copying the rows' masks into the step's host bitmask;
+- inlined: what the engine calls, `next_masks` (advance and mask, the common case
+  written out in one loop) and the fill, on walks of its own.
 
 Each is timed for the reference path (advance over the token's bytes, the budget's
 mask computed and checked every step, one row copy at a time: chapter 15's code
@@ -45,6 +47,7 @@ from minillm.structured.matcher import allowed_tokens  # noqa: E402
 from minillm.structured.processor import (  # noqa: E402
     GrammarCompiler,
     StructuredOutputsParams,
+    next_masks,
     reference_next_token_mask,
     reference_step,
 )
@@ -92,6 +95,24 @@ def time_fast(compiler, seqs, steps: int) -> dict:
         t4 = time.perf_counter()
         for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             t[k] += dt
+    return {k: 1e6 * v / n for k, v in t.items()}
+
+
+def time_inlined(compiler, seqs, steps: int) -> dict:
+    """µs per row per step of what the engine calls: next_masks (the advance and the
+    mask, the common case inlined) and the fill."""
+    procs, n = processors(compiler, len(seqs), steps), len(seqs) * steps
+    host = np.empty((len(seqs), procs[0].compiled.num_words), np.uint32)
+    t = {"rows": 0.0, "fill": 0.0}
+    for s in range(steps):
+        prefixes = [q[:s] for q in seqs]
+        t0 = time.perf_counter()
+        masks = next_masks(procs, prefixes)
+        t1 = time.perf_counter()
+        np.concatenate(masks, out=host.reshape(-1))
+        t2 = time.perf_counter()
+        t["rows"] += t1 - t0
+        t["fill"] += t2 - t1
     return {k: 1e6 * v / n for k, v in t.items()}
 
 
@@ -171,13 +192,17 @@ def measure(compiler, walker, batch: int, steps: int) -> dict:
     fast_walks = walks(walker, batch, steps, seed=2)
     reference = time_reference(compiler, ref_walks, steps)
     fast = time_fast(compiler, fast_walks, steps)
+    inlined = time_inlined(compiler, walks(walker, batch, steps, seed=5), steps)
     # the warm walks again: every state, mask and step seen before
     seen = {"reference": time_reference(compiler, warm, steps),
-            "fast": time_fast(compiler, warm, steps)}  # fmt: skip
+            "fast": time_fast(compiler, warm, steps),
+            "inlined": time_inlined(compiler, warm, steps)}  # fmt: skip
     checked = same_masks(compiler, fast_walks[:6], steps)
-    for r in (reference, fast, *seen.values()):
+    for r in (reference, fast, seen["reference"], seen["fast"]):
         r["total"] = r["advance"] + r["mask"] + r["fill"]
-    return {"reference": reference, "fast": fast, "seen": seen,
+    for r in (inlined, seen["inlined"]):
+        r["total"] = r["rows"] + r["fill"]
+    return {"reference": reference, "fast": fast, "inlined": inlined, "seen": seen,
             "masks_compared": checked}  # fmt: skip
 
 
@@ -198,7 +223,7 @@ def main() -> None:
     tokenizer = Tokenizer.from_pretrained(folder)
     compiler, walker = GrammarCompiler(tokenizer), GrammarCompiler(tokenizer)
     results = measure(compiler, walker, args.batch, args.steps)
-    for path in ("reference", "fast"):
+    for path in ("reference", "fast", "inlined"):
         print(path, {k: round(v, 2) for k, v in results[path].items()})
         print("  seen", {k: round(v, 2) for k, v in results["seen"][path].items()})
     prof_walks = walks(walker, args.batch, args.steps, seed=3)

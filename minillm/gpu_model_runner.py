@@ -15,6 +15,7 @@ vLLM: vllm/v1/worker/gpu_model_runner.py.
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,7 +51,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:518
+# %% chapters/11_cuda_graph.md:519
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -75,7 +76,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:552
+# %% chapters/11_cuda_graph.md:553
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -107,11 +108,13 @@ class GPUModelRunner(ModelRunner):
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
         self.plain_greedy: dict[str, bool] = {}
         self.token_rules: dict[str, bool] = {}
+        self.ahead: dict[str, bool] = {}  # can a step launched ahead draw its token
         # "Penalties and token rules ahead": requests' parameters without their
         # allowed tokens, whose masks (vocab,) stay on the device
         self.params_ahead: dict[str, SamplingParams] = {}
         self.allowed_masks: dict[str, Tensor] = {}
         self.fused_sampling = config.fused_sampling  # "Sampling on the device"
+        self.overlap_masks = config.overlap_masks  # "Overlapping the CPU and the GPU"
         self.graph_runner, self.num_graph_steps, self.num_eager_steps = None, 0, 0
         if self.cuda_graphs:  # "Capturing and replaying"
             sizes = default_capture_sizes(max_num_seqs)
@@ -125,7 +128,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:607
+    # %% chapters/11_cuda_graph.md:610
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -142,6 +145,7 @@ class GPUModelRunner(ModelRunner):
         for per_request in (
             self.plain_greedy,
             self.token_rules,
+            self.ahead,
             self.params_ahead,
             self.allowed_masks,
         ):
@@ -155,7 +159,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:647
+    # %% chapters/11_cuda_graph.md:651
     def forward(
         self,
         output: SchedulerOutput,
@@ -193,7 +197,7 @@ class GPUModelRunner(ModelRunner):
             return graphs
         return None
 
-    # %% chapters/11_cuda_graph.md:693
+    # %% chapters/11_cuda_graph.md:697
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -210,7 +214,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2238
+    # %% chapters/11_cuda_graph.md:2242
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -249,7 +253,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2420
+    # %% chapters/11_cuda_graph.md:2424
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -282,7 +286,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2480
+    # %% chapters/11_cuda_graph.md:2500
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -293,12 +297,12 @@ class GPUModelRunner(ModelRunner):
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
-        if not all(
-            self.plain_greedy.get(r.request_id) or self.draws_ahead(r.sampling_params)
-            for r in chosen
-        ):
+        if not self.all_draw_ahead(chosen):
             return None
         previous, self.previous = self.previous, None
+        masks = None  # the batch-level processors' device halves, once prepared
+        if not self.overlap_masks:  # the reference: masks first, then the forward
+            masks = self._prepare_masks(chosen, previous)
         holes = [i for i in sampling if requests[i].num_output_placeholders]
         patch = self._patch_for(output, holes, previous) if holes else None
         inputs, hidden = self.forward(output, kv_cache_manager, patch)
@@ -306,11 +310,13 @@ class GPUModelRunner(ModelRunner):
             last = inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1
             hidden = hidden[upload(last, self.device)]
         logits = self.model.lm_head(hidden)  # (len(sampling), vocab)
+        if masks is None:  # the CPU's mask work while the device runs the forward
+            masks = self._prepare_masks(chosen, previous)
         asked = [r.sampling_params.logprobs for r in chosen]
         raw = None  # chapter 6's raw logprobs come before any mask
         if any(n is not None for n in asked):
             raw = logits.to(torch.float32).log_softmax(dim=-1)
-        tokens = self._draw_ahead(logits, chosen, previous)  # (len(sampling),)
+        tokens = self._draw_ahead(logits, chosen, previous, masks)  # (len(sampling),)
         logprobs = None
         if raw is not None:
             top = max(n for n in asked if n is not None)
@@ -324,6 +330,20 @@ class GPUModelRunner(ModelRunner):
             ready.record()
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
+
+    def all_draw_ahead(self, chosen: list[Request]) -> bool:
+        """Whether a step launched ahead can draw every token of `chosen`, asked
+        once per request."""
+        ahead = self.ahead
+        for r in chosen:
+            ok = ahead.get(r.request_id)
+            if ok is None:
+                params = r.sampling_params
+                plain = self.plain_greedy.get(r.request_id)
+                ok = ahead[r.request_id] = plain or self.draws_ahead(params)
+            if not ok:
+                return False
+        return True
 
     def draws_ahead(self, params: SamplingParams) -> bool:
         """Whether a step launched ahead can draw this request's token
@@ -349,41 +369,53 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    def _mask_ahead(self, logits, rows, requests, previous) -> None:
-        """Batch-level processors on rows of logits (len(sampling), vocab), with each
-        request's output completed by its placeholder's token from `previous`."""
+    def _prepare_masks(self, chosen: list[Request], previous) -> list:
+        """The CPU's half of the batch-level processors of the rows `chosen`, each
+        request's output completed by its placeholder's token from `previous`
+        (waited for); a function per kind that masks the logits on the device."""
+        rows = [j for j, r in enumerate(chosen) if r.sampling_params.logits_processors]
         last = {}
-        if any(r.num_output_placeholders for r in requests):
+        if any(chosen[j].num_output_placeholders for j in rows):
             if previous.ready is not None:
                 previous.ready.synchronize()  # step N's tokens, not this step
             ids = (r.request_id for r in previous.sampling)
             last = dict(zip(ids, previous.host.tolist()))
-        batched: dict = {}  # apply_batch -> [(row, processor, output ids)]
-        for row, r in zip(rows, requests):
+        batched: dict = {}  # class -> [(row, processor, output ids)]
+        for row in rows:
+            r = chosen[row]
             out = r.output_token_ids
             if r.num_output_placeholders:
                 out = [*out, last[r.request_id]]
             for p in r.sampling_params.logits_processors:
-                batched.setdefault(type(p).apply_batch, []).append((row, p, out))
-        for apply_batch, items in batched.items():
-            rows_, processors, outs = zip(*items)
-            apply_batch(logits, list(rows_), list(processors), list(outs))
+                batched.setdefault(type(p), []).append((row, p, out))
+        masks = []
+        for cls, items in batched.items():
+            rows_, processors, outs = (list(x) for x in zip(*items))
+            apply_batch = cls.apply_batch
+            prepare_batch = getattr(cls, "prepare_batch", None)
+            if prepare_batch is not None:  # its CPU work now, its mask later
+                masks.append(prepare_batch(rows_, processors, outs, self.device))
+            else:  # all of it when the logits are there
+                masks.append(functools.partial(apply_batch, rows=rows_,
+                                               processors=processors,
+                                               output_token_ids=outs))  # fmt: skip
+        return masks
 
-    # %% chapters/11_cuda_graph.md:3111
-    def _draw_ahead(self, logits: Tensor, chosen: list[Request], previous) -> Tensor:
-        """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them."""
+    # %% chapters/11_cuda_graph.md:3159
+    def _draw_ahead(
+        self, logits: Tensor, chosen: list[Request], previous, masks: list
+    ) -> Tensor:
+        """(len(chosen),) the rows' tokens, drawn as chapter 6 draws them; masks:
+        the batch-level processors' (_prepare_masks)."""
         ruled = [j for j, r in enumerate(chosen) if self.token_rules.get(r.request_id)]
-        masked = [
-            j for j, r in enumerate(chosen) if r.sampling_params.logits_processors
-        ]
         greedy = all(r.sampling_params.temperature < SAMPLING_EPS for r in chosen)
         md = None
         if ruled or not greedy:
             md = self.metadata_ahead(chosen, logits.shape[-1])
-        if masked and md is not None and not md.no_penalties:
+        if masks and md is not None and not md.no_penalties:
             logits = logits.float()  # processors see chapter 6's float32 logits
-        if masked:
-            self._mask_ahead(logits, masked, [chosen[j] for j in masked], previous)
+        for mask in masks:
+            mask(logits)  # in place
         if ruled:  # float32 when penalised
             logits = self._rules_ahead(logits, ruled, chosen, md, previous)
         if greedy:
@@ -431,7 +463,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3744
+    # %% chapters/11_cuda_graph.md:3795
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -452,7 +484,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3691
+# %% chapters/11_cuda_graph.md:3739
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -464,6 +496,9 @@ class FastPathOptions:
     torch_compile: bool | None = None  # merged, skinny, compiled layers; None: graphs
     async_scheduling: bool | None = None  # schedule step N+1 during N; None: graphs
     fused_sampling: bool = True  # sampled batches on the fast path, one kernel
+    # batch-level processors' CPU work while the step's forward runs; False: before
+    # its launch (the reference)
+    overlap_masks: bool = True
 
     @staticmethod
     def check(config) -> None:
@@ -497,5 +532,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3772
+# %% chapters/11_cuda_graph.md:3823
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

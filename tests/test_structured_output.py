@@ -18,7 +18,11 @@ from minillm.structured.bitmask import apply_token_bitmask_inplace
 from minillm.structured.fsm import NFA
 from minillm.structured.grammar import Grammar
 from minillm.structured.matcher import CompiledGrammar, GrammarMatcher, allowed_tokens
-from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
+from minillm.structured.processor import (
+    GrammarCompiler,
+    StructuredOutputLogitsProcessor,
+    StructuredOutputsParams,
+)
 from minillm.structured.schema_ops import SchemaError
 
 
@@ -364,6 +368,158 @@ def test_constrained_requests_run_ahead_like_chapter7():
     assert run(fast) == expected
     stepper = fast.engine.stepper
     assert stepper.num_ahead > 0 and stepper.num_in_step == 0
+
+
+def test_next_masks_equal_next_token_mask(compiler):
+    """prepare_batch's rows (next_masks, the common case inlined) get each
+    processor's next_token_mask and leave its matcher where next_token_mask leaves
+    it: outputs growing a token a step, then EOS; a token the mask forbade; an
+    output that goes back (a preempted request, recomputed); one processor shared by
+    two rows; with and without a finish budget."""
+    from minillm.structured.processor import next_masks
+
+    rng = random.Random(0)
+    schemas = [
+        *BATCH_SCHEMAS,
+        {"type": "object", "properties": {"n": {"type": "integer"}}},
+    ]
+    eos = compiler.index.eos_token_ids[0]
+    walks, made = [], []
+    for i in range(5):
+        params = {"json": schemas[i % len(schemas)]}
+        walks.append(random_walk(compiler, params, rng, max_tokens=30) + [eos, eos])
+        budget = 32 if i % 2 == 0 else None
+        made.append((StructuredOutputsParams(**params), budget))
+
+    def processors():
+        procs = [so.logits_processor(compiler, max_tokens=b) for so, b in made]
+        return [*procs, procs[1]]  # row 5 shares row 1's processor
+
+    class Counted(StructuredOutputLogitsProcessor):  # counts the calls not inlined
+        calls = 0
+
+        def next_token_mask(self, output_token_ids):
+            Counted.calls += 1
+            return super().next_token_mask(output_token_ids)
+
+    fast, ref = processors(), processors()
+    for p in (fast[0], fast[3], fast[4]):  # rows with their own processor, no cut
+        p.__class__ = Counted
+    walks.append(walks[1][:3] + walks[0][3:])  # row 5: another output, same grammar
+    forbidden = walks[2][:4]
+    mask = ref[2].next_token_mask(forbidden)
+    cut = next(t for t in range(compiler.index.vocab_size)
+               if not (mask[t >> 5] >> (t & 31)) & 1)  # fmt: skip
+    walks[2] = forbidden + [cut] + walks[2][4:]  # row 2 writes a forbidden token
+    length = max(len(w) for w in walks)
+    warm = processors()  # the grammars' caches filled, as a server's would be
+    for step in range(length):
+        [p.next_token_mask(w[: min(step, len(w))]) for p, w in zip(warm, walks)]
+    rows = 0
+    for step in [*range(length), *range(5, length)]:  # then all go back to step 5
+        outs = [w[: min(step, len(w))] for w in walks]
+        expected = [p.next_token_mask(o) for p, o in zip(ref, outs)]
+        got = next_masks(fast, outs)
+        rows += 3
+        assert all(np.array_equal(g, e) for g, e in zip(got, expected)), step
+        for f, r in zip(fast, ref):
+            assert f.last[0] == r.last[0]
+            assert (f.last[1].stacks, f.last[1].terminated) == (
+                r.last[1].stacks,
+                r.last[1].terminated,
+            )
+    assert Counted.calls < rows / 4  # most of their steps took the inlined path
+
+
+OVERLAP_PROMPTS = ["Once upon a time", "The dog", "A cat sat on the mat " * 4,
+                   "In the", "Up", "She said that the little bird " * 3]  # fmt: skip
+
+
+def overlap_run(llm, mix: str) -> list:
+    """Greedy outputs of OVERLAP_PROMPTS, every third request unconstrained unless
+    mix is "constrained"; each constrained output is checked against its schema."""
+    from minillm import SamplingParams
+
+    params, schemas = [], []
+    for i in range(len(OVERLAP_PROMPTS)):
+        schema = BATCH_SCHEMAS[i % len(BATCH_SCHEMAS)]
+        if mix != "constrained" and i % 3 == 2:  # a free request in the batch
+            schema, processors = None, []
+        else:
+            so = StructuredOutputsParams(json=schema)
+            processors = [so.logits_processor(llm.tokenizer, max_tokens=24)]
+        schemas.append(schema)
+        params.append(SamplingParams(temperature=0, max_tokens=24,
+                                     logits_processors=processors))  # fmt: skip
+    outputs = llm.generate(OVERLAP_PROMPTS, params, use_tqdm=False)
+    for o, schema in zip(outputs, schemas):
+        if schema is not None:
+            jsonschema.validate(json.loads(o.outputs[0].text), schema)
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.mark.parametrize("mix", ["constrained", "mixed", "preempted"])
+def test_overlapped_masks_equal_the_in_order_reference(device, mix):
+    """Chapter 11's overlap (the grammar masks filled on the CPU while the step's
+    forward pass runs) gives the greedy tokens of the in-order reference
+    (overlap_masks=False: masks first, then the forward), alone, mixed with
+    unconstrained requests, and under preemption and chunked prefill; on the CPU
+    both equal chapter 7's engine. Every constrained output validates."""
+    from minillm import LLM
+
+    common = dict(device=device, block_size=4, max_num_seqs=8, num_kv_blocks=256)
+    if device == "cuda":  # graphs, without compiling the layers of each engine
+        common["torch_compile"] = False
+    if mix == "preempted":  # too few blocks for all six; prompts in chunks of 16
+        common.update(num_kv_blocks=24, max_num_batched_tokens=16)
+    got = {}
+    for overlap in (True, False):
+        llm = LLM(persistent_batch=True, async_scheduling=True,
+                  overlap_masks=overlap, **common)  # fmt: skip
+        got[overlap] = overlap_run(llm, "mixed" if mix == "preempted" else mix)
+        stepper = llm.engine.stepper
+        assert stepper.num_ahead > 0 and stepper.num_in_step == 0
+        assert (llm.engine.num_preemptions > 0) == (mix == "preempted")
+    assert got[True] == got[False]
+    if device == "cpu":  # float32 on both paths: chapter 7's tokens too
+        chapter7 = LLM(persistent_batch=False, **common)
+        assert got[True] == overlap_run(
+            chapter7, "mixed" if mix == "preempted" else mix
+        )
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_masks_are_filled_while_the_forward_runs(overlap, monkeypatch):
+    """With overlap_masks, a launched step enqueues its forward pass before the CPU
+    fills its grammar masks; the reference fills them first."""
+    from minillm import LLM
+    from minillm.gpu_model_runner import GPUModelRunner
+    from minillm.structured.processor import StructuredOutputLogitsProcessor as Proc
+
+    events = []
+
+    def logged(name, f):
+        def call(*args, **kwargs):
+            events.append(name)
+            return f(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(GPUModelRunner, "launch", logged("|", GPUModelRunner.launch))
+    monkeypatch.setattr(
+        GPUModelRunner, "forward", logged("forward", GPUModelRunner.forward)
+    )
+    monkeypatch.setattr(
+        Proc, "prepare_batch", staticmethod(logged("masks", Proc.prepare_batch))
+    )
+    llm = LLM(block_size=4, num_kv_blocks=256, max_num_seqs=8, persistent_batch=True,
+              async_scheduling=True, overlap_masks=overlap)  # fmt: skip
+    overlap_run(llm, "mixed")
+    steps = [s.split() for s in " ".join(events).split("|")[1:]]
+    masked = [s for s in steps if "masks" in s]
+    assert masked and all(len(s) == 2 for s in masked)
+    expected = ["forward", "masks"] if overlap else ["masks", "forward"]
+    assert all(s == expected for s in masked)
 
 
 def test_processor_pickles_as_its_constraint(compiler, tiny):

@@ -54,7 +54,8 @@ def apply_token_bitmask_inplace(
 
         rows = None
         if indices is not None:
-            rows = torch.tensor(indices, dtype=torch.int32).to(logits.device)
+            rows = torch.tensor(indices, dtype=torch.int32, pin_memory=True)
+            rows = rows.to(logits.device, non_blocking=True)  # no wait for the GPU
         return apply_token_bitmask(logits, bitmask, rows)
     return apply_token_bitmask_torch(logits, bitmask, indices)
 

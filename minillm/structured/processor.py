@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3929
+# %% chapters/15_structured_output.md:3930
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
 with caches, and the logits processor that masks the grammar rows (chapter 15).
 
@@ -38,7 +38,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3966
+# %% chapters/15_structured_output.md:3967
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -64,7 +64,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3994
+    # %% chapters/15_structured_output.md:3995
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -107,7 +107,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:4044
+# %% chapters/15_structured_output.md:4045
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -140,7 +140,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4083
+# %% chapters/15_structured_output.md:4084
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -208,7 +208,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4153
+    # %% chapters/15_structured_output.md:4154
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -226,7 +226,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4189
+    # %% chapters/15_structured_output.md:4194
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -236,11 +236,21 @@ class StructuredOutputLogitsProcessor:
     ) -> Tensor:
         """The batch path (chapter 6's apply_batch): logits (num_seqs, vocab); one
         bitmask for the grammar rows, one copy to the device, one masked fill."""
+        apply = StructuredOutputLogitsProcessor.prepare_batch(
+            rows, processors, output_token_ids, logits.device
+        )
+        return apply(logits)
+
+    @staticmethod
+    def prepare_batch(rows, processors, output_token_ids, device: torch.device):
+        """apply_batch in two halves (chapter 11's overlap): the CPU's now — the
+        bitmask filled, its copy to the device started — and a function that masks
+        the logits (num_seqs, vocab) in place, later."""
         slot = {row: k for k, row in enumerate(dict.fromkeys(rows))}
         num_words = processors[0].compiled.num_words
-        host = host_bitmask(len(slot), num_words, logits.device)  # (rows, words)
+        host = host_bitmask(len(slot), num_words, device)  # (rows, words)
         words = host.numpy().view(np.uint32)
-        masks = [p.next_token_mask(i) for p, i in zip(processors, output_token_ids)]
+        masks = next_masks(processors, output_token_ids)  # (num_words,) each
         if len(slot) == len(rows):  # one grammar per row: one copy of all rows
             np.concatenate(masks, out=words.reshape(-1))  # a view: rows are contiguous
         else:
@@ -252,11 +262,18 @@ class StructuredOutputLogitsProcessor:
                 else:
                     words[k] = mask
                     filled.add(k)
-        indices = None if list(slot) == list(range(logits.shape[0])) else list(slot)
-        return apply_token_bitmask_inplace(logits, host, indices)
+        bitmask = host.to(device, non_blocking=True)  # from pinned memory on a GPU
+
+        def apply(logits: Tensor) -> Tensor:
+            whole = list(slot) == list(range(logits.shape[0]))
+            return apply_token_bitmask_inplace(
+                logits, bitmask, None if whole else list(slot)
+            )
+
+        return apply
 
 
-# %% chapters/15_structured_output.md:4221
+# %% chapters/15_structured_output.md:4243
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -266,14 +283,45 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4230
+# %% chapters/15_structured_output.md:4262
+def next_masks(processors, output_token_ids) -> list[np.ndarray]:
+    """[p.next_token_mask(ids) for each row], the common case inlined."""
+    masks = []
+    for p, out in zip(processors, output_token_ids):
+        last, n = p.last, len(out)
+        if last is not None and len(last[0]) == n - 1 and not last[1].terminated:
+            seen, m = last
+            c, t = m.compiled, out[-1]
+            seen.append(t)  # the processor's own list, grown as `matcher` grows it
+            new = None
+            if seen == out and t not in c.index.eos_token_ids:
+                new = c.steps.get((m.stacks, t))  # None: not seen, or forbidden
+            if new is not None:
+                m.history.append(m.stacks)
+                m.stacks = new
+                budget = p.budget
+                if budget is None:
+                    masks.append(c.mask(new))
+                    continue
+                known = budget.plain.get(new)  # as final_mask's first lookup
+                if known is not None and known[0] <= p.max_tokens - n - 1:
+                    masks.append(known[1])
+                else:
+                    masks.append(budget.final_mask(new, p.max_tokens - n))
+                continue
+            del seen[-1]  # as it was: next_token_mask starts from there
+        masks.append(p.next_token_mask(out))
+    return masks
+
+
+# %% chapters/15_structured_output.md:4294
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4265
+# %% chapters/15_structured_output.md:4329
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -311,7 +359,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4339
+# %% chapters/15_structured_output.md:4403
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -341,7 +389,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:4892
+# %% chapters/15_structured_output.md:4958
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
