@@ -255,7 +255,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:644
+# %% chapters/10_triton_decode.md:655
 # arrivals per (sequence, KV head) for combine; zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -280,6 +280,16 @@ def can_launch_early(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+# the mode kernels launch in when not told: 0, ordinary launches (see the prose)
+EARLY_LAUNCH = 0
+
+
+def default_launch(device: torch.device) -> int:
+    """The launch mode a kernel takes on device when not told: EARLY_LAUNCH where
+    programmatic dependent launch exists, else 0."""
+    return EARLY_LAUNCH if can_launch_early(device) else 0
+
+
 @triton.jit
 def _launched_early(PDL: tl.constexpr):
     """PDL 0: an ordinary launch. 1: wait for the previous kernel, then let the next
@@ -292,7 +302,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:688
+# %% chapters/10_triton_decode.md:709
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -340,7 +350,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:740
+# %% chapters/10_triton_decode.md:761
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -358,7 +368,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:761
+# %% chapters/10_triton_decode.md:782
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -381,10 +391,10 @@ def paged_decode(
     Returns (num_seqs, n_heads, D). num_splits (or pieces of split_tokens tokens, a
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
     combine: the splits are combined by the last of them, in the same launch (False:
-    by a second kernel). pdl: launched early (None: 1 on a GPU that can; see
+    by a second kernel). pdl: launched early (None: default_launch; see
     _launched_early).
     """
-    pdl = (1 if can_launch_early(q.device) else 0) if pdl is None else int(pdl)
+    pdl = default_launch(q.device) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:
         raise ValueError("give num_splits or split_tokens, not both")
     num_kv_heads = key_cache.shape[2]

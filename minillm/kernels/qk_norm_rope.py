@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minillm.kernels.paged_decode import _launched_early, can_launch_early
+from minillm.kernels.paged_decode import _launched_early, default_launch
 
 
 @triton.jit
@@ -104,7 +104,7 @@ def qk_norm_rope_write(
             "of two)"
         )
     q = torch.empty(T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
-    pdl = (1 if can_launch_early(qkv.device) else 0) if pdl is None else pdl
+    pdl = default_launch(qkv.device) if pdl is None else pdl
     g = norm_weight if norm_weight is not None else q  # not read without a norm
     # fmt: off
     _qk_norm_rope_write_kernel[(T, n_heads + n_kv)](

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1938
+# %% chapters/10_triton_decode.md:1959
 """Chapter 2's reshape_and_cache in one Triton kernel launch (chapter 10, "Writing the
 cache in one launch").
 
@@ -18,10 +18,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minillm.kernels.paged_decode import _launched_early, can_launch_early
+from minillm.kernels.paged_decode import _launched_early, default_launch
 
 
-# %% chapters/10_triton_decode.md:1958
+# %% chapters/10_triton_decode.md:1979
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -54,7 +54,7 @@ def _write_kv_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1996
+# %% chapters/10_triton_decode.md:2017
 def triton_reshape_and_cache(
     key: Tensor,
     value: Tensor,
@@ -84,7 +84,7 @@ def triton_reshape_and_cache(
     key = key if key.stride()[1:] == (head_dim, 1) else key.contiguous()
     value = value if value.stride()[1:] == (head_dim, 1) else value.contiguous()
     row = n_kv * head_dim
-    pdl = 1 if can_launch_early(key.device) else 0
+    pdl = default_launch(key.device)
     # fmt: off
     _write_kv_kernel[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping,
