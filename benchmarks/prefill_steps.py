@@ -243,25 +243,27 @@ def prefill_v1(
     return out
 
 
-def prefill_one_loop(
-    q: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    md: AttentionMetadata,
-    block_m: int,
-    block_n: int,
-    num_warps: int,
-    num_stages: int,
-    longest_first: bool = True,
+def _launch_current_grid(
+    kernel,
+    q,
+    key_cache,
+    value_cache,
+    md,
+    tile_seq,
+    tile_start,
+    block_m,
+    block_n,
+    num_warps,
+    num_stages,
 ) -> Tensor:
-    """The current kernel without the split of its key loop."""
+    """Launches a kernel that takes the current kernel's arguments and grid (one
+    program a tile and KV head) on the given tile map."""
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first)
     out = torch.empty_like(q)
     # fmt: off
-    _prefill_one_loop_kernel[(tile_seq.shape[0] * num_kv_heads,)](
+    kernel[(tile_seq.shape[0] * num_kv_heads,)](
         q, key_cache, value_cache, out,
         md.block_tables, md.seq_lens, md.query_start_loc, tile_seq, tile_start,
         head_dim**-0.5 * math.log2(math.e),
@@ -277,6 +279,25 @@ def prefill_one_loop(
     )
     # fmt: on
     return out
+
+
+def prefill_one_loop(
+    q: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    md: AttentionMetadata,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    longest_first: bool = True,
+) -> Tensor:
+    """The current kernel without the split of its key loop."""
+    tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first)
+    return _launch_current_grid(
+        _prefill_one_loop_kernel, q, key_cache, value_cache, md, tile_seq,
+        tile_start, block_m, block_n, num_warps, num_stages,
+    )  # fmt: skip
 
 
 def prefill_longest_sequence_first(
@@ -292,31 +313,13 @@ def prefill_longest_sequence_first(
     """The current kernel with another order of its tiles: the longest sequences
     first, each from its last tile down, so that the tiles that read the same keys
     run close together (their keys stay in L2)."""
-    _, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    group = num_heads // num_kv_heads
     tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first=False)
     q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).long()
     seq_len = md.seq_lens.long()[tile_seq]
     real = tile_start.long() < q_lens[tile_seq]
     keys = torch.where(real, seq_len * (1 << 24) + tile_start.long(), -1)
     order = torch.argsort(keys, descending=True, stable=True)
-    tile_seq, tile_start = tile_seq[order], tile_start[order]
-    out = torch.empty_like(q)
-    # fmt: off
-    _prefill_kernel[(tile_seq.shape[0] * num_kv_heads,)](
-        q, key_cache, value_cache, out,
-        md.block_tables, md.seq_lens, md.query_start_loc, tile_seq, tile_start,
-        head_dim**-0.5 * math.log2(math.e),
-        q.stride(0), q.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        md.block_tables.stride(0), out.stride(0), out.stride(1),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=head_dim,
-        D_P2=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    # fmt: on
-    return out
+    return _launch_current_grid(
+        _prefill_kernel, q, key_cache, value_cache, md, tile_seq[order],
+        tile_start[order], block_m, block_n, num_warps, num_stages,
+    )  # fmt: skip
