@@ -211,6 +211,53 @@ def asm_report(asm_path: Path) -> list[dict]:
     return rows
 
 
+def decode_batch(record, bname, seq_lens, modes, gen, args) -> None:
+    """Every pattern of decode chains, per launch mode, in graphs and eagerly."""
+    kv = kv_cache(seq_lens, gen)
+    q = torch.randn(len(seq_lens), HEADS, HEAD_DIM, generator=gen).to(DEVICE, BF16)
+    ref = decode_chain(q, kv, "two_kernels", 0)
+    for pattern in ("alternating", "combine", "two_kernels"):
+        for pdl in modes:
+            t = time.perf_counter()
+            bad = replays(lambda p=pattern, m=pdl: decode_chain(q, kv, p, m), ref,
+                          args.captures, args.replays)  # fmt: skip
+            row = dict(batch=bname, seqs=len(seq_lens), pattern=pattern, pdl=pdl,
+                       replays=args.captures * args.replays, mismatches=len(bad),
+                       first=bad[:20], seconds=time.perf_counter() - t)  # fmt: skip
+            record["decode"].append(row)
+            print(f"decode {row}", flush=True)
+            if args.eager:
+                bad = eager(lambda p=pattern, m=pdl: decode_chain(q, kv, p, m), ref,
+                            args.eager)  # fmt: skip
+                row = dict(batch=bname, pattern=pattern, pdl=pdl, chains=args.eager,
+                           mismatches=len(bad), first=bad[:20])  # fmt: skip
+                record["eager"].append(row)
+                print(f"eager {row}", flush=True)
+    save("early_launch", record, args.out)
+
+
+def layers(record, gen, modes, args) -> None:
+    run = layer_chain(gen)
+    ref = run(0)
+    for pdl in modes:
+        t = time.perf_counter()
+        bad = replays(lambda m=pdl: run(m), ref, 2, args.layer_replays)
+        row = dict(pdl=pdl, replays=2 * args.layer_replays, mismatches=len(bad),
+                   first=bad[:20], seconds=time.perf_counter() - t)  # fmt: skip
+        record["layers"].append(row)
+        print(f"layers {row}", flush=True)
+    save("early_launch", record, args.out)
+
+
+def asm(record, out: Path) -> None:
+    try:
+        record["asm"] = asm_report(out / "early_launch_asm.txt")
+    except Exception as e:  # noqa: BLE001
+        record["asm_error"] = repr(e)
+        print(f"asm failed: {e!r}", flush=True)
+    save("early_launch", record, out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--captures", type=int, default=4)
@@ -249,44 +296,11 @@ def main() -> None:
     }
     batches = {"test": [300, 17, 1000]}
     batches["wide"] = torch.randint(1, MAX_LEN + 1, (32,), generator=gen).tolist()
-    for bname, seq_lens in batches.items():
-        kv = kv_cache(seq_lens, gen)
-        q = torch.randn(len(seq_lens), HEADS, HEAD_DIM, generator=gen).to(DEVICE, BF16)
-        ref = decode_chain(q, kv, "two_kernels", 0)
-        for pattern in ("alternating", "combine", "two_kernels"):
-            for pdl in modes:
-                t = time.perf_counter()
-                bad = replays(lambda p=pattern, m=pdl: decode_chain(q, kv, p, m), ref,
-                              args.captures, args.replays)  # fmt: skip
-                row = dict(batch=bname, seqs=len(seq_lens), pattern=pattern, pdl=pdl,
-                           replays=args.captures * args.replays,
-                           mismatches=len(bad), first=bad[:20],
-                           seconds=time.perf_counter() - t)  # fmt: skip
-                record["decode"].append(row)
-                print(f"decode {row}", flush=True)
-                if args.eager:
-                    bad = eager(lambda p=pattern, m=pdl: decode_chain(q, kv, p, m),
-                                ref, args.eager)  # fmt: skip
-                    row = dict(batch=bname, pattern=pattern, pdl=pdl, chains=args.eager,
-                               mismatches=len(bad), first=bad[:20])  # fmt: skip
-                    record["eager"].append(row)
-                    print(f"eager {row}", flush=True)
-        save("early_launch", record, args.out)
-    run = layer_chain(gen)
-    ref = run(0)
-    for pdl in [int(m) for m in args.layer_modes.split(",")]:
-        t = time.perf_counter()
-        bad = replays(lambda m=pdl: run(m), ref, 2, args.layer_replays)
-        row = dict(pdl=pdl, replays=2 * args.layer_replays, mismatches=len(bad),
-                   first=bad[:20], seconds=time.perf_counter() - t)  # fmt: skip
-        record["layers"].append(row)
-        print(f"layers {row}", flush=True)
-    save("early_launch", record, args.out)
-    try:
-        record["asm"] = asm_report(args.out / "early_launch_asm.txt")
-    except Exception as e:  # noqa: BLE001
-        record["asm_error"] = repr(e)
-        print(f"asm failed: {e!r}", flush=True)
+    decode_batch(record, "test", batches["test"], modes, gen, args)
+    asm(record, args.out)
+    layers(record, gen, [int(m) for m in args.layer_modes.split(",")], args)
+    asm(record, args.out)
+    decode_batch(record, "wide", batches["wide"], modes, gen, args)
     record["seconds"] = time.perf_counter() - t0
     print("wrote", save("early_launch", record, args.out), flush=True)
 
