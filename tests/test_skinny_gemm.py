@@ -282,10 +282,12 @@ def test_dependent_launch_in_a_graph_gives_the_same_bits(pdl):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = chain({"pdl": pdl})
-    for _ in range(3):
+    differ = torch.zeros(100, dtype=torch.bool, device=DEVICE)
+    for r in range(100):  # a race shows in some replays only
         out.zero_()
         graph.replay()
-        assert torch.equal(out, expected)
+        differ[r] = (out != expected).any()
+    assert not differ.any(), f"replays {differ.nonzero().flatten().tolist()} differ"
     # back to back, no kernel in between
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -129,10 +129,12 @@ def test_decode_launched_early_in_a_graph_matches_the_reference(pdl):
     for _ in range(4):
         ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
         ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
-    for _ in range(3):
+    differ = torch.zeros(100, dtype=torch.bool, device=DEVICE)
+    for r in range(100):  # a race shows in some replays only
         h.zero_()
         graph.replay()
-        assert torch.equal(h, ref)
+        differ[r] = (h != ref).any()
+    assert not differ.any(), f"replays {differ.nonzero().flatten().tolist()} differ"
     expected_first = paged_attention_ref(q, k, v, md).float()
     assert (expected.float() - expected_first).abs().max() <= 2e-2
 
