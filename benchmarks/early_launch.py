@@ -58,9 +58,13 @@ def kv_cache(seq_lens: list[int], gen: torch.Generator) -> tuple:
     return kc, vc, tables.to(DEVICE), lens.to(DEVICE)
 
 
-def attend(h, kv, combine: bool, pdl: int):
-    """paged_decode's two passes, called directly so that combine can launch early."""
+def attend(h, kv, combine: bool, pdl: int, raw: bool = True):
+    """paged_decode's two passes; raw: called directly, so that the kernel combining
+    the splits launches in the mode asked, whatever paged_decode would do."""
     kc, vc, tables, lens = kv
+    if not raw:
+        return pd.paged_decode(h, kc, vc, tables, lens, MAX_LEN, combine=combine,
+                               pdl=pdl)  # fmt: skip
     splits = pd.decode_num_splits(len(h), KV_HEADS, MAX_LEN, 64)
     out = torch.empty_like(h)
     acc, m, sums = pd.decode_partials(h, kc, vc, tables, lens, splits, 64, 4, 2, 0,
@@ -68,11 +72,11 @@ def attend(h, kv, combine: bool, pdl: int):
     return out if combine else pd.reduce_splits(acc, m, sums, out, pdl)
 
 
-def decode_chain(q, kv, pattern: str, pdl: int, depth: int = 8):
+def decode_chain(q, kv, pattern: str, pdl: int, depth: int = 8, raw: bool = True):
     h = q * 1.0  # a kernel before, that the first launch must wait for
     for i in range(depth):
         combine = pattern == "combine" or (pattern == "alternating" and i % 2 == 0)
-        h = attend(h, kv, combine, pdl)
+        h = attend(h, kv, combine, pdl, raw)
     return h
 
 

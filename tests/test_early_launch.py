@@ -26,8 +26,8 @@ def test_decode_chains_give_the_bits_of_ordinary_launches(pattern, pdl):
     q = torch.randn(3, el.HEADS, el.HEAD_DIM, generator=gen).to("cuda", el.BF16)
     ref = el.decode_chain(q, kv, "two_kernels", 0)
 
-    def chain():
-        return el.decode_chain(q, kv, pattern, pdl)
+    def chain():  # through paged_decode, which decides how each pass launches
+        return el.decode_chain(q, kv, pattern, pdl, raw=False)
 
     assert el.replays(chain, ref, captures=2, n=200) == []  # (capture, replay) pairs
     assert el.eager(chain, ref, 50) == []
