@@ -342,6 +342,11 @@ def run_hf(folder: Path, prompt: list[int], args) -> dict:
     return result
 
 
+def ms(run: dict) -> str:
+    """The run's median time per token, for the progress lines."""
+    return f" ({run['time_per_output_token_s']['median'] * 1e3:.3f} ms/token)"
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -358,7 +363,7 @@ def measure_shape(
     roofline["min_time_per_output_token_s"] = roofline["bytes"] / bandwidth
     runs = {}
     runs["minillm_eager"] = run_minillm(folder, prompt, False, args)
-    print(f"  {name}: minillm eager done", flush=True)
+    print(f"  {name}: minillm eager done{ms(runs['minillm_eager'])}", flush=True)
     if args.device != "cuda":
         runs["minillm_cuda_graphs"] = {"skipped": "CUDA graphs need a GPU"}
     elif "cuda_graphs" not in ENGINE_FIELDS:
@@ -367,7 +372,8 @@ def measure_shape(
         }
     else:
         runs["minillm_cuda_graphs"] = run_minillm(folder, prompt, True, args)
-        print(f"  {name}: minillm CUDA graphs done", flush=True)
+        graphs = runs["minillm_cuda_graphs"]
+        print(f"  {name}: minillm CUDA graphs done{ms(graphs)}", flush=True)
         for mode in args.early_launch:  # the same engine, kernels launched otherwise
             default, paged_decode.EARLY_LAUNCH = paged_decode.EARLY_LAUNCH, mode
             try:
@@ -375,7 +381,7 @@ def measure_shape(
                 runs[key] = run_minillm(folder, prompt, True, args)
             finally:
                 paged_decode.EARLY_LAUNCH = default
-            print(f"  {name}: graphs, early launch {mode} done", flush=True)
+            print(f"  {name}: graphs, early launch {mode}{ms(runs[key])}", flush=True)
     if args.quantization:  # the same engine on quantized weights
         graphs = args.device == "cuda" and "cuda_graphs" in ENGINE_FIELDS
         key = f"minillm_{args.quantization}" + ("_cuda_graphs" if graphs else "")
