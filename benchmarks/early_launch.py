@@ -3,10 +3,10 @@ kernels that each read the previous one's output, captured in CUDA graphs severa
 and replayed many times, every replay's output compared bit for bit with the same chain
 launched ordinarily; per launch mode (0 ordinary, 1 and 2 early).
 
-- `decode`: chapter 10's decode attention chained 8 deep on its own output, the splits
-  combined by the last split inside the kernel (`combine`), by the second kernel
-  (`two_kernels`), or the two alternating (`alternating`, the pattern of
-  tests/test_triton_attention.py's graph test); on the test's 3 sequences and on 32;
+- `decode`: chapter 10's decode attention (the decode kernel and its reduction)
+  chained 8 deep on its own output, on 3 sequences (those of
+  tests/test_triton_attention.py's graph test) and on 32; (the stored run of
+  2026-12-03, commit 538012f, also chained the combined reduction, since removed)
 - `eager`: the same chains launched without a graph (the caching allocator hands a
   freed buffer to the very next launch);
 - `layers`: 28 Qwen3-0.6B layers at batch 1 as the engine's fused layers run them
@@ -58,25 +58,15 @@ def kv_cache(seq_lens: list[int], gen: torch.Generator) -> tuple:
     return kc, vc, tables.to(DEVICE), lens.to(DEVICE)
 
 
-def attend(h, kv, combine: bool, pdl: int, raw: bool = True):
-    """paged_decode's two passes; raw: called directly, so that the kernel combining
-    the splits launches in the mode asked, whatever paged_decode would do."""
+def attend(h, kv, pdl: int):
     kc, vc, tables, lens = kv
-    if not raw:
-        return pd.paged_decode(h, kc, vc, tables, lens, MAX_LEN, combine=combine,
-                               pdl=pdl)  # fmt: skip
-    splits = pd.decode_num_splits(len(h), KV_HEADS, MAX_LEN, 64)
-    out = torch.empty_like(h)
-    acc, m, sums = pd.decode_partials(h, kc, vc, tables, lens, splits, 64, 4, 2, 0,
-                                      out if combine else None, pdl)  # fmt: skip
-    return out if combine else pd.reduce_splits(acc, m, sums, out, pdl)
+    return pd.paged_decode(h, kc, vc, tables, lens, MAX_LEN, pdl=pdl)
 
 
-def decode_chain(q, kv, pattern: str, pdl: int, depth: int = 8, raw: bool = True):
+def decode_chain(q, kv, pdl: int, depth: int = 8):
     h = q * 1.0  # a kernel before, that the first launch must wait for
-    for i in range(depth):
-        combine = pattern == "combine" or (pattern == "alternating" and i % 2 == 0)
-        h = attend(h, kv, combine, pdl, raw)
+    for _ in range(depth):
+        h = attend(h, kv, pdl)
     return h
 
 
@@ -139,7 +129,7 @@ def layer_chain(gen: torch.Generator, seq_len: int = 256):
             qkv = sg.skinny_linear(h, w["qkv"], norm=(w["g1"], eps, r, sums), pdl=pdl)
             q = qk.qk_norm_rope_write(qkv, w["gqk"], eps, cos, sin, kc, vc, w["slot"],
                                       HEADS, pdl=pdl)  # fmt: skip
-            a = attend(q, w["kv"], False, pdl)
+            a = attend(q, w["kv"], pdl)
             o = sg.skinny_linear(a.reshape(1, HEADS * HEAD_DIM), w["o"], pdl=pdl)
             r = torch.empty_like(o)
             gu = sg.skinny_linear(
@@ -216,27 +206,25 @@ def asm_report(asm_path: Path) -> list[dict]:
 
 
 def decode_batch(record, bname, seq_lens, modes, gen, args) -> None:
-    """Every pattern of decode chains, per launch mode, in graphs and eagerly."""
+    """Decode chains per launch mode, in graphs and eagerly."""
     kv = kv_cache(seq_lens, gen)
     q = torch.randn(len(seq_lens), HEADS, HEAD_DIM, generator=gen).to(DEVICE, BF16)
-    ref = decode_chain(q, kv, "two_kernels", 0)
-    for pattern in ("alternating", "combine", "two_kernels"):
-        for pdl in modes:
-            t = time.perf_counter()
-            bad = replays(lambda p=pattern, m=pdl: decode_chain(q, kv, p, m), ref,
-                          args.captures, args.replays)  # fmt: skip
-            row = dict(batch=bname, seqs=len(seq_lens), pattern=pattern, pdl=pdl,
-                       replays=args.captures * args.replays, mismatches=len(bad),
-                       first=bad[:20], seconds=time.perf_counter() - t)  # fmt: skip
-            record["decode"].append(row)
-            print(f"decode {row}", flush=True)
-            if args.eager:
-                bad = eager(lambda p=pattern, m=pdl: decode_chain(q, kv, p, m), ref,
-                            args.eager)  # fmt: skip
-                row = dict(batch=bname, pattern=pattern, pdl=pdl, chains=args.eager,
-                           mismatches=len(bad), first=bad[:20])  # fmt: skip
-                record["eager"].append(row)
-                print(f"eager {row}", flush=True)
+    ref = decode_chain(q, kv, 0)
+    for pdl in modes:
+        t = time.perf_counter()
+        bad = replays(lambda m=pdl: decode_chain(q, kv, m), ref, args.captures,
+                      args.replays)  # fmt: skip
+        row = dict(batch=bname, seqs=len(seq_lens), pattern="two_kernels", pdl=pdl,
+                   replays=args.captures * args.replays, mismatches=len(bad),
+                   first=bad[:20], seconds=time.perf_counter() - t)  # fmt: skip
+        record["decode"].append(row)
+        print(f"decode {row}", flush=True)
+        if args.eager:
+            bad = eager(lambda m=pdl: decode_chain(q, kv, m), ref, args.eager)
+            row = dict(batch=bname, pattern="two_kernels", pdl=pdl, chains=args.eager,
+                       mismatches=len(bad), first=bad[:20])  # fmt: skip
+            record["eager"].append(row)
+            print(f"eager {row}", flush=True)
     save("early_launch", record, args.out)
 
 

@@ -19,15 +19,14 @@ from benchmarks import early_launch as el  # noqa: E402
 
 
 @pytest.mark.parametrize("pdl", [1, 2])
-@pytest.mark.parametrize("pattern", ["two_kernels", "alternating"])
-def test_decode_chains_give_the_bits_of_ordinary_launches(pattern, pdl):
+def test_decode_chains_give_the_bits_of_ordinary_launches(pdl):
     gen = torch.Generator().manual_seed(0)
     kv = el.kv_cache([300, 17, 1000], gen)
     q = torch.randn(3, el.HEADS, el.HEAD_DIM, generator=gen).to("cuda", el.BF16)
-    ref = el.decode_chain(q, kv, "two_kernels", 0)
+    ref = el.decode_chain(q, kv, 0)
 
-    def chain():  # through paged_decode, which decides how each pass launches
-        return el.decode_chain(q, kv, pattern, pdl, raw=False)
+    def chain():
+        return el.decode_chain(q, kv, pdl)
 
     assert el.replays(chain, ref, captures=2, n=200) == []  # (capture, replay) pairs
     assert el.eager(chain, ref, 50) == []
