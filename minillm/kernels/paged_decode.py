@@ -220,7 +220,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:606
+# %% chapters/10_triton_decode.md:609
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -249,7 +249,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:642
+# %% chapters/10_triton_decode.md:645
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -292,7 +292,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:689
+# %% chapters/10_triton_decode.md:692
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -310,7 +310,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:710
+# %% chapters/10_triton_decode.md:713
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
