@@ -156,44 +156,42 @@ def real_layers(
     outs = {}
     kn = knobs or {name: {} for name in ONE_STEP}
     for mode in modes:
-        for combine in (False,):
-            state = {}
+        state = {}
 
-            def first():
-                state["h"], state["r"] = x0 * 1.0, x0 * 1.0
+        def first():
+            state["h"], state["r"] = x0 * 1.0, x0 * 1.0
 
-            def layer(w, mode=mode, combine=combine):
-                h, r = state["h"], state["r"]
-                sums = torch.empty_like(h)
-                qkv = skinny_linear(h, w["qkv"], norm=(w["g1"], eps, r, sums), pdl=mode,
-                                    **kn["qkv"])  # fmt: skip
-                q = qk_norm_rope_write(
-                    qkv, w["gqk"], eps, cos, sin, w["kc"], w["vc"], slot, heads,
-                    pdl=mode,
-                )  # fmt: skip
-                a = paged_decode(q, w["kc"], w["vc"], table, lens, max_len,
-                                 combine=combine, pdl=mode)  # fmt: skip
-                o = skinny_linear(a.reshape(1, heads * hd), w["o"], pdl=mode, **kn["o"])
-                sums2 = torch.empty_like(o)
-                gu = skinny_linear(o, w["gate_up"], norm=(w["g2"], eps, sums, sums2),
-                                   pdl=mode, **kn["gate_up"])  # fmt: skip
-                state["h"] = skinny_linear(gu, w["down"], gated=True, pdl=mode,
-                                           **kn["down"])  # fmt: skip
-                state["r"] = sums2
+        def layer(w, mode=mode):
+            h, r = state["h"], state["r"]
+            sums = torch.empty_like(h)
+            qkv = skinny_linear(h, w["qkv"], norm=(w["g1"], eps, r, sums), pdl=mode,
+                                **kn["qkv"])  # fmt: skip
+            q = qk_norm_rope_write(
+                qkv, w["gqk"], eps, cos, sin, w["kc"], w["vc"], slot, heads,
+                pdl=mode,
+            )  # fmt: skip
+            a = paged_decode(q, w["kc"], w["vc"], table, lens, max_len, pdl=mode)
+            o = skinny_linear(a.reshape(1, heads * hd), w["o"], pdl=mode, **kn["o"])
+            sums2 = torch.empty_like(o)
+            gu = skinny_linear(o, w["gate_up"], norm=(w["g2"], eps, sums, sums2),
+                               pdl=mode, **kn["gate_up"])  # fmt: skip
+            state["h"] = skinny_linear(gu, w["down"], gated=True, pdl=mode,
+                                       **kn["down"])  # fmt: skip
+            state["r"] = sums2
 
-            calls = [first] + [lambda w=w: layer(w) for w in layers]
-            try:
-                us = graph_us(calls, LAYERS)
-            except Exception as e:  # noqa: BLE001
-                print(f"real layers pdl={mode} failed: {e!r}", flush=True)
-                continue
-            outs[mode] = state["h"].clone()
-            outs.setdefault(0, outs[mode])
-            row = dict(max_seq_len=max_len, pdl=mode, combine=combine, us_per_layer=us)
-            row["knobs"] = "one step" if knobs else "default"
-            row["same_bits_as_pdl0"] = bool(torch.equal(outs[mode], outs[0]))
-            rows.append(row)
-            print(f"real layers {row}", flush=True)
+        calls = [first] + [lambda w=w: layer(w) for w in layers]
+        try:
+            us = graph_us(calls, LAYERS)
+        except Exception as e:  # noqa: BLE001
+            print(f"real layers pdl={mode} failed: {e!r}", flush=True)
+            continue
+        outs[mode] = state["h"].clone()
+        outs.setdefault(0, outs[mode])
+        row = dict(max_seq_len=max_len, pdl=mode, us_per_layer=us)
+        row["knobs"] = "one step" if knobs else "default"
+        row["same_bits_as_pdl0"] = bool(torch.equal(outs[mode], outs[0]))
+        rows.append(row)
+        print(f"real layers {row}", flush=True)
     record.setdefault("real_layers", []).extend(rows)
 
 
@@ -257,26 +255,24 @@ def main() -> None:
     q0 = torch.randn(1, heads, hd, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(2, 1, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
     for max_len in (400, 2064):
-        for combine in (False, True):
-            for pdl in (False, True):
+        for pdl in (False, True):
 
-                def attn(max_len=max_len, combine=combine, pdl=pdl):
-                    triton_reshape_and_cache(kv[0], kv[1], *cache, slot)
-                    return paged_decode(q0, *cache, table, lens, max_len,
-                                        combine=combine, pdl=pdl)  # fmt: skip
+            def attn(max_len=max_len, pdl=pdl):
+                triton_reshape_and_cache(kv[0], kv[1], *cache, slot)
+                return paged_decode(q0, *cache, table, lens, max_len, pdl=pdl)
 
-                try:
-                    us = graph_us([attn] * LAYERS, LAYERS)
-                except Exception as e:  # noqa: BLE001
-                    print(f"attention {max_len} {combine} {pdl} failed: {e!r}")
-                    continue
-                row = dict(max_seq_len=max_len, combine=combine, pdl=pdl, us=us)
-                row["same_bits"] = bool(
-                    torch.equal(attn(), paged_decode(q0, *cache, table, lens, max_len,
-                                                     combine=False, pdl=False))
-                )  # fmt: skip
-                record["attention"].append(row)
-                print(f"attention {row}", flush=True)
+            try:
+                us = graph_us([attn] * LAYERS, LAYERS)
+            except Exception as e:  # noqa: BLE001
+                print(f"attention {max_len} {pdl} failed: {e!r}")
+                continue
+            row = dict(max_seq_len=max_len, pdl=pdl, us=us)
+            row["same_bits"] = bool(
+                torch.equal(attn(), paged_decode(q0, *cache, table, lens, max_len,
+                                                 pdl=False))
+            )  # fmt: skip
+            record["attention"].append(row)
+            print(f"attention {row}", flush=True)
     save("decode_chain", record, args.out)
 
     # 28 layers of weights, and x for each shape

@@ -15,6 +15,8 @@ token is left out). Measured in the same run:
 - minillm with CUDA graphs (the same engine, `cuda_graphs=True`);
 - with --quantization NAME (chapter 12's int4, chapter 13's methods): the same engine
   with CUDA graphs on weights quantized at load (written to latency_NAME-*.json);
+- with --early-launch 0 (or 1, 2): the same engine with CUDA graphs, its kernels
+  launched in that mode (chapter 10's EARLY_LAUNCH) rather than the default;
 - Hugging Face transformers `generate` at batch 1, eager PyTorch (its default
   attention): (time of 256 new tokens - time of 1 new token) / 255;
 - the memory-bandwidth roofline: the bytes one decode step must read (every linear
@@ -54,6 +56,7 @@ from benchmarks.throughput import QWEN3_0_6B  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
 from minillm.registry import OPTIONS, load_plugins  # noqa: E402
 from minillm.hf import config_from_hf  # noqa: E402
+from minillm.kernels import paged_decode  # noqa: E402
 from minillm.kv_cache import kv_cache_bytes_per_token  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
@@ -264,6 +267,7 @@ def run_minillm(
     runner = llm.engine.model_runner
     graph_runner = getattr(runner, "graph_runner", None)
     resolved = engine_settings(llm.engine)
+    resolved["early_launch"] = getattr(paged_decode, "EARLY_LAUNCH", None)
     # all steps, warm-up included
     resolved.update(
         {
@@ -338,6 +342,11 @@ def run_hf(folder: Path, prompt: list[int], args) -> dict:
     return result
 
 
+def ms(run: dict) -> str:
+    """The run's median time per token, for the progress lines."""
+    return f" ({run['time_per_output_token_s']['median'] * 1e3:.3f} ms/token)"
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -354,7 +363,7 @@ def measure_shape(
     roofline["min_time_per_output_token_s"] = roofline["bytes"] / bandwidth
     runs = {}
     runs["minillm_eager"] = run_minillm(folder, prompt, False, args)
-    print(f"  {name}: minillm eager done", flush=True)
+    print(f"  {name}: minillm eager done{ms(runs['minillm_eager'])}", flush=True)
     if args.device != "cuda":
         runs["minillm_cuda_graphs"] = {"skipped": "CUDA graphs need a GPU"}
     elif "cuda_graphs" not in ENGINE_FIELDS:
@@ -363,7 +372,16 @@ def measure_shape(
         }
     else:
         runs["minillm_cuda_graphs"] = run_minillm(folder, prompt, True, args)
-        print(f"  {name}: minillm CUDA graphs done", flush=True)
+        graphs = runs["minillm_cuda_graphs"]
+        print(f"  {name}: minillm CUDA graphs done{ms(graphs)}", flush=True)
+        for mode in args.early_launch:  # the same engine, kernels launched otherwise
+            default, paged_decode.EARLY_LAUNCH = paged_decode.EARLY_LAUNCH, mode
+            try:
+                key = f"minillm_cuda_graphs_early_launch_{mode}"
+                runs[key] = run_minillm(folder, prompt, True, args)
+            finally:
+                paged_decode.EARLY_LAUNCH = default
+            print(f"  {name}: graphs, early launch {mode}{ms(runs[key])}", flush=True)
     if args.quantization:  # the same engine on quantized weights
         graphs = args.device == "cuda" and "cuda_graphs" in ENGINE_FIELDS
         key = f"minillm_{args.quantization}" + ("_cuda_graphs" if graphs else "")
@@ -373,7 +391,8 @@ def measure_shape(
         runs["hf_transformers"] = run_hf(folder, prompt, args)
         print(f"  {name}: HF generate done", flush=True)
     eager_tokens = runs["minillm_eager"]["token_ids"]
-    for run in runs.values():
+    graph_tokens = runs["minillm_cuda_graphs"].get("token_ids")
+    for key, run in runs.items():
         if "skipped" in run:
             continue
         t = run["time_per_output_token_s"]["median"]
@@ -383,6 +402,10 @@ def measure_shape(
         run["tokens_matching_minillm_eager"] = common_prefix(
             run["token_ids"], eager_tokens
         )
+        if key.startswith("minillm_cuda_graphs_early_launch"):  # same bits expected
+            run["tokens_matching_minillm_cuda_graphs"] = common_prefix(
+                run["token_ids"], graph_tokens
+            )
         run["token_ids"] = run["token_ids"][:16]
     return {"model": label, "name": name, "roofline": roofline, **runs}
 
@@ -446,6 +469,12 @@ def main() -> None:
         help="also run the engine with this quantization method (chapter 12: int4); "
         "the results go to latency_NAME-*.json",
     )
+    parser.add_argument(
+        "--early-launch",
+        default="",
+        help="comma-separated launch modes (chapter 10's EARLY_LAUNCH: 0 ordinary, 1 "
+        "or 2 early) to also run the CUDA-graph engine with, as same-run baselines",
+    )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument(
         "--quick",
@@ -455,6 +484,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.early_launch = [int(m) for m in args.early_launch.split(",") if m]
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit(
             "benchmarks/latency.py measures GPU decode latency: no CUDA device found "
@@ -491,6 +521,8 @@ def main() -> None:
             "dtype": str(args.dtype).removeprefix("torch."),
             "device": args.device,
             "quick": args.quick,
+            "early_launch": paged_decode.EARLY_LAUNCH,  # the engine's default
+            "early_launch_baselines": args.early_launch,
             "metric": "decode time per output token: "
             "(last - first token time) / (n - 1)",
         },

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1254
+# %% chapters/11_cuda_graph.md:1258
 """Compiled decoder layers (chapter 11, "Fewer kernels"). vLLM compiles the whole
 model with its own passes: vllm/compilation/."""
 
@@ -13,8 +13,9 @@ from minillm.model import CausalLM
 
 
 def compile_layers(model: CausalLM, kv_cache: PagedKVCache) -> None:
-    """Fuse the small operators of every decoder layer with torch.compile; attention
-    stays chapter 10's. One compilation serves all layers and all batch sizes.
+    """Fuse the small operators of every decoder layer, of the rotation angles and of
+    the last norm with torch.compile; attention stays chapter 10's. One compilation
+    serves all layers and all batch sizes.
     """
     import torch._dynamo
     import torch._inductor.config
@@ -29,3 +30,7 @@ def compile_layers(model: CausalLM, kv_cache: PagedKVCache) -> None:
     kv_cache.attend = torch.compiler.disable(kv_cache.attend)
     for layer in model.model.layers:
         layer.compile(dynamic=True)
+    # a step's two other chains of small operators: the rotation's cos and sin
+    # (once per step, for every layer), and the last norm
+    model.model.rotary_emb.compile(dynamic=True)
+    model.model.norm.compile(dynamic=True)

@@ -87,7 +87,7 @@ def test_bad_shapes_are_refused():
 
 
 def test_default_configuration_follows_the_sweep():
-    assert default_config(1, 1024, 2048) == dict(
+    assert default_config(2, 1024, 2048) == dict(
         use_dot=False,
         block_n=16,
         block_k=256,
@@ -97,8 +97,15 @@ def test_default_configuration_follows_the_sweep():
         num_warps=4,
     )
     # Llama gate_up: 1024 bands already
-    assert default_config(1, 16384, 2048)["split_k"] == 1
-    assert default_config(1, 4096, 1024)["split_k"] == 1  # short K is never split
+    assert default_config(2, 16384, 2048)["split_k"] == 1
+    assert default_config(2, 4096, 1024)["split_k"] == 1  # short K is never split
+    # one row: bands of 4, one step of at most 1024 columns per program
+    assert default_config(1, 1024, 2048) == dict(
+        use_dot=False, block_n=4, block_k=1024, num_stages=1, split_k=2, num_warps=4
+    )
+    assert default_config(1, 1024, 3072)["split_k"] == 3
+    assert default_config(1, 4096, 1024)["split_k"] == 1
+    assert default_config(1, 70, 200)["block_k"] == 256
     assert (
         default_config(3, 1024, 1024)["use_dot"]
         and not default_config(2, 1024, 1024)["use_dot"]
@@ -275,10 +282,12 @@ def test_dependent_launch_in_a_graph_gives_the_same_bits(pdl):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = chain({"pdl": pdl})
-    for _ in range(3):
+    differ = torch.zeros(100, dtype=torch.bool, device=DEVICE)
+    for r in range(100):  # a race shows in some replays only
         out.zero_()
         graph.replay()
-        assert torch.equal(out, expected)
+        differ[r] = (out != expected).any()
+    assert not differ.any(), f"replays {differ.nonzero().flatten().tolist()} differ"
     # back to back, no kernel in between
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -93,22 +93,6 @@ def test_decode_kernel_matches_reference(block_size, n_heads, n_kv):
         )
 
 
-@pytest.mark.parametrize("n_heads, n_kv", [(4, 4), (8, 2)])
-def test_combining_in_the_decode_kernel_gives_the_two_kernels_bits(n_heads, n_kv):
-    """combine=True: the last split of each (sequence, KV head) runs the reduction's
-    own code, so the output is the second kernel's, bit for bit, and the counters are
-    back at zero."""
-    from minillm.kernels import paged_decode as module
-
-    q, k, v, md = batch([1] * 5, [1, 17, 40, 3, 64], 16, n_heads, n_kv, 32, seed=3)
-    for splits in (1, 4, 8):
-        args = (q, k, v, md.block_tables, md.seq_lens, md.max_seq_len, splits)
-        one = paged_decode(*args, combine=True)
-        two = paged_decode(*args, combine=False)
-        assert torch.equal(one, two)
-        assert not module._COUNTERS[one.device].any()
-
-
 @pytest.mark.skipif(DEVICE != "cuda", reason="dependent launch needs a GPU")
 @pytest.mark.parametrize("pdl", [1, 2])
 def test_decode_launched_early_in_a_graph_matches_the_reference(pdl):
@@ -116,23 +100,20 @@ def test_decode_launched_early_in_a_graph_matches_the_reference(pdl):
         pytest.skip("programmatic dependent launch needs Hopper or later")
     q, k, v, md = batch([1] * 3, [300, 17, 1000], 16, 16, 8, 128, torch.bfloat16)
     expected = paged_decode(q, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
-    # combine's counters exist before capture
-    paged_decode(q, k, v, md.block_tables, md.seq_lens, 1024, combine=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         h = q * 1.0  # a kernel before, that the first launch must wait for
-        for _ in range(4):  # each reads the previous one's output
-            h = paged_decode(h, k, v, md.block_tables, md.seq_lens, 1024, pdl=pdl,
-                             combine=True)  # fmt: skip
+        for _ in range(8):  # each reads the previous one's output
             h = paged_decode(h, k, v, md.block_tables, md.seq_lens, 1024, pdl=pdl)
     ref = q
-    for _ in range(4):
+    for _ in range(8):
         ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
-        ref = paged_decode(ref, k, v, md.block_tables, md.seq_lens, 1024, pdl=0)
-    for _ in range(3):
+    differ = torch.zeros(100, dtype=torch.bool, device=DEVICE)
+    for r in range(100):  # a race shows in some replays only
         h.zero_()
         graph.replay()
-        assert torch.equal(h, ref)
+        differ[r] = (h != ref).any()
+    assert not differ.any(), f"replays {differ.nonzero().flatten().tolist()} differ"
     expected_first = paged_attention_ref(q, k, v, md).float()
     assert (expected.float() - expected_first).abs().max() <= 2e-2
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1654
+# %% chapters/10_triton_decode.md:1575
 """The Triton attention backend for the paged KV cache (chapter 10, "Paged attention in
 Triton").
 
@@ -26,7 +26,7 @@ from minillm.model import AttentionMetadata
 from minillm.registry import ATTENTION_BACKENDS
 
 
-# %% chapters/10_triton_decode.md:1679
+# %% chapters/10_triton_decode.md:1600
 def triton_paged_attention(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
 ) -> Tensor:
@@ -41,7 +41,7 @@ def triton_paged_attention(
     return paged_prefill(q, key_cache, value_cache, md)
 
 
-# %% chapters/10_triton_decode.md:2097
+# %% chapters/10_triton_decode.md:2018
 @ATTENTION_BACKENDS.register("triton", preferred_on=("cuda",))
 def triton_attention():
     """This chapter's kernels: paged attention and the one-kernel cache write."""

@@ -35,8 +35,6 @@ def _decode_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
-    out_ptr,
-    count_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -47,8 +45,6 @@ def _decode_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
-    stride_ot,
-    stride_oh,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
@@ -60,7 +56,6 @@ def _decode_kernel(
     SPLIT_TOKENS: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     IEEE: tl.constexpr,
-    COMBINE: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     # (1) the program's sequence, KV head and split: which tokens it reads
@@ -146,40 +141,30 @@ def _decode_kernel(
     )
     tl.store(m_ptr + row, m_i, mask=g_ok)
     tl.store(l_ptr + row, l_i, mask=g_ok)
-    if COMBINE:
-        # (6) the last split of the (sequence, KV head) to finish combines them
-        # (as the skinny product's split-K below: barrier, then acq_rel count)
-        tl.debug_barrier()
-        counter = count_ptr + seq * (NUM_HEADS // GROUP) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-            for gi in tl.static_range(GROUP):
-                _combine(acc_ptr, m_ptr, l_ptr, out_ptr, seq, kv_head * GROUP + gi,
-                         stride_ot, stride_oh, NUM_HEADS, HEAD_DIM, D_P2,
-                         NUM_SPLITS)  # fmt: skip
-            tl.store(counter, 0)
 
 
-# %% chapters/10_triton_decode.md:504
+# %% chapters/10_triton_decode.md:481
 @triton.jit
-def _combine(
+def _reduce_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
     out_ptr,
-    seq,
-    head,
     stride_ot,
     stride_oh,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_P2: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     """out[seq, head] from the head's NUM_SPLITS partial results."""
+    _launched_early(PDL)
+    seq, head = tl.program_id(0), tl.program_id(1)
     sp = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, D_P2)
     row = (seq * NUM_HEADS + head) * NUM_SPLITS + sp
-    # .cg: from L2, where other programs' stores are
+    # .cg: from L2, where the decode kernel's stores are
     m = tl.load(m_ptr + row, cache_modifier=".cg")  # (SPLITS,)
     l = tl.load(l_ptr + row, cache_modifier=".cg")
     acc = tl.load(
@@ -199,27 +184,7 @@ def _combine(
     )
 
 
-@triton.jit
-def _reduce_kernel(
-    acc_ptr,
-    m_ptr,
-    l_ptr,
-    out_ptr,
-    stride_ot,
-    stride_oh,
-    NUM_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    PDL: tl.constexpr = 0,
-):
-    _launched_early(PDL)
-    seq, head = tl.program_id(0), tl.program_id(1)
-    _combine(acc_ptr, m_ptr, l_ptr, out_ptr, seq, head, stride_ot, stride_oh,
-             NUM_HEADS, HEAD_DIM, D_P2, NUM_SPLITS)  # fmt: skip
-
-
-# %% chapters/10_triton_decode.md:576
+# %% chapters/10_triton_decode.md:534
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -255,33 +220,15 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:655
-# arrivals per (sequence, KV head) for combine; zero between launches
-_COUNTERS: dict[torch.device, Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> Tensor:
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "paged_decode: call it once before CUDA-graph capture, so that its "
-                "counters exist"
-            )
-        buf = _COUNTERS[device] = torch.zeros(
-            max(n, 1 << 14), dtype=torch.int32, device=device
-        )
-    return buf
-
-
+# %% chapters/10_triton_decode.md:609
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-# the mode kernels launch in when not told: 0, ordinary launches (see the prose)
-EARLY_LAUNCH = 0
+# the mode kernels launch in when not told: 1, early (0: ordinary; see the prose)
+EARLY_LAUNCH = 1
 
 
 def default_launch(device: torch.device) -> int:
@@ -302,7 +249,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:709
+# %% chapters/10_triton_decode.md:645
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -314,13 +261,11 @@ def decode_partials(
     num_warps: int,
     num_stages: int,
     split_tokens: int,
-    out: Tensor | None = None,
     pdl: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
     num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
-    With out (num_seqs, n_heads, D), the last split of each (sequence, KV head) also
-    combines them into out, pass 2 in the same launch. pdl: launched early (Hopper).
+    pdl: launched early (Hopper).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -329,28 +274,25 @@ def decode_partials(
     acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(shape, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    count = acc if out is None else _counters(q.device, num_seqs * num_kv_heads)
-    out_ = acc if out is None else out  # not written without out
     # fmt: off
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, out_, count,
-        head_dim**-0.5,
+        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, head_dim**-0.5,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), out_.stride(0), out_.stride(1),
+        block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         SPLIT_TOKENS=split_tokens, NUM_STAGES=num_stages,
-        IEEE=q.dtype == torch.float32, COMBINE=out is not None, PDL=pdl,
+        IEEE=q.dtype == torch.float32, PDL=pdl,
         num_warps=num_warps, launch_pdl=pdl > 0,
     )
     # fmt: on
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:761
+# %% chapters/10_triton_decode.md:692
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -368,7 +310,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:782
+# %% chapters/10_triton_decode.md:713
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -382,7 +324,6 @@ def paged_decode(
     num_stages: int = 2,
     programs_per_sm: int = 16,
     split_tokens: int = 0,
-    combine: bool = False,
     pdl: int | None = None,
 ) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
@@ -390,9 +331,7 @@ def paged_decode(
 
     Returns (num_seqs, n_heads, D). num_splits (or pieces of split_tokens tokens, a
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
-    combine: the splits are combined by the last of them, in the same launch (False:
-    by a second kernel). pdl: launched early (None: default_launch; see
-    _launched_early).
+    pdl: launched early (None: default_launch; see _launched_early).
     """
     pdl = default_launch(q.device) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:
@@ -414,7 +353,6 @@ def paged_decode(
         num_warps,
         num_stages,
         split_tokens,
-        out if combine else None,
         pdl,
     )
-    return out if combine else reduce_splits(acc, m, l, out, pdl)
+    return reduce_splits(acc, m, l, out, pdl)

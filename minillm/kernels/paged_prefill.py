@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:959
+# %% chapters/10_triton_decode.md:880
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 10, "Paged attention in Triton").
 
@@ -28,7 +28,7 @@ from minillm.model import AttentionMetadata
 LOG2_E = math.log2(math.e)
 
 
-# %% chapters/10_triton_decode.md:992
+# %% chapters/10_triton_decode.md:913
 @triton.jit
 def _load_kv(
     base, block, slot, stride_b, stride_s, t_ok,
@@ -46,7 +46,7 @@ def _load_kv(
     return x
 
 
-# %% chapters/10_triton_decode.md:1018
+# %% chapters/10_triton_decode.md:939
 @triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
@@ -84,7 +84,7 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:1060
+# %% chapters/10_triton_decode.md:981
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -146,7 +146,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1161
+# %% chapters/10_triton_decode.md:1082
 def prefill_tile_map(
     md: AttentionMetadata, block_m: int, longest_first: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -188,7 +188,7 @@ def prefill_tile_map(
     return cached[block_m, longest_first]
 
 
-# %% chapters/10_triton_decode.md:1224
+# %% chapters/10_triton_decode.md:1145
 # tile knobs by the element size of q: chosen from the sweep (see the text)
 PREFILL_KNOBS = {
     2: dict(rows=128, block_n=32, num_warps=8, num_stages=3),
