@@ -222,15 +222,19 @@ def num_sms(device: torch.device) -> int:
     )
 
 
-def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
+def default_config(
+    M: int, N: int, K: int, sms: int = 132, float32: bool = False
+) -> dict:
     """The kernel's knobs for an (M, N, K) product; from sweeps on the H200
     (benchmarks/decode_gemm.py --sweep).
 
     Up to 2 rows the CUDA cores do the arithmetic (bands of 16 weight rows, 256 columns
-    a step); from 3 rows on, the tensor cores, with x padded to 16 rows. When the output
-    gives fewer than two programs per multiprocessor and K is long, K is split in 4.
+    a step); from 3 rows on, the tensor cores, with x padded to 16 rows. float32 stays
+    on the CUDA cores at every M: its exact (IEEE) dot has no tensor-core instruction.
+    When the output gives fewer than two programs per multiprocessor and K is long, K
+    is split in 4.
     """
-    if M <= 2:
+    if M <= 2 or float32:
         cfg = dict(use_dot=False, block_n=16, block_k=256, num_stages=3)
     else:
         cfg = dict(
@@ -241,7 +245,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:2566
+# %% chapters/10_triton_decode.md:2570
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -260,7 +264,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:2594
+# %% chapters/10_triton_decode.md:2598
 def skinny_linear(
     x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
 ) -> Tensor:
@@ -291,7 +295,8 @@ def skinny_linear(
     if norm:
         x = x.contiguous()  # x, the residual and the sums: rows of stride K
         residual = x if residual is None else residual.contiguous()
-    cfg = {**default_config(M, N, K, num_sms(x.device)), **knobs}
+    exact = x.dtype == torch.float32
+    cfg = {**default_config(M, N, K, num_sms(x.device), exact), **knobs}
     pdl = cfg.get("pdl", default_launch(x.device))
     bn, bk = cfg["block_n"], cfg["block_k"]
     k_steps = triton.cdiv(K, bk)
@@ -323,7 +328,7 @@ def skinny_linear(
     return y
 
 
-# %% chapters/10_triton_decode.md:2666
+# %% chapters/10_triton_decode.md:2671
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -351,7 +356,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2699
+# %% chapters/10_triton_decode.md:2704
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
@@ -381,7 +386,7 @@ def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# %% chapters/10_triton_decode.md:2735
+# %% chapters/10_triton_decode.md:2740
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Chapter 1's RMSNorm of x, with the norm's weight and eps."""
     x32 = x.float()

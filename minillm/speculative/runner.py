@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1547
+# %% chapters/14_speculative.md:1533
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -73,7 +73,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1619
+# %% chapters/14_speculative.md:1605
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -114,7 +114,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1676
+# %% chapters/14_speculative.md:1662
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -137,7 +137,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1707
+# %% chapters/14_speculative.md:1693
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -238,7 +238,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1830
+    # %% chapters/14_speculative.md:1816
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -341,7 +341,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1955
+    # %% chapters/14_speculative.md:1941
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -390,7 +390,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2454
+    # %% chapters/14_speculative.md:2440
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 11's buckets whose tokens fit the step's budget, sharing chapter
@@ -428,7 +428,7 @@ class SpeculativeRunnerMixin:
         self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output, kv_cache_manager)
 
-    # %% chapters/14_speculative.md:2600
+    # %% chapters/14_speculative.md:2589
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -438,12 +438,12 @@ class SpeculativeRunnerMixin:
         sizes = first.sizes
         if limit is not None and limit - 1 <= sizes[-1]:  # the batches that propose
             sizes = [s for s in sizes if s <= first.bucket(max(1, limit - 1))]
-        graphs = EagleGraphRunner(self.proposer, sizes)
+        graphs = EagleGraphRunner(self.proposer, sizes, compiled=self.torch_compile)
         graphs.capture(pool=self.graph_runner.pool)
         return graphs
 
 
-# %% chapters/14_speculative.md:2011
+# %% chapters/14_speculative.md:1997
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
