@@ -59,21 +59,27 @@ CONFIGS = {
 def build(model, tokenizer, spec) -> LLMEngine:
     config = EngineConfig(
         max_num_seqs=1, max_num_batched_tokens=1024, num_kv_blocks=84,
+        persistent_batch=True,
         speculative_config=None if spec is None else
         {**spec, "disable_by_batch_size": None},
     )  # fmt: skip
     return LLMEngine(model, tokenizer, config)
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def one_pass(engine, prompt, tag) -> tuple[float, int]:
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     engine.add_request(tag, prompt, params)
     steps0 = engine.num_steps
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - start, engine.num_steps - steps0
 
 
@@ -154,6 +160,28 @@ def wrap_engine(phases: Phases, engine) -> None:
     w(gmr, "prepare_inputs", "prepare_inputs")
 
 
+def step_kinds(engine) -> dict[str, list[float]]:
+    """Wraps engine.step (outermost) to sort each call's wall time by what its
+    step did: verified drafts, proposed without verifying, or neither."""
+    runner, step = engine.model_runner, engine.step
+    stats = getattr(runner, "spec_stats", None)
+    kinds: dict[str, list[float]] = defaultdict(list)
+
+    def timed():
+        drafts = stats.num_drafts if stats else 0
+        start = time.perf_counter()
+        out = step()
+        took = time.perf_counter() - start
+        kind = "plain"
+        if stats is not None and stats.num_drafts > drafts:
+            kind = "verified"
+        kinds[kind].append(took)
+        return out
+
+    engine.step = timed
+    return kinds
+
+
 def phases_of(model, tokenizer, prompt, out: Path, repeats: int) -> dict:
     result = {}
     for name, spec in CONFIGS.items():
@@ -162,10 +190,11 @@ def phases_of(model, tokenizer, prompt, out: Path, repeats: int) -> dict:
         times = [one_pass(engine, prompt, f"t{i}") for i in range(repeats)]
         phases = Phases()
         wrap_engine(phases, engine)
+        per_step = step_kinds(engine)
         steps = 0
         for i in range(repeats):
             steps += one_pass(engine, prompt, f"p{i}")[1]
-        phases.restore()
+        phases.restore()  # step_kinds' wrapper too
         prof = cProfile.Profile()
         prof.enable()
         one_pass(engine, prompt, "cprofile")
@@ -188,20 +217,24 @@ def phases_of(model, tokenizer, prompt, out: Path, repeats: int) -> dict:
                 k: round(v / steps, 2) for k, v in sorted(phases.calls.items())
             },
             "step_parts_ms": step_parts(engine.model_runner),
+            # engine.step() wall time by what the step did (medians, us)
+            "step_us_by_kind": {
+                k: [round(1e6 * statistics.median(v), 1), len(v)]
+                for k, v in per_step.items()
+            },
         }
         stats = getattr(engine.model_runner, "spec_stats", None)
         if stats is not None:
             row["tau"] = stats.mean_acceptance_length
         result[name] = row
         print(f"== {name}: {row['ms_per_step']:.3f} ms/step, {row['tok_s']:.0f} "
-              f"tok/s, {row['steps']} steps, parts {row['step_parts_ms']}",
-              flush=True)  # fmt: skip
+              f"tok/s, {row['steps']} steps, parts {row['step_parts_ms']}, "
+              f"by kind {row['step_us_by_kind']}", flush=True)  # fmt: skip
         for k, v in row["per_step_us"].items():
             print(f"   {k:50} {v:9.1f} us/step  {row['calls_per_step'][k]:6.2f} calls")
-        if name in ("none", "eagle k=8"):
+        if name in ("none", "eagle k=8") and torch.cuda.is_available():
             result[name]["kernels"] = kernel_tables(engine, prompt, out, slug)
         del engine
-        torch.cuda.empty_cache()
     return result
 
 
@@ -316,9 +349,11 @@ def main() -> None:
     args = p.parse_args()
     load_plugins()
     out = args.out or Path("/tmp")
+    out.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": args.name, "workload": "repetitive, batch 1, 64 tokens",
               "model": "course tiny model (float32)"}  # fmt: skip
-    model, tokenizer = tiny_model(device="cuda", dtype=torch.float32, progress=False)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = tiny_model(device=device, dtype=torch.float32, progress=False)
     prompt = held_out_prompts(tokenizer, "repetitive", 1)[0]
     save_now = lambda: save(args.name, {**record, "environment": environment()}, out)  # noqa: E731
     if "phases" not in args.skip:
