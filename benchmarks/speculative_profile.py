@@ -30,6 +30,7 @@ import pstats
 import statistics
 import sys
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 
@@ -185,57 +186,64 @@ def step_kinds(engine) -> dict[str, list[float]]:
 def phases_of(model, tokenizer, prompt, out: Path, repeats: int) -> dict:
     result = {}
     for name, spec in CONFIGS.items():
-        engine = build(model, tokenizer, spec)
-        one_pass(engine, prompt, "warm")
-        times = [one_pass(engine, prompt, f"t{i}") for i in range(repeats)]
-        phases = Phases()
-        wrap_engine(phases, engine)
-        per_step = step_kinds(engine)
-        steps = 0
-        for i in range(repeats):
-            steps += one_pass(engine, prompt, f"p{i}")[1]
-        phases.restore()  # step_kinds' wrapper too
-        prof = cProfile.Profile()
-        prof.enable()
-        one_pass(engine, prompt, "cprofile")
-        prof.disable()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
-        slug = name.replace(" ", "_").replace("=", "")
-        (out / f"phases_{slug}_cprofile.txt").write_text(text.getvalue())
-        seconds = statistics.median(t for t, _ in times)
-        row = {
-            "pass_seconds": seconds,
-            "steps": times[-1][1],
-            "ms_per_step": 1e3 * seconds / times[-1][1],
-            "tok_s": 64 / seconds,
-            "per_step_us": {
-                k: round(1e6 * v / steps, 1) for k, v in sorted(phases.seconds.items())
-            },
-            "calls_per_step": {
-                k: round(v / steps, 2) for k, v in sorted(phases.calls.items())
-            },
-            "step_parts_ms": step_parts(engine.model_runner),
-            # engine.step() wall time by what the step did (medians, us)
-            "step_us_by_kind": {
-                k: [round(1e6 * statistics.median(v), 1), len(v)]
-                for k, v in per_step.items()
-            },
-        }
-        stats = getattr(engine.model_runner, "spec_stats", None)
-        if stats is not None:
-            row["tau"] = stats.mean_acceptance_length
-        result[name] = row
-        print(f"== {name}: {row['ms_per_step']:.3f} ms/step, {row['tok_s']:.0f} "
-              f"tok/s, {row['steps']} steps, parts {row['step_parts_ms']}, "
-              f"by kind {row['step_us_by_kind']}", flush=True)  # fmt: skip
-        for k, v in row["per_step_us"].items():
-            print(f"   {k:50} {v:9.1f} us/step  {row['calls_per_step'][k]:6.2f} calls")
-        if name in ("none", "eagle k=8") and torch.cuda.is_available():
-            result[name]["kernels"] = kernel_tables(engine, prompt, out, slug)
-        del engine
+        try:  # a failure leaves the other configurations their rows
+            result[name] = phases_of_one(model, tokenizer, prompt, out, repeats, name)
+        except Exception as e:
+            traceback.print_exc()
+            result[name] = {"error": repr(e)}
     return result
+
+
+def phases_of_one(model, tokenizer, prompt, out: Path, repeats: int, name) -> dict:
+    engine = build(model, tokenizer, CONFIGS[name])
+    one_pass(engine, prompt, "warm")
+    times = [one_pass(engine, prompt, f"t{i}") for i in range(repeats)]
+    phases = Phases()
+    wrap_engine(phases, engine)
+    per_step = step_kinds(engine)
+    steps = 0
+    for i in range(repeats):
+        steps += one_pass(engine, prompt, f"p{i}")[1]
+    phases.restore()  # step_kinds' wrapper too
+    prof = cProfile.Profile()
+    prof.enable()
+    one_pass(engine, prompt, "cprofile")
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    slug = name.replace(" ", "_").replace("=", "")
+    (out / f"phases_{slug}_cprofile.txt").write_text(text.getvalue())
+    seconds = statistics.median(t for t, _ in times)
+    row = {
+        "pass_seconds": seconds,
+        "steps": times[-1][1],
+        "ms_per_step": 1e3 * seconds / times[-1][1],
+        "tok_s": 64 / seconds,
+        "per_step_us": {
+            k: round(1e6 * v / steps, 1) for k, v in sorted(phases.seconds.items())
+        },
+        "calls_per_step": {
+            k: round(v / steps, 2) for k, v in sorted(phases.calls.items())
+        },
+        "step_parts_ms": step_parts(engine.model_runner),
+        # engine.step() wall time by what the step did: [median us, count]
+        "step_us_by_kind": {
+            k: [round(1e6 * statistics.median(v), 1), len(v)]
+            for k, v in per_step.items()
+        },
+    }
+    stats = getattr(engine.model_runner, "spec_stats", None)
+    if stats is not None:
+        row["tau"] = stats.mean_acceptance_length
+    print(f"== {name}: {row['ms_per_step']:.3f} ms/step, {row['tok_s']:.0f} "
+          f"tok/s, {row['steps']} steps, parts {row['step_parts_ms']}, "
+          f"by kind {row['step_us_by_kind']}", flush=True)  # fmt: skip
+    for k, v in row["per_step_us"].items():
+        print(f"   {k:50} {v:9.1f} us/step  {row['calls_per_step'][k]:6.2f} calls")
+    if name in ("none", "eagle k=8") and torch.cuda.is_available():
+        row["kernels"] = kernel_tables(engine, prompt, out, slug)
+    return row
 
 
 def table(prof, n: int = 40) -> str:

@@ -212,7 +212,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:2531
+# %% chapters/10_triton_decode.md:2535
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -245,7 +245,7 @@ def default_config(
     return cfg
 
 
-# %% chapters/10_triton_decode.md:2570
+# %% chapters/10_triton_decode.md:2574
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -264,7 +264,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:2598
+# %% chapters/10_triton_decode.md:2602
 def skinny_linear(
     x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
 ) -> Tensor:
@@ -328,7 +328,7 @@ def skinny_linear(
     return y
 
 
-# %% chapters/10_triton_decode.md:2671
+# %% chapters/10_triton_decode.md:2675
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -356,7 +356,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2704
+# %% chapters/10_triton_decode.md:2708
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
@@ -386,7 +386,7 @@ def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# %% chapters/10_triton_decode.md:2740
+# %% chapters/10_triton_decode.md:2744
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Chapter 1's RMSNorm of x, with the norm's weight and eps."""
     x32 = x.float()
