@@ -51,18 +51,27 @@ from minillm.tiny import tiny_model  # noqa: E402
 
 CONFIGS = {
     "none": None,
+    "none, in step": "no async scheduling",
     "ngram k=3": {"method": "ngram", "num_speculative_tokens": 3},
+    "ngram k=3 lookup 1..4": {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    },
     "eagle k=3": {"method": "eagle", "num_speculative_tokens": 3},
     "eagle k=8": {"method": "eagle", "num_speculative_tokens": 8},
 }
 
 
 def build(model, tokenizer, spec) -> LLMEngine:
+    options = {}
+    if isinstance(spec, str):  # no speculation, each step run in step
+        spec, options = None, {"async_scheduling": False}
     config = EngineConfig(
         max_num_seqs=1, max_num_batched_tokens=1024, num_kv_blocks=84,
         persistent_batch=True,
         speculative_config=None if spec is None else
-        {**spec, "disable_by_batch_size": None},
+        {**spec, "disable_by_batch_size": None}, **options,
     )  # fmt: skip
     return LLMEngine(model, tokenizer, config)
 
@@ -212,7 +221,7 @@ def phases_of_one(model, tokenizer, prompt, out: Path, repeats: int, name) -> di
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
-    slug = name.replace(" ", "_").replace("=", "")
+    slug = "".join(c for c in name.replace(" ", "_") if c.isalnum() or c in "_")
     (out / f"phases_{slug}_cprofile.txt").write_text(text.getvalue())
     seconds = statistics.median(t for t, _ in times)
     row = {
