@@ -179,11 +179,15 @@ def step_kinds(engine) -> dict[str, list[float]]:
 
     def timed():
         drafts = stats.num_drafts if stats else 0
+        waiting = engine.scheduler.requests.values()
+        fresh = any(r.num_output_tokens == 0 for r in waiting)
         start = time.perf_counter()
         out = step()
         took = time.perf_counter() - start
         kind = "plain"
-        if stats is not None and stats.num_drafts > drafts:
+        if fresh:  # a prompt's step (with async scheduling: the one after it)
+            kind = "prompt"
+        elif stats is not None and stats.num_drafts > drafts:
             kind = "verified"
         kinds[kind].append(took)
         return out
@@ -192,9 +196,9 @@ def step_kinds(engine) -> dict[str, list[float]]:
     return kinds
 
 
-def phases_of(model, tokenizer, prompt, out: Path, repeats: int) -> dict:
+def phases_of(model, tokenizer, prompt, out: Path, repeats: int, names) -> dict:
     result = {}
-    for name, spec in CONFIGS.items():
+    for name in names:
         try:  # a failure leaves the other configurations their rows
             result[name] = phases_of_one(model, tokenizer, prompt, out, repeats, name)
         except Exception as e:
@@ -319,7 +323,7 @@ def skinny_sweep() -> list[dict]:
     return rows
 
 
-def ab(model, tokenizer, prompt) -> dict:
+def ab(model, tokenizer, prompt, labels, save_now) -> dict:
     """The verification and draft graphs with the previous choices."""
     result = {}
     old = skinny_gemm.default_config
@@ -335,6 +339,8 @@ def ab(model, tokenizer, prompt) -> dict:
         ("previous products, draft compiled", True, False),
         ("new products, draft uncompiled", False, True),
     ):
+        if label.split(",")[0] not in labels and label.split(", ")[1] not in labels:
+            continue
         if patch_gemm:
             skinny_gemm.default_config = previous
         if patch_draft:
@@ -350,6 +356,7 @@ def ab(model, tokenizer, prompt) -> dict:
                 "tok_s": 64 / seconds,
             }
             print(f"ab {label}: {result[label]}", flush=True)
+            save_now(result)
             del engine
         finally:
             skinny_gemm.default_config = old
@@ -363,6 +370,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--name", default="speculative_profile")
     p.add_argument("--skip", nargs="*", default=[], help="phases skinny ab")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), help="of CONFIGS")
+    p.add_argument("--ab", nargs="+", default=["previous products", "draft uncompiled"])
     args = p.parse_args()
     load_plugins()
     out = args.out or Path("/tmp")
@@ -374,13 +383,20 @@ def main() -> None:
     prompt = held_out_prompts(tokenizer, "repetitive", 1)[0]
     save_now = lambda: save(args.name, {**record, "environment": environment()}, out)  # noqa: E731
     if "phases" not in args.skip:
-        record["phases"] = phases_of(model, tokenizer, prompt, out, args.repeats)
+        record["phases"] = phases_of(
+            model, tokenizer, prompt, out, args.repeats, args.configs
+        )
         save_now()
     if "skinny" not in args.skip:
         record["skinny"] = skinny_sweep()
         save_now()
     if "ab" not in args.skip:
-        record["ab"] = ab(model, tokenizer, prompt)
+
+        def save_ab(result):
+            record["ab"] = result
+            save_now()
+
+        ab(model, tokenizer, prompt, args.ab, save_ab)
     print(f"wrote {save_now()}")
 
 
