@@ -9,27 +9,28 @@ Two measurements, in one run:
    depend on the weights), through the attention backend the engine picks (chapter
    10's Triton kernels on a GPU). Median of 20 after 3 warm-ups.
 2. The chapter's two workloads (minillm/speculative/workloads.py: prompts from the
-   corpus's held-out topics, "repetitive" and "open") on the course's tiny trained
-   model (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32
-   and 128 (all requests submitted at once, max_num_seqs = batch): without
-   speculation, with the n-gram proposer (k = 3 and k = 5; lookup 2..4), with the
-   EAGLE proposer (k = 3, 5 and 8; the tiny model's draft,
-   minillm/speculative/eagle.py, trained on the CPU first if the cache lacks it),
-   and at batch >= 32 with k = 3 and disable_by_batch_size = 32 (n-gram and
-   EAGLE). All on the engine's default runner — on a GPU chapter 11's fast path:
-   persistent batch, CUDA graphs (for verification steps and EAGLE's draft too),
-   compiled layers, async scheduling for the steps that neither verify nor
-   propose — and, at batch 1, without speculation, with n-gram k = 3 and with
-   EAGLE k = 3 on chapter 7's runner as well (a second baseline; its own copy of
-   the model). Each engine runs the prompts once untimed, then --repeats times
-   timed (the median counts). Reported per run: the runner and its flags, output
-   tokens/s, the mean acceptance length tau and the acceptances per position,
-   steps and how many replayed a graph (verification and draft graphs apart), the
-   speed-up over the fast path without speculation at the same batch and
-   workload, the speed-up over the same runner without speculation, whether the
-   tokens equal the baseline's, and at batch 1 on a GPU the device time of the
-   step's parts (step_parts_ms: the decode graph, the verification graph, EAGLE's
-   draft chain replayed and eager), timed with CUDA events after the run.
+   corpus's held-out topics, "repetitive" and "open") on the course's tiny trained model
+   (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32 and 128 (all
+   requests submitted at once, max_num_seqs = batch): without speculation, with the
+   n-gram proposer (k = 3 and k = 5; lookup 2..4), with the EAGLE proposer (k = 3, 5 and
+   8; the tiny model's draft, minillm/speculative/eagle.py, trained on the CPU first if
+   the cache lacks it), and at batch >= 32 with k = 3 and disable_by_batch_size = 32
+   (n-gram and EAGLE). All on the engine's default runner — on a GPU chapter 11's fast
+   path: persistent batch, CUDA graphs (for verification steps and EAGLE's draft too),
+   compiled layers, async scheduling for the steps that neither verify nor propose —
+   and, at batch 1, without speculation on the same fast path with every step run in
+   step (async_scheduling=False: a second baseline, faster at batch 1 on the tiny
+   model), and without speculation, with n-gram k = 3 and with EAGLE k = 3 on chapter
+   7's runner as well (a third baseline; its own copy of the model; --no-chapter7 leaves
+   it out). Each engine runs the prompts once untimed, then --repeats times timed (the
+   median counts). Reported per run: the runner and its flags, output tokens/s, the mean
+   acceptance length tau and the acceptances per position, steps and how many replayed a
+   graph (verification and draft graphs apart), the speed-up over the fast path without
+   speculation at the same batch and workload, the speed-up over the same runner without
+   speculation and over the fastest baseline measured before it in the same run, whether
+   the tokens equal the baseline's, and at batch 1 on a GPU the device time of the
+   step's parts (step_parts_ms: the decode graph, the verification graph, EAGLE's draft
+   chain replayed and eager), timed with CUDA events after the run.
 
     # on a GPU; writes benchmarks/results/speculative_decode_rows-*.json
     python benchmarks/speculative.py
