@@ -59,21 +59,22 @@ def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.conste
     kk = tl.arange(0, K_P2)
     rstd = tl.zeros([BLOCK_M], tl.float32)
     for r in tl.static_range(BLOCK_M):
-        offs = tl.minimum(r, M - 1) * stride_xm + kk
-        x = tl.load(x_ptr + offs, mask=kk < K, other=0.0)
-        if NORM == 2:
-            res = tl.load(r_ptr + offs, mask=kk < K, other=0.0)
-            x = (res.to(tl.float32) + x.to(tl.float32)).to(x.dtype)
-        if store:
-            tl.store(s_ptr + offs, x, mask=(kk < K) & (kk * 0 + r < M))
-        x32 = x.to(tl.float32)
-        rstd = tl.where(
-            m == r, 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / K + eps), rstd
-        )
+        if r < M:  # rows past M (BLOCK_M is a power of two) cost nothing
+            offs = r * stride_xm + kk
+            x = tl.load(x_ptr + offs, mask=kk < K, other=0.0)
+            if NORM == 2:
+                res = tl.load(r_ptr + offs, mask=kk < K, other=0.0)
+                x = (res.to(tl.float32) + x.to(tl.float32)).to(x.dtype)
+            if store:
+                tl.store(s_ptr + offs, x, mask=kk < K)
+            x32 = x.to(tl.float32)
+            rstd = tl.where(
+                m == r, 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / K + eps), rstd
+            )
     return rstd
 
 
-# %% chapters/10_triton_decode.md:2265
+# %% chapters/10_triton_decode.md:2266
 @triton.jit
 def _load_w(w_ptr, n, n_ok, kk, K, stride_wn):
     """W's rows n at columns kk: (BLOCK_N, BLOCK_K), runs of contiguous bytes."""
@@ -102,18 +103,18 @@ def _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, kk, M, K, stride_xm,
     else:  # CUDA cores: one multiply-and-sum over K per row of x
         wf = w.to(tl.float32)
         for r in tl.static_range(BLOCK_M):
-            rstd_r = 1.0
-            if NORM > 0:
-                rstd_r = tl.sum(tl.where(m == r, rstd, 0.0), axis=0)
-            xr = _load_x(x_ptr, tl.minimum(r, M - 1) * stride_xm + kk, k_ok, K,
-                         GATED, NORM, r_ptr, g, rstd_r)  # fmt: skip
-            col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
-            # rows r >= M are never stored
-            acc += tl.where(m[None, :] == r, col[:, None], 0.0)
+            if r < M:  # as in _rms: the rows past M are skipped
+                rstd_r = 1.0
+                if NORM > 0:
+                    rstd_r = tl.sum(tl.where(m == r, rstd, 0.0), axis=0)
+                xr = _load_x(x_ptr, r * stride_xm + kk, k_ok, K, GATED, NORM, r_ptr,
+                             g, rstd_r)  # fmt: skip
+                col = tl.sum(wf * xr.to(tl.float32)[None, :], axis=1)  # (BLOCK_N,)
+                acc += tl.where(m[None, :] == r, col[:, None], 0.0)
     return acc
 
 
-# %% chapters/10_triton_decode.md:2308
+# %% chapters/10_triton_decode.md:2309
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -212,7 +213,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:2461
+# %% chapters/10_triton_decode.md:2466
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -222,7 +223,9 @@ def num_sms(device: torch.device) -> int:
     )
 
 
-def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
+def default_config(
+    M: int, N: int, K: int, sms: int = 132, float32: bool = False
+) -> dict:
     """The kernel's knobs for an (M, N, K) product; from sweeps on the H200
     (benchmarks/decode_gemm.py --sweep).
 
@@ -230,14 +233,15 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     split into that many slices), so that it loads its whole slice of W before it
     waits for x when launched early. Up to 2 rows the CUDA cores do the arithmetic
     (bands of 16 weight rows, 256 columns a step); from 3 rows on, the tensor cores,
-    with x padded to 16 rows. When the output gives fewer than two programs per
-    multiprocessor and K is long, K is split in 4.
+    with x padded to 16 rows. float32 stays on the CUDA cores at every M: its exact
+    (IEEE) dot has no tensor-core instruction. When the output gives fewer than two
+    programs per multiprocessor and K is long, K is split in 4.
     """
     if M == 1:
         bk = min(1024, triton.next_power_of_2(K))
         return dict(use_dot=False, block_n=4, block_k=bk, num_stages=1,
                     split_k=triton.cdiv(K, bk), num_warps=4)  # fmt: skip
-    if M <= 2:
+    if M <= 2 or float32:
         cfg = dict(use_dot=False, block_n=16, block_k=256, num_stages=3)
     else:
         cfg = dict(
@@ -248,7 +252,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/10_triton_decode.md:2503
+# %% chapters/10_triton_decode.md:2511
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -267,7 +271,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:2531
+# %% chapters/10_triton_decode.md:2539
 def skinny_linear(
     x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
 ) -> Tensor:
@@ -298,7 +302,8 @@ def skinny_linear(
     if norm:
         x = x.contiguous()  # x, the residual and the sums: rows of stride K
         residual = x if residual is None else residual.contiguous()
-    cfg = {**default_config(M, N, K, num_sms(x.device)), **knobs}
+    exact = x.dtype == torch.float32
+    cfg = {**default_config(M, N, K, num_sms(x.device), exact), **knobs}
     pdl = cfg.get("pdl", default_launch(x.device))
     bn, bk = cfg["block_n"], cfg["block_k"]
     k_steps = triton.cdiv(K, bk)
@@ -330,7 +335,7 @@ def skinny_linear(
     return y
 
 
-# %% chapters/10_triton_decode.md:2603
+# %% chapters/10_triton_decode.md:2612
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -358,7 +363,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2636
+# %% chapters/10_triton_decode.md:2645
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
@@ -388,7 +393,7 @@ def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# %% chapters/10_triton_decode.md:2672
+# %% chapters/10_triton_decode.md:2681
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Chapter 1's RMSNorm of x, with the norm's weight and eps."""
     x32 = x.float()

@@ -145,22 +145,8 @@ class EagleProposer:
             return out
 
         return chains, read
-        feats, tokens = [], []
-        for i in live:
-            first, rows = self.features[request_ids[i]]
-            end = len(contexts[i]) - 1  # settled features: positions < end
-            rows = rows[: end - first][-self.width :]
-            feats.append(rows)  # rows (f_p, x_{p+1}) for p in end - n .. end - 1
-            tokens.append(contexts[i][end - len(rows) + 1 : end + 1])
-        if self.graphs is not None and len(live) <= self.graphs.max_batch_size:
-            chains = self.graphs.run(feats, tokens)  # (B, k), from a replayed graph
-        else:
-            chains = self.chain(*self.batch(feats, tokens), max(ks))
-        for i, chain in zip(live, chains.tolist()):  # the one wait
-            out[i] = chain[: ks[i]]
-        return out
 
-    # %% chapters/14_speculative.md:974
+    # %% chapters/14_speculative.md:960
     graphs = None  # chapter 14's EagleGraphRunner, on the fast path (below)
 
     @property
@@ -193,7 +179,7 @@ class EagleProposer:
         return torch.cat(guesses, dim=1)
 
 
-# %% chapters/14_speculative.md:963
+# %% chapters/14_speculative.md:949
 def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     """x's copy on the CPU, and an event after which it may be read (None: now)."""
     if x.device.type != "cuda":
@@ -203,7 +189,7 @@ def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     return host, done
 
 
-# %% chapters/14_speculative.md:1020
+# %% chapters/14_speculative.md:1006
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -248,7 +234,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/14_speculative.md:1066
+# %% chapters/14_speculative.md:1052
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -292,7 +278,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/14_speculative.md:1117
+# %% chapters/14_speculative.md:1103
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -326,7 +312,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/14_speculative.md:1152
+# %% chapters/14_speculative.md:1138
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -338,7 +324,7 @@ def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     return round(same.float().mean().item(), 4)
 
 
-# %% chapters/14_speculative.md:1178
+# %% chapters/14_speculative.md:1164
 def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
     """cache_dir/{prefix}-{hash of the tiny model's folder and key}; if absent,
     build(target, tokenizer, folder) fills it, under a lock, written atomically."""
@@ -393,7 +379,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/14_speculative.md:1238
+# %% chapters/14_speculative.md:1224
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions

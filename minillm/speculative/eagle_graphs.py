@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:2515
+# %% chapters/14_speculative.md:2512
 """CUDA graphs for EAGLE's draft (chapter 14, "On chapter 11's fast path").
 
 `EagleGraphRunner` captures EagleProposer.chain — the window pass and the chain
@@ -25,8 +25,9 @@ class EagleGraphRunner:
     """EagleProposer.chain replayed from graphs; padding rows (pad = width) see
     only themselves, and the draft keeps no state that they could spoil."""
 
-    def __init__(self, proposer: EagleProposer, sizes: list[int]):
+    def __init__(self, proposer: EagleProposer, sizes: list[int], compiled=False):
         self.proposer, self.sizes = proposer, sorted(sizes)
+        self.compiled = compiled  # the draft's small operators fused (torch.compile)
         self.max_batch_size = n = self.sizes[-1]
         W, param = proposer.width, next(proposer.draft.parameters())
         hidden = proposer.draft.fc.out_features
@@ -39,7 +40,7 @@ class EagleGraphRunner:
         self.graphs, self.outputs, self.pool = {}, {}, None
         self.num_replays, self.capture_seconds = 0, 0.0
 
-    # %% chapters/14_speculative.md:2555
+    # %% chapters/14_speculative.md:2553
     def args(self, bs: int):
         t = self.tokens[:bs]
         return self.features[:bs], t[:, 1:], t[:, 0], self.proposer.k
@@ -48,6 +49,8 @@ class EagleGraphRunner:
     def capture(self, pool=None) -> None:
         start = time.perf_counter()
         self.tokens[:, 0] = self.features.shape[1]  # every row padding
+        if self.compiled:  # as chapter 11's layers; the warm-up below compiles it
+            self.proposer.draft.compile(dynamic=True)
         for bs in reversed(self.sizes):  # largest first, as chapter 11's
             for _ in range(2):  # warm-up
                 self.proposer.chain(*self.args(bs))

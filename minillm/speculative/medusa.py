@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1330
+# %% chapters/14_speculative.md:1316
 """The Medusa proposer: k residual heads on the target's last settled feature, each
 guessing one more position ahead, through the target's LM head (chapter 14).
 
@@ -46,7 +46,7 @@ class MedusaHeads(nn.Module):
         return self.frozen[0](torch.stack(heads, dim=-2)).float()
 
 
-# %% chapters/14_speculative.md:1379
+# %% chapters/14_speculative.md:1365
 class MedusaProposer(EagleProposer):
     """Greedy guesses of each head from each request's last settled feature; the
     feature buffer is EagleProposer's, one row deep."""
@@ -70,7 +70,7 @@ class MedusaProposer(EagleProposer):
         return out
 
 
-# %% chapters/14_speculative.md:1404
+# %% chapters/14_speculative.md:1390
 @dataclass(frozen=True)
 class MedusaRecipe:
     data: EagleRecipe = EagleRecipe()  # the same generations as EAGLE's
@@ -115,7 +115,7 @@ def train_medusa(target: CausalLM, tokenizer, recipe: MedusaRecipe) -> tuple:
     return heads, log
 
 
-# %% chapters/14_speculative.md:1450
+# %% chapters/14_speculative.md:1436
 def medusa_path(recipe: MedusaRecipe = MedusaRecipe(), cache_dir=None) -> Path:
     """The folder of the tiny model's Medusa heads, trained first if no cache holds
     them (the time it took is in the folder's build.json)."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:1547
+# %% chapters/14_speculative.md:1533
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 14).
 
@@ -73,7 +73,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1619
+# %% chapters/14_speculative.md:1605
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -114,7 +114,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1676
+# %% chapters/14_speculative.md:1662
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -137,7 +137,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1707
+# %% chapters/14_speculative.md:1693
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -156,6 +156,7 @@ class SpeculativeRunnerMixin:
         self.generators: dict[str, torch.Generator] = {}
         self.verify_graphs = None  # chapter 11's graphs, for verification steps
         self.pending = None  # (requests, read): drafts still on the device
+        self.patch_indices: dict[tuple, tuple[Tensor, Tensor]] = {}  # patch_index
         if getattr(self, "graph_runner", None) is not None:
             self.verify_graphs = self.capture_verify_graphs(config)
             if isinstance(self.proposer, EagleProposer):  # its draft, on graphs too
@@ -238,7 +239,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1830
+    # %% chapters/14_speculative.md:1817
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -322,13 +323,23 @@ class SpeculativeRunnerMixin:
             start += n
         if not dst:
             return None
-        dst, src = upload(dst, self.device), upload(src, self.device)
+        dst, src = self.patch_index(dst, src)
         drafts = chains.reshape(-1)
 
         def patch(input_ids: Tensor) -> None:  # on the device, in stream order
             input_ids[dst] = drafts[src]
 
         return patch
+
+    def patch_index(self, dst: list[int], src: list[int]) -> tuple[Tensor, Tensor]:
+        """dst and src on the device, uploaded once per distinct pair: a batch that
+        keeps its shape patches the same positions step after step."""
+        key = (tuple(dst), tuple(src))
+        if key not in self.patch_indices:
+            if len(self.patch_indices) >= 64:  # shapes come and go: keep a few
+                self.patch_indices.clear()
+            self.patch_indices[key] = upload(dst, self.device), upload(src, self.device)
+        return self.patch_indices[key]
 
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
@@ -341,7 +352,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1955
+    # %% chapters/14_speculative.md:1952
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -390,7 +401,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2454
+    # %% chapters/14_speculative.md:2451
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 11's buckets whose tokens fit the step's budget, sharing chapter
@@ -438,12 +449,12 @@ class SpeculativeRunnerMixin:
         sizes = first.sizes
         if limit is not None and limit - 1 <= sizes[-1]:  # the batches that propose
             sizes = [s for s in sizes if s <= first.bucket(max(1, limit - 1))]
-        graphs = EagleGraphRunner(self.proposer, sizes)
+        graphs = EagleGraphRunner(self.proposer, sizes, compiled=self.torch_compile)
         graphs.capture(pool=self.graph_runner.pool)
         return graphs
 
 
-# %% chapters/14_speculative.md:2011
+# %% chapters/14_speculative.md:2008
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
