@@ -53,6 +53,36 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+def ab_decode_order(engine, args) -> list[dict]:
+    """Wall ms per decode step with the longest sequences started first, without, and
+    with again (the contexts grow meanwhile, hence the repeat)."""
+    from minillm.kernels import paged_attention as backend
+
+    rows = []
+    graphs = engine.model_runner.graph_runner
+    sizes = graphs.sizes
+    # the bucket the batch replays now, captured again alone (the others are kept)
+    graphs.sizes = [graphs.bucket(len(engine.scheduler.running))]
+    for order_from in (args.ab_decode_order, 0, args.ab_decode_order, 0):
+        backend.ORDER_DECODES_FROM = order_from
+        graphs.capture(graphs.pool)
+        for _ in range(3):
+            engine.step()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) / args.steps * 1e3
+        running = len(engine.scheduler.running)
+        rows.append({"order_decodes_from": order_from, "wall_ms_per_step": ms,
+                     "running_requests": running})  # fmt: skip
+        print(f"ORDER_DECODES_FROM={order_from}: {ms:.3f} ms/step, {running} running",
+              flush=True)  # fmt: skip
+    graphs.sizes = sizes
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=os.environ.get("MINILLM_MODEL"))
@@ -68,6 +98,14 @@ def main() -> None:
         "workload's)",
     )
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--ab-decode-order",
+        type=int,
+        default=0,
+        help="after the profile, time --steps decode steps with ORDER_DECODES_FROM "
+        "set to this (graphs captured again), then without it, then with it again",
+    )
+    parser.add_argument("--name", default="profile_step")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -170,13 +208,15 @@ def main() -> None:
         ],
         "cpu_profile": text.getvalue().splitlines()[:60],
     }
+    if args.ab_decode_order:
+        record["ab_decode_order"] = ab_decode_order(engine, args)
     by_kind = record["gpu_ms_per_step_by_kind"].items()
     print(
         f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes "
         f"{gpu_ms:.2f} ms ({', '.join(f'{k} {v:.2f}' for k, v in by_kind)})"
     )
     path = save(
-        "profile_step", record, args.out or Path(__file__).resolve().parent / "results"
+        args.name, record, args.out or Path(__file__).resolve().parent / "results"
     )
     print("wrote", path)
 

@@ -37,6 +37,7 @@ def _decode_kernel(
     l_ptr,
     out_ptr,
     count_ptr,
+    order_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -62,10 +63,14 @@ def _decode_kernel(
     IEEE: tl.constexpr,
     COMBINE: tl.constexpr = False,
     PDL: tl.constexpr = 0,
+    ORDERED: tl.constexpr = False,
 ):
     # (1) the program's sequence, KV head and split: which tokens it reads
     _launched_early(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if ORDERED:  # grid (KV head, split, rank): the longest sequences start first
+        kv_head, split = tl.program_id(0), tl.program_id(1)
+        seq = tl.load(order_ptr + tl.program_id(2))
     seq_len = tl.load(seq_lens_ptr + seq)
     # pieces of a fixed size: a long context gets more programs than a short one
     if SPLIT_TOKENS > 0:
@@ -159,7 +164,7 @@ def _decode_kernel(
             tl.store(counter, 0)
 
 
-# %% chapters/10_triton_decode.md:504
+# %% chapters/10_triton_decode.md:509
 @triton.jit
 def _combine(
     acc_ptr,
@@ -219,7 +224,7 @@ def _reduce_kernel(
              NUM_HEADS, HEAD_DIM, D_P2, NUM_SPLITS)  # fmt: skip
 
 
-# %% chapters/10_triton_decode.md:576
+# %% chapters/10_triton_decode.md:581
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -255,7 +260,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:655
+# %% chapters/10_triton_decode.md:660
 # arrivals per (sequence, KV head) for combine; zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -302,7 +307,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:709
+# %% chapters/10_triton_decode.md:714
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -316,11 +321,13 @@ def decode_partials(
     split_tokens: int,
     out: Tensor | None = None,
     pdl: int = 0,
+    order: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
     num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
     With out (num_seqs, n_heads, D), the last split of each (sequence, KV head) also
     combines them into out, pass 2 in the same launch. pdl: launched early (Hopper).
+    order (num_seqs,): the sequences in the order their programs should start.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -331,10 +338,13 @@ def decode_partials(
     l = torch.empty_like(m)
     count = acc if out is None else _counters(q.device, num_seqs * num_kv_heads)
     out_ = acc if out is None else out  # not written without out
+    grid = (num_seqs, num_kv_heads, num_splits)
+    if order is not None:
+        grid = (num_kv_heads, num_splits, num_seqs)
     # fmt: off
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_kernel[grid](
         q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, out_, count,
-        head_dim**-0.5,
+        seq_lens if order is None else order, head_dim**-0.5,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -344,13 +354,13 @@ def decode_partials(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         SPLIT_TOKENS=split_tokens, NUM_STAGES=num_stages,
         IEEE=q.dtype == torch.float32, COMBINE=out is not None, PDL=pdl,
-        num_warps=num_warps, launch_pdl=pdl > 0,
+        ORDERED=order is not None, num_warps=num_warps, launch_pdl=pdl > 0,
     )
     # fmt: on
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:761
+# %% chapters/10_triton_decode.md:771
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -368,7 +378,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:782
+# %% chapters/10_triton_decode.md:792
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -384,6 +394,7 @@ def paged_decode(
     split_tokens: int = 0,
     combine: bool = False,
     pdl: int | None = None,
+    order: Tensor | None = None,
 ) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
     cached in key_cache, value_cache (num_blocks, block_size, n_kv_heads, D).
@@ -392,7 +403,7 @@ def paged_decode(
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
     combine: the splits are combined by the last of them, in the same launch (False:
     by a second kernel). pdl: launched early (None: default_launch; see
-    _launched_early).
+    _launched_early). order: the sequences' start order (decode_order), or None.
     """
     pdl = default_launch(q.device) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:
@@ -416,5 +427,6 @@ def paged_decode(
         split_tokens,
         out if combine else None,
         pdl,
+        order,
     )
     return out if combine else reduce_splits(acc, m, l, out, pdl)
