@@ -63,8 +63,10 @@ def ab_decode_order(engine, args) -> list[dict]:
     sizes = graphs.sizes
     # the bucket the batch replays now, captured again alone (the others are kept)
     graphs.sizes = [graphs.bucket(len(engine.scheduler.running))]
-    for order_from in (args.ab_decode_order, 0, args.ab_decode_order, 0):
-        backend.ORDER_DECODES_FROM = order_from
+    on, split1 = args.ab_decode_order, {"num_splits": 1, "combine": True}
+    settings = [(on, {}), (0, {}), (on, split1), (on, {}), (0, {}), (on, split1)]
+    for order_from, knobs in settings:
+        backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = order_from, knobs
         graphs.capture(graphs.pool)
         for _ in range(3):
             engine.step()
@@ -75,10 +77,12 @@ def ab_decode_order(engine, args) -> list[dict]:
         torch.cuda.synchronize()
         ms = (time.perf_counter() - start) / args.steps * 1e3
         running = len(engine.scheduler.running)
-        rows.append({"order_decodes_from": order_from, "wall_ms_per_step": ms,
-                     "running_requests": running})  # fmt: skip
-        print(f"ORDER_DECODES_FROM={order_from}: {ms:.3f} ms/step, {running} running",
+        rows.append({"order_decodes_from": order_from, "knobs": knobs,
+                     "wall_ms_per_step": ms, "running_requests": running})  # fmt: skip
+        print(f"order from {order_from} {knobs}: {ms:.3f} ms/step, {running} running",
               flush=True)  # fmt: skip
+    backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = 0, {}
+    graphs.capture(graphs.pool)
     graphs.sizes = sizes
     return rows
 
@@ -208,16 +212,16 @@ def main() -> None:
         ],
         "cpu_profile": text.getvalue().splitlines()[:60],
     }
+    out = args.out or Path(__file__).resolve().parent / "results"
     if args.ab_decode_order:
+        save(args.name, record, out)  # the profile, kept if the A/B runs out of time
         record["ab_decode_order"] = ab_decode_order(engine, args)
     by_kind = record["gpu_ms_per_step_by_kind"].items()
     print(
         f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes "
         f"{gpu_ms:.2f} ms ({', '.join(f'{k} {v:.2f}' for k, v in by_kind)})"
     )
-    path = save(
-        args.name, record, args.out or Path(__file__).resolve().parent / "results"
-    )
+    path = save(args.name, record, out)
     print("wrote", path)
 
 

@@ -28,8 +28,10 @@ from minillm.registry import ATTENTION_BACKENDS
 
 
 # %% chapters/10_triton_decode.md:1709
-# decode batches of at least this many sequences start the longest first (0: never)
+# decode batches of at least this many sequences start the longest first (0: never),
+# with these knobs of paged_decode
 ORDER_DECODES_FROM = 0
+ORDERED_DECODE_KNOBS: dict = {}
 
 
 def decode_order(md: AttentionMetadata) -> Tensor:
@@ -50,15 +52,18 @@ def triton_paged_attention(
     """
     md = attn_metadata
     if md.max_query_len == 1:
-        ordered = ORDER_DECODES_FROM and md.num_seqs >= ORDER_DECODES_FROM
+        if ORDER_DECODES_FROM and md.num_seqs >= ORDER_DECODES_FROM:
+            return paged_decode(
+                q, key_cache, value_cache, md.block_tables, md.seq_lens,
+                md.max_seq_len, order=decode_order(md), **ORDERED_DECODE_KNOBS,
+            )  # fmt: skip
         return paged_decode(
-            q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len,
-            order=decode_order(md) if ordered else None,
-        )  # fmt: skip
+            q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len
+        )
     return paged_prefill(q, key_cache, value_cache, md)
 
 
-# %% chapters/10_triton_decode.md:2143
+# %% chapters/10_triton_decode.md:2148
 @ATTENTION_BACKENDS.register("triton", preferred_on=("cuda",))
 def triton_attention():
     """This chapter's kernels: paged attention and the one-kernel cache write."""

@@ -1,0 +1,159 @@
+"""The matrix products of a batched decode step (17 to 256 rows): cuBLAS against a plain
+Triton tiled product, and both against the roofline.
+
+For Qwen3-0.6B's projections (q/k/v and gate/up merged, as the engine runs them), bf16,
+with M rows of x: F.linear (cuBLAS) and `tiled_linear` at a few tile shapes, timed as
+decode_gemm.py times them (one CUDA graph of many calls in a row, each on another copy
+of the weight, so that W comes from HBM). The roofline of a product is the larger of
+its weight bytes over the copy bandwidth and its flops over a large product's rate
+(8192^3, measured in the same run).
+
+    python benchmarks/batched_gemm.py   # on a GPU; writes results/batched_gemm-*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.decode_gemm import ROTATE_BYTES, graph_us  # noqa: E402
+
+SHAPES = {
+    "qkv_proj": (4096, 1024),
+    "o_proj": (1024, 2048),
+    "gate_up_proj": (6144, 1024),
+    "down_proj": (1024, 3072),
+}
+ROWS = (32, 64, 128, 256)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+TILES = [
+    (64, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+    (128, 128, 64, 8, 3),
+    (32, 64, 128, 4, 4),
+    (64, 64, 128, 4, 3),
+    (32, 128, 64, 4, 4),
+]
+
+
+@triton.jit
+def _tiled_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    # the M tiles of one band of W side by side, so that they share it in L2
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m, pid_n = tl.program_id(0) % num_m, tl.program_id(0) // num_m
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        x = tl.load(
+            x_ptr + m[:, None] * stride_xm + (k0 + k)[None, :],
+            mask=(m < M)[:, None],
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + n[:, None] * stride_wn + (k0 + k)[None, :],
+            mask=(n < N)[:, None],
+            other=0.0,
+        )
+        acc = tl.dot(x, tl.trans(w), acc)
+    tl.store(
+        y_ptr + m[:, None] * stride_ym + n[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(m < M)[:, None] & (n < N)[None, :],
+    )
+
+
+def tiled_linear(x, w, tile) -> torch.Tensor:
+    bm, bn, bk, warps, stages = tile
+    (M, K), (N, _) = x.shape, w.shape
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _tiled_kernel[grid](
+        x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages,
+        num_warps=warps, num_stages=1,
+    )  # fmt: skip
+    return y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--name", default="batched_gemm")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    copy_bw = copy_bandwidth()
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    rate = 2 * 8192**3 / (graph_us([lambda: a @ a] * 5) * 1e-6)
+    del a
+    record = {
+        "benchmark": "batched_gemm",
+        "environment": environment(),
+        "workload": {
+            "dtype": "bfloat16",
+            "rows": list(ROWS),
+            "tiles": TILES,
+            "weights_rotated_bytes": ROTATE_BYTES,
+        },  # fmt: skip
+        "copy_bandwidth_bytes_per_s": copy_bw,
+        "matmul_flops_per_s": rate,
+        "rows": [],
+    }
+    print(f"copy {copy_bw / 1e12:.2f} TB/s, matmul {rate / 1e12:.0f} TFLOP/s")
+    for name, (N, K) in SHAPES.items():
+        g = torch.Generator().manual_seed(N + K)
+        w0 = (torch.randn(N, K, generator=g) / K**0.5).to(device, torch.bfloat16)
+        n_copies = max(2, math.ceil(ROTATE_BYTES / w0.nbytes))
+        copies = [w0] + [w0.roll(i, 0) for i in range(1, n_copies)]
+        calls = max(20, len(copies))
+        for M in ROWS:
+            x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
+            ref = F.linear(x, w0).float()
+            roof = max(w0.nbytes / copy_bw, 2 * M * N * K / rate) * 1e6
+            row = {"name": name, "N": N, "K": K, "M": M, "roofline_us": roof}
+            row["cublas_us"] = graph_us(
+                [lambda w=copies[i % len(copies)]: F.linear(x, w) for i in range(calls)]
+            )
+            for tile in TILES:
+                if tile[0] > max(32, triton.next_power_of_2(M)):
+                    continue
+                try:
+                    y = tiled_linear(x, w0, tile).float()
+                    err = ((y - ref).abs().max() / ref.abs().max()).item()
+                    us = graph_us(
+                        [
+                            lambda w=copies[i % len(copies)]: tiled_linear(x, w, tile)
+                            for i in range(calls)
+                        ]
+                    )
+                except Exception as e:  # a tile that does not fit
+                    print("skip", tile, type(e).__name__, flush=True)
+                    continue
+                row["x".join(map(str, tile))] = {"us": us, "relative_error": err}
+            best = min((v["us"], k) for k, v in row.items() if isinstance(v, dict))
+            record["rows"].append(row)
+            print(
+                f"{name:12} M {M:3}: roofline {roof:5.2f} us, cuBLAS "
+                f"{row['cublas_us']:5.2f}, best tiled {best[0]:5.2f} ({best[1]})",
+                flush=True,
+            )
+    print("wrote", save(args.name, record, *([args.out] if args.out else [])))
+
+
+if __name__ == "__main__":
+    main()
