@@ -145,7 +145,8 @@ def main() -> None:
                     print("skip", tile, type(e).__name__, flush=True)
                     continue
                 row["x".join(map(str, tile))] = {"us": us, "relative_error": err}
-            best = min((v["us"], k) for k, v in row.items() if isinstance(v, dict))
+            tiled = [(v["us"], k) for k, v in row.items() if isinstance(v, dict)]
+            best = min(tiled, default=(float("nan"), "none"))
             record["rows"].append(row)
             print(
                 f"{name:12} M {M:3}: roofline {roof:5.2f} us, cuBLAS "
