@@ -7,6 +7,7 @@ benchmarks/results/.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -31,6 +32,35 @@ def engine_settings(engine) -> dict:
         **{k: v for k, v in engine.parts.items() if k != "device"},
         **{name: getattr(runner, name, False) for name in flags},
     }
+
+
+def kernel_knobs() -> dict:
+    """The batched decode step's kernel choices in force (chapter 10): the rows the
+    tiled product takes and the batch from which decode programs start the longest
+    sequence first."""
+    from minillm.kernels import paged_attention, tiled_gemm
+
+    rows = tiled_gemm.TILED_ROWS
+    return {
+        "tiled_rows": [rows.start, rows.stop - 1] if len(rows) else None,
+        "order_decodes_from": paged_attention.ORDER_DECODES_FROM,
+    }
+
+
+@contextlib.contextmanager
+def knobs_set(tiled_rows: range | None = None, order_decodes_from: int | None = None):
+    """Within the block, chapter 10's module constants set as given (None: kept)."""
+    from minillm.kernels import paged_attention, tiled_gemm
+
+    saved = tiled_gemm.TILED_ROWS, paged_attention.ORDER_DECODES_FROM
+    if tiled_rows is not None:
+        tiled_gemm.TILED_ROWS = tiled_rows
+    if order_decodes_from is not None:
+        paged_attention.ORDER_DECODES_FROM = order_decodes_from
+    try:
+        yield
+    finally:
+        tiled_gemm.TILED_ROWS, paged_attention.ORDER_DECODES_FROM = saved
 
 
 def environment() -> dict:

@@ -40,6 +40,8 @@ from benchmarks.common import (
     copy_bandwidth,
     engine_settings,
     environment,
+    kernel_knobs,
+    knobs_set,
     save,
 )  # noqa: E402
 from minillm.kv_cache import kv_cache_bytes_per_token  # noqa: E402
@@ -201,6 +203,7 @@ def run_minillm(
             "block_size": 16,
             "attention": llm.engine.parts["attention_backend"],
             **engine_settings(llm.engine),
+            "kernel_knobs": kernel_knobs(),
         },
     }
     del llm, outputs
@@ -315,6 +318,13 @@ def main() -> None:
         "sampler in step, the path before chapter 11's kernel)",
     )
     parser.add_argument(
+        "--knobs-before",
+        action="store_true",
+        help="first run the engine greedy with chapter 10's batched-step kernels as "
+        "they were before the tiled product and the decode order (TILED_ROWS empty, "
+        "ORDER_DECODES_FROM 0), stored as minillm_knobs_before",
+    )
+    parser.add_argument(
         "--name",
         default="throughput",
         help="the stored result's name (e.g. throughput_sampling for a run with "
@@ -354,6 +364,15 @@ def main() -> None:
         record["bandwidth_limit"] = bandwidth_limit(
             folder, prompts, output_lens, bandwidth
         )
+        if args.knobs_before:
+            with knobs_set(range(0), 0):
+                before = run_minillm(folder, prompts, output_lens, args)
+            record["minillm_knobs_before"] = before
+            print(
+                f"minillm, knobs before: {before['output_tokens_per_s']:,.0f} output "
+                "tok/s",
+                flush=True,
+            )
         record["minillm"] = run_minillm(folder, prompts, output_lens, args)
         print(
             f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s",
