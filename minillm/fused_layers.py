@@ -107,14 +107,12 @@ def norm_and_project(
     """
     plain = type(proj) in (nn.Linear, DecodeLinear) and proj.bias is None
     if plain and type(norm) is RMSNorm:
-        return batched_rms_norm_linear(
-            x, residual, norm.weight, norm.eps, proj.weight
-        )
+        return batched_rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight)
     s = x if residual is None else residual + x
     return proj(norm(s)), s
 
 
-# %% chapters/11_cuda_graph.md:1606
+# %% chapters/11_cuda_graph.md:1604
 def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
     return (
@@ -147,7 +145,7 @@ def attend_rotated(
     return kv_cache.attn_backend(q, keys, values, attn_metadata)
 
 
-# %% chapters/11_cuda_graph.md:1645
+# %% chapters/11_cuda_graph.md:1643
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -183,7 +181,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1687
+# %% chapters/11_cuda_graph.md:1685
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1483
+# %% chapters/11_cuda_graph.md:1481
 """Q/K norms, rotary embedding and the KV-cache write in one Triton kernel (chapter 11,
 "Fused layers").
 
@@ -37,7 +37,7 @@ def _normed(qkv_ptr, g_ptr, row, head, d, rstd, D: tl.constexpr, NORM: tl.conste
     return x
 
 
-# %% chapters/11_cuda_graph.md:1519
+# %% chapters/11_cuda_graph.md:1517
 @triton.jit
 def _qk_norm_rope_write_kernel(
     qkv_ptr, g_ptr, cos_ptr, sin_ptr, q_ptr, key_cache_ptr, value_cache_ptr,
@@ -72,7 +72,7 @@ def _qk_norm_rope_write_kernel(
         tl.store(value_cache_ptr + (slot * N_KV + kv) * D + d, v)
 
 
-# %% chapters/11_cuda_graph.md:1555
+# %% chapters/11_cuda_graph.md:1553
 def qk_norm_rope_write(
     qkv: Tensor,
     norm_weight: Tensor | None,

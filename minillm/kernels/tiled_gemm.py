@@ -21,15 +21,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minillm.kernels.skinny_gemm import (
-    MAX_M,
-    linear,
-    rms_norm_linear,
-    silu_and_linear,
-)
+from minillm.kernels.skinny_gemm import linear, rms_norm_linear, silu_and_linear
 
 
-# %% chapters/10_triton_decode.md:3090
+# %% chapters/10_triton_decode.md:3085
 @triton.jit
 def _load_input(x_ptr, r_ptr, g_ptr, s_ptr, m, kk, M, K, stride_xm, store,
                 PROLOGUE: tl.constexpr):  # fmt: skip
@@ -55,7 +50,7 @@ def _load_input(x_ptr, r_ptr, g_ptr, s_ptr, m, kk, M, K, stride_xm, store,
     return x, squares
 
 
-# %% chapters/10_triton_decode.md:3120
+# %% chapters/10_triton_decode.md:3115
 @triton.jit
 def _tiled_kernel(
     x_ptr, w_ptr, y_ptr, r_ptr, g_ptr, s_ptr, M, N, K, stride_xm, stride_wn,
@@ -88,7 +83,7 @@ def _tiled_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
-# %% chapters/10_triton_decode.md:3157
+# %% chapters/10_triton_decode.md:3152
 # rows sent to tiled_linear by the batched_* functions (an empty range: none)
 TILED_ROWS = range(0)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for up to `rows` rows
@@ -124,7 +119,7 @@ def tiled_linear(
     return y
 
 
-# %% chapters/10_triton_decode.md:3198
+# %% chapters/10_triton_decode.md:3193
 def _tiled(x: Tensor, weight: Tensor) -> bool:
     """Whether the batched_* functions give x to tiled_linear."""
     rows = x.numel() // x.shape[-1]
@@ -156,7 +151,7 @@ def _(x, residual, g, eps, weight):
     return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x)
 
 
-# %% chapters/10_triton_decode.md:3231
+# %% chapters/10_triton_decode.md:3226
 def batched_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """chapter 10's linear, with TILED_ROWS rows on a GPU through tiled_linear."""
     if bias is not None or not _tiled(x, weight):
