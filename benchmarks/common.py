@@ -42,18 +42,19 @@ def kernel_knobs() -> dict:
 
     rows = tiled_gemm.TILED_ROWS
     return {
-        "tiled_rows": [rows.start, rows.stop - 1] if len(rows) else None,
+        "tiled_rows": None if rows is None else list(rows),
         "order_decodes_from": paged_attention.ORDER_DECODES_FROM,
     }
 
 
 @contextlib.contextmanager
-def knobs_set(tiled_rows: range | None = None, order_decodes_from: int | None = None):
-    """Within the block, chapter 10's module constants set as given (None: kept)."""
+def knobs_set(tiled_rows=(), order_decodes_from: int | None = None):
+    """Within the block, chapter 10's module constants set as given (() and None:
+    kept)."""
     from minillm.kernels import paged_attention, tiled_gemm
 
     saved = tiled_gemm.TILED_ROWS, paged_attention.ORDER_DECODES_FROM
-    if tiled_rows is not None:
+    if tiled_rows != ():
         tiled_gemm.TILED_ROWS = tiled_rows
     if order_decodes_from is not None:
         paged_attention.ORDER_DECODES_FROM = order_decodes_from

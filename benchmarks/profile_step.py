@@ -53,21 +53,41 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def ab_decode_order(engine, args) -> list[dict]:
-    """Wall ms per decode step with the longest sequences started first, without, and
-    with again (the contexts grow meanwhile, hence the repeat)."""
+def ab_decode_order(engine, args, record, out) -> list[dict]:
+    """Wall ms per decode step under chapter 10's batched-step choices, one after the
+    other and back (the contexts grow meanwhile, hence the repeats): decode programs
+    in batch order or longest sequence first (from --ab-decode-order sequences; with
+    two splits or one), and the tiled product for 17-256 rows or cuBLAS. The graphs
+    of the batch's bucket are captured again for each; the tiled product also makes
+    the layers compile again, once. The record is saved after each setting."""
     from minillm.kernels import paged_attention as backend
+    from minillm.kernels import tiled_gemm
 
-    rows = []
     graphs = engine.model_runner.graph_runner
     sizes = graphs.sizes
     # the bucket the batch replays now, captured again alone (the others are kept)
     graphs.sizes = [graphs.bucket(len(engine.scheduler.running))]
     on, split1 = args.ab_decode_order, {"num_splits": 1, "combine": True}
-    settings = [(on, {}), (0, {}), (on, split1), (on, {}), (0, {}), (on, split1)]
-    for order_from, knobs in settings:
+    tiled, off = (17, 256), None
+    settings = [
+        ("base", 0, {}, off),
+        ("order", on, {}, off),
+        ("order, one split", on, split1, off),
+        ("base", 0, {}, off),
+        ("order", on, {}, off),
+        ("tiled", 0, {}, tiled),
+        ("tiled + order", on, {}, tiled),
+        ("base", 0, {}, off),
+        ("tiled", 0, {}, tiled),
+        ("tiled + order", on, {}, tiled),
+    ]
+    rows = record["ab"] = []
+    for name, order_from, knobs, tiled_rows in settings:
         backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = order_from, knobs
+        tiled_gemm.TILED_ROWS = tiled_rows
+        start = time.perf_counter()
         graphs.capture(graphs.pool)
+        capture_s = time.perf_counter() - start
         for _ in range(3):
             engine.step()
         torch.cuda.synchronize()
@@ -77,11 +97,15 @@ def ab_decode_order(engine, args) -> list[dict]:
         torch.cuda.synchronize()
         ms = (time.perf_counter() - start) / args.steps * 1e3
         running = len(engine.scheduler.running)
-        rows.append({"order_decodes_from": order_from, "knobs": knobs,
-                     "wall_ms_per_step": ms, "running_requests": running})  # fmt: skip
-        print(f"order from {order_from} {knobs}: {ms:.3f} ms/step, {running} running",
-              flush=True)  # fmt: skip
+        rows.append({"setting": name, "order_decodes_from": order_from,
+                     "knobs": knobs, "tiled_rows": tiled_rows,
+                     "wall_ms_per_step": ms, "running_requests": running,
+                     "capture_s": capture_s})  # fmt: skip
+        print(f"{name:18}: {ms:.3f} ms/step, {running} running (capture "
+              f"{capture_s:.1f} s)", flush=True)  # fmt: skip
+        save(args.name, record, out)
     backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = 0, {}
+    tiled_gemm.TILED_ROWS = off
     graphs.capture(graphs.pool)
     graphs.sizes = sizes
     return rows
@@ -215,7 +239,7 @@ def main() -> None:
     out = args.out or Path(__file__).resolve().parent / "results"
     if args.ab_decode_order:
         save(args.name, record, out)  # the profile, kept if the A/B runs out of time
-        record["ab_decode_order"] = ab_decode_order(engine, args)
+        ab_decode_order(engine, args, record, out)
     by_kind = record["gpu_ms_per_step_by_kind"].items()
     print(
         f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes "

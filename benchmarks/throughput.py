@@ -365,7 +365,7 @@ def main() -> None:
             folder, prompts, output_lens, bandwidth
         )
         if args.knobs_before:
-            with knobs_set(range(0), 0):
+            with knobs_set(None, 0):
                 before = run_minillm(folder, prompts, output_lens, args)
             record["minillm_knobs_before"] = before
             print(

@@ -84,8 +84,8 @@ def _tiled_kernel(
 
 
 # %% chapters/10_triton_decode.md:3152
-# rows sent to tiled_linear by the batched_* functions (an empty range: none)
-TILED_ROWS = range(0)
+# (fewest, most) rows sent to tiled_linear by the batched_* functions; None: none
+TILED_ROWS: tuple[int, int] | None = None
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for up to `rows` rows
 TILED_KNOBS = [(64, (64, 64, 64, 4, 4)), (256, (64, 64, 64, 4, 4))]
 
@@ -122,8 +122,10 @@ def tiled_linear(
 # %% chapters/10_triton_decode.md:3193
 def _tiled(x: Tensor, weight: Tensor) -> bool:
     """Whether the batched_* functions give x to tiled_linear."""
+    if TILED_ROWS is None or not x.is_cuda or x.dtype != weight.dtype:
+        return False
     rows = x.numel() // x.shape[-1]
-    return x.is_cuda and rows in TILED_ROWS and x.dtype == weight.dtype
+    return TILED_ROWS[0] <= rows <= TILED_ROWS[1]  # under compile: a guard on rows
 
 
 @torch.library.custom_op("minillm::tiled_linear", mutates_args=())
@@ -151,7 +153,7 @@ def _(x, residual, g, eps, weight):
     return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x)
 
 
-# %% chapters/10_triton_decode.md:3226
+# %% chapters/10_triton_decode.md:3228
 def batched_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """chapter 10's linear, with TILED_ROWS rows on a GPU through tiled_linear."""
     if bias is not None or not _tiled(x, weight):
