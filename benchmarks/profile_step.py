@@ -53,6 +53,31 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+def step_floor(engine) -> dict:
+    """The memory floor of the next decode step: every weight and the running
+    requests' cached K/V read once, at the copy bandwidth (measured here)."""
+    from benchmarks.common import copy_bandwidth
+    from minillm.kv_cache import kv_cache_bytes_per_token
+
+    model = engine.model_runner.model
+    # tied embeddings are one tensor: count each storage once
+    storages = {p.untyped_storage().data_ptr(): p.nbytes for p in model.parameters()}
+    weight_bytes = sum(storages.values())
+    dtype = next(model.parameters()).dtype
+    kv_per_token = kv_cache_bytes_per_token(model.config, dtype)
+    context = sum(r.num_computed_tokens for r in engine.scheduler.running)
+    bandwidth = copy_bandwidth()
+    return {
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "context_tokens": context,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "weights_ms": weight_bytes / bandwidth * 1e3,
+        "kv_ms": context * kv_per_token / bandwidth * 1e3,
+        "ms_per_step": (weight_bytes + context * kv_per_token) / bandwidth * 1e3,
+    }
+
+
 def ab_decode_order(engine, args, record, out) -> list[dict]:
     """Wall ms per decode step under chapter 10's batched-step choices, one after the
     other and back (the contexts grow meanwhile, hence the repeats): decode programs
@@ -186,6 +211,7 @@ def main() -> None:
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
 
+    floor = step_floor(engine)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.profile_steps):
             engine.step()
@@ -220,6 +246,8 @@ def main() -> None:
             "engine": engine_settings(engine),
         },
         "wall_ms_per_step": wall_ms,
+        # the profiled steps' bandwidth floor: weights + KV read at the copy bandwidth
+        "floor": floor,
         "gpu_ms_per_step": gpu_ms,
         "gpu_idle_ms_per_step": wall_ms - gpu_ms,
         "kernels_per_step": launches,
@@ -236,15 +264,17 @@ def main() -> None:
         ],
         "cpu_profile": text.getvalue().splitlines()[:60],
     }
+    by_kind = record["gpu_ms_per_step_by_kind"].items()
+    print(
+        f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes "
+        f"{gpu_ms:.2f} ms ({', '.join(f'{k} {v:.2f}' for k, v in by_kind)}); floor "
+        f"{floor['ms_per_step']:.2f} ms (weights {floor['weights_ms']:.2f}, KV "
+        f"{floor['kv_ms']:.2f})"
+    )
     out = args.out or Path(__file__).resolve().parent / "results"
     if args.ab_decode_order:
         save(args.name, record, out)  # the profile, kept if the A/B runs out of time
         ab_decode_order(engine, args, record, out)
-    by_kind = record["gpu_ms_per_step_by_kind"].items()
-    print(
-        f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes "
-        f"{gpu_ms:.2f} ms ({', '.join(f'{k} {v:.2f}' for k, v in by_kind)})"
-    )
     path = save(args.name, record, out)
     print("wrote", path)
 
