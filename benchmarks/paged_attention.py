@@ -230,18 +230,19 @@ PREFILL_CANDIDATES = [
     {"kernel": "current", "align_end": True},
     {"kernel": "current", "diag_n": 16},
     {"kernel": "current", "align_end": True, "diag_n": 16},
-    {"kernel": "current", "align_end": True, "diag_n": 16, "num_stages": 4},
-    {"kernel": "current", "align_end": True, "diag_n": 16, "maxnreg": 128},
+    {"kernel": "current", "align_end": True, "maxnreg": 128},
     {"kernel": "current", "maxnreg": 128},
-    {"kernel": "current", "align_end": True, "diag_n": 16, "num_stages": 2},
+    {"kernel": "current", "align_end": True, "diag_n": 16, "maxnreg": 128},
+    {"kernel": "current", "align_end": True, "num_stages": 4},
+    {"kernel": "current", "align_end": True, "num_stages": 2},
+    {"kernel": "current", "align_end": True, "block_n": 64, "num_stages": 2},
     {
         "kernel": "current",
         "align_end": True,
-        "diag_n": 16,
         "block_n": 64,
         "num_stages": 2,
+        "maxnreg": 128,
     },  # fmt: skip
-    {"kernel": "current", "align_end": True, "diag_n": 16, "num_warps": 4},
     {"kernel": "current", "repeat": 2},
 ]
 

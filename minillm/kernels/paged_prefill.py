@@ -202,8 +202,10 @@ def prefill_tile_map(
 # %% chapters/10_triton_decode.md:1247
 # tile knobs by the element size of q: chosen from the sweep (see the text)
 PREFILL_KNOBS = {
-    2: dict(rows=128, block_n=32, num_warps=8, num_stages=3, diag_n=32),
-    4: dict(rows=64, block_n=32, num_warps=4, num_stages=2, diag_n=32),
+    2: dict(
+        rows=128, block_n=32, num_warps=8, num_stages=3, diag_n=32, align_end=False
+    ),
+    4: dict(rows=64, block_n=32, num_warps=4, num_stages=2, diag_n=32, align_end=False),
 }
 
 
@@ -225,7 +227,7 @@ def paged_prefill(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
-    align_end: bool = False,
+    align_end: bool | None = None,
     diag_n: int | None = None,
     maxnreg: int | None = None,
 ) -> Tensor:
@@ -240,6 +242,7 @@ def paged_prefill(
     group_p2 = triton.next_power_of_2(group)
     knobs = PREFILL_KNOBS[q.element_size()]
     block_m = block_m or prefill_block_m(md.max_query_len, group_p2, knobs["rows"])
+    align_end = knobs["align_end"] if align_end is None else align_end
     tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first, align_end)
     out = torch.empty_like(q)
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}  # a register cap

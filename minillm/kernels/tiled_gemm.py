@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:3059
+# %% chapters/10_triton_decode.md:3062
 """A tiled Triton matrix product for a batch of decode rows, its input made in its
 load: the residual sum and RMSNorm, or the MLP's activation (chapter 10, "Matrix
 products for a batch").
@@ -24,7 +24,7 @@ from torch import Tensor
 from minillm.kernels.skinny_gemm import linear, rms_norm_linear, silu_and_linear
 
 
-# %% chapters/10_triton_decode.md:3085
+# %% chapters/10_triton_decode.md:3088
 @triton.jit
 def _load_input(x_ptr, r_ptr, g_ptr, s_ptr, m, kk, M, K, stride_xm, store,
                 PROLOGUE: tl.constexpr):  # fmt: skip
@@ -50,7 +50,7 @@ def _load_input(x_ptr, r_ptr, g_ptr, s_ptr, m, kk, M, K, stride_xm, store,
     return x, squares
 
 
-# %% chapters/10_triton_decode.md:3115
+# %% chapters/10_triton_decode.md:3118
 @triton.jit
 def _tiled_kernel(
     x_ptr, w_ptr, y_ptr, r_ptr, g_ptr, s_ptr, M, N, K, stride_xm, stride_wn,
@@ -83,7 +83,7 @@ def _tiled_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
 
 
-# %% chapters/10_triton_decode.md:3152
+# %% chapters/10_triton_decode.md:3155
 # (fewest, most) rows sent to tiled_linear by the batched_* functions; None: none
 TILED_ROWS: tuple[int, int] | None = None
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for up to `rows` rows
@@ -119,7 +119,7 @@ def tiled_linear(
     return y
 
 
-# %% chapters/10_triton_decode.md:3193
+# %% chapters/10_triton_decode.md:3196
 def _tiled(x: Tensor, weight: Tensor) -> bool:
     """Whether the batched_* functions give x to tiled_linear."""
     if TILED_ROWS is None or not x.is_cuda or x.dtype != weight.dtype:
@@ -153,7 +153,7 @@ def _(x, residual, g, eps, weight):
     return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x)
 
 
-# %% chapters/10_triton_decode.md:3228
+# %% chapters/10_triton_decode.md:3231
 def batched_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """chapter 10's linear, with TILED_ROWS rows on a GPU through tiled_linear."""
     if bias is not None or not _tiled(x, weight):
