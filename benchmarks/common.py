@@ -145,6 +145,8 @@ class StepTimeline:
     def __init__(self, engine):
         # (seconds, sequences, tokens) per step() call
         self.rows: list[tuple[float, int, int]] = []
+        # tokens already cached for the step's sequences: the K/V its attention reads
+        self.contexts: list[int] = []
         schedule, step, scheduled = engine.scheduler.schedule, engine.step, {}
 
         def counting_schedule():
@@ -152,6 +154,7 @@ class StepTimeline:
             scheduled.update(
                 seqs=len(output.scheduled_requests),
                 tokens=output.total_num_scheduled_tokens,
+                context=sum(r.num_computed_tokens for r in output.scheduled_requests),
             )
             return output
 
@@ -166,6 +169,7 @@ class StepTimeline:
                     scheduled.get("tokens", 0),
                 )
             )
+            self.contexts.append(scheduled.get("context", 0))
             return outputs
 
         engine.scheduler.schedule, engine.step = counting_schedule, timed_step
@@ -186,18 +190,23 @@ class StepTimeline:
             low = high + 1
         return f"decode, batch > {self.BATCHES[-1]}"
 
-    def summary(self) -> dict:
+    def summary(self, floor=None) -> dict:
         """Steps, seconds and tokens by kind of step, and every step's (ms,
-        sequences, tokens).
+        sequences, tokens) and context tokens. floor(seqs, tokens, context), if
+        given: a step's least seconds, summed by kind as "floor_seconds".
         """
         kinds: dict[str, dict] = {}
-        for seconds, seqs, tokens in self.rows:
+        for (seconds, seqs, tokens), context in zip(self.rows, self.contexts):
             k = kinds.setdefault(
                 self.kind(seqs, tokens), {"steps": 0, "seconds": 0.0, "tokens": 0}
             )
             k["steps"] += 1
             k["seconds"] += seconds
             k["tokens"] += tokens
+            if floor is not None and seqs:
+                k["floor_seconds"] = k.get("floor_seconds", 0.0) + floor(
+                    seqs, tokens, context
+                )
         for k in kinds.values():
             k["ms_per_step"] = 1e3 * k["seconds"] / k["steps"]
         return {
@@ -207,6 +216,7 @@ class StepTimeline:
             "per_step_ms_seqs_tokens": [
                 (round(1e3 * s, 3), n, t) for s, n, t in self.rows
             ],
+            "per_step_context_tokens": self.contexts,
         }
 
 

@@ -195,7 +195,7 @@ def run_minillm(
         "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0),
         "preemptions": llm.engine.num_preemptions,
         "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,
-        "timeline": timeline.summary(),
+        "timeline": timeline.summary(getattr(args, "step_floor", None)),
         "config": {
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -361,9 +361,18 @@ def main() -> None:
             },
             "copy_bandwidth_bytes_per_s": bandwidth,
         }
-        record["bandwidth_limit"] = bandwidth_limit(
+        record["bandwidth_limit"] = limit = bandwidth_limit(
             folder, prompts, output_lens, bandwidth
         )
+
+        def step_floor(seqs: int, tokens: int, context: int) -> float:
+            """A decode step's memory floor: the weights and its K/V read once."""
+            if tokens > seqs:  # a step with prompt tokens: no floor of this kind
+                return 0.0
+            kv = limit["kv_bytes_per_token"] * context
+            return (limit["weight_bytes"] + kv) / bandwidth
+
+        args.step_floor = step_floor
         if args.knobs_before:
             with knobs_set(None, 0):
                 before = run_minillm(folder, prompts, output_lens, args)
