@@ -35,33 +35,42 @@ def engine_settings(engine) -> dict:
 
 
 def kernel_knobs() -> dict:
-    """The batched decode step's kernel choices in force (chapter 10): the rows the
-    tiled product takes and the batch from which decode programs start the longest
-    sequence first."""
-    from minillm.kernels import paged_attention, tiled_gemm
+    """Chapter 10's kernel choices in force: the batch from which decode programs
+    start the longest sequence first (and their knobs there), the bf16 prefill tile."""
+    from minillm.kernels import paged_attention, paged_prefill
 
-    rows = tiled_gemm.TILED_ROWS
     return {
-        "tiled_rows": None if rows is None else list(rows),
         "order_decodes_from": paged_attention.ORDER_DECODES_FROM,
+        "ordered_decode_knobs": dict(paged_attention.ORDERED_DECODE_KNOBS),
+        "prefill_knobs_bf16": dict(paged_prefill.PREFILL_KNOBS[2]),
     }
 
 
-@contextlib.contextmanager
-def knobs_set(tiled_rows=(), order_decodes_from: int | None = None):
-    """Within the block, chapter 10's module constants set as given (() and None:
-    kept)."""
-    from minillm.kernels import paged_attention, tiled_gemm
+# the same choices before this stop (main at 817c6c4)
+KNOBS_BEFORE = {
+    "order_decodes_from": 0,
+    "ordered_decode_knobs": {},
+    "prefill_knobs_bf16": dict(
+        rows=128, block_n=32, num_warps=8, num_stages=3, diag_n=32, align_end=False
+    ),
+}
 
-    saved = tiled_gemm.TILED_ROWS, paged_attention.ORDER_DECODES_FROM
-    if tiled_rows != ():
-        tiled_gemm.TILED_ROWS = tiled_rows
-    if order_decodes_from is not None:
-        paged_attention.ORDER_DECODES_FROM = order_decodes_from
+
+@contextlib.contextmanager
+def knobs_set(knobs: dict):
+    """Within the block, chapter 10's choices as in knobs (kernel_knobs' form)."""
+    from minillm.kernels import paged_attention, paged_prefill
+
+    saved = kernel_knobs()
     try:
+        paged_attention.ORDER_DECODES_FROM = knobs["order_decodes_from"]
+        paged_attention.ORDERED_DECODE_KNOBS = dict(knobs["ordered_decode_knobs"])
+        paged_prefill.PREFILL_KNOBS[2] = dict(knobs["prefill_knobs_bf16"])
         yield
     finally:
-        tiled_gemm.TILED_ROWS, paged_attention.ORDER_DECODES_FROM = saved
+        paged_attention.ORDER_DECODES_FROM = saved["order_decodes_from"]
+        paged_attention.ORDERED_DECODE_KNOBS = saved["ordered_decode_knobs"]
+        paged_prefill.PREFILL_KNOBS[2] = saved["prefill_knobs_bf16"]
 
 
 def environment() -> dict:

@@ -225,25 +225,21 @@ def prefill_variants(sweep: bool) -> list[dict]:
 
 # the padding rows moved to a chunk's first tile, smaller diagonal key tiles, a
 # register cap: each against the defaults, timed first and last
+# key tiles of 64 in two stages, registers capped for two programs per multiprocessor
+WIDE = {"block_n": 64, "num_stages": 2, "maxnreg": 128}
 PREFILL_CANDIDATES = [
     {"kernel": "current"},
-    {"kernel": "current", "align_end": True},
-    {"kernel": "current", "diag_n": 16},
-    {"kernel": "current", "align_end": True, "diag_n": 16},
+    {"kernel": "current", **WIDE, "align_end": True},
+    {"kernel": "current", **WIDE},
+    {"kernel": "current", **WIDE, "align_end": True, "diag_n": 64},
+    {"kernel": "current", **WIDE, "align_end": True, "diag_n": 16},
+    {"kernel": "current", **WIDE, "align_end": True, "maxnreg": 120},
+    {"kernel": "current", **WIDE, "align_end": True, "num_stages": 3},
     {"kernel": "current", "align_end": True, "maxnreg": 128},
-    {"kernel": "current", "maxnreg": 128},
-    {"kernel": "current", "align_end": True, "diag_n": 16, "maxnreg": 128},
-    {"kernel": "current", "align_end": True, "num_stages": 4},
-    {"kernel": "current", "align_end": True, "num_stages": 2},
-    {"kernel": "current", "align_end": True, "block_n": 64, "num_stages": 2},
-    {
-        "kernel": "current",
-        "align_end": True,
-        "block_n": 64,
-        "num_stages": 2,
-        "maxnreg": 128,
-    },  # fmt: skip
+    {"kernel": "current", "block_m": 32, **WIDE, "num_warps": 4, "align_end": True},
     {"kernel": "current", "repeat": 2},
+    {"kernel": "current", **WIDE, "align_end": True, "repeat": 2},
+    {"kernel": "current", **WIDE, "repeat": 2},
 ]
 
 
@@ -544,22 +540,29 @@ def decode_order_rows(copy_bw: float, max_model_len: int = 2064) -> list[dict]:
         q, k_cache, v_cache, md.block_tables, md.seq_lens, max_model_len
     )
     order = decode_order(md)
+    # the grid of the ordered kernel (KV heads side by side), sequences in batch order
+    same_order = torch.arange(len(lens), dtype=torch.int32, device="cuda")
     variants = [
         {},
         {"ordered": True},
-        {"ordered": True, "num_splits": 1, "combine": True},
-        {"ordered": True, "num_splits": 1},
-        {"ordered": True, "num_splits": 4},
+        {"transposed": True},
         {"ordered": True, "combine": True},
-        {"block_n": 128, "num_stages": 3},
         {"ordered": True, "block_n": 128, "num_stages": 3},
+        {"block_n": 128, "num_stages": 3},
+        {"ordered": True, "block_n": 128, "num_stages": 2},
+        {"ordered": True, "num_stages": 3},
+        {"ordered": True, "num_splits": 4},
         {},
+        {"ordered": True},
+        {"transposed": True},
     ]
     rows = []
     for v in variants:
-        knobs = {k: x for k, x in v.items() if k != "ordered"}
+        knobs = {k: x for k, x in v.items() if k not in ("ordered", "transposed")}
         if v.get("ordered"):
             knobs["order"] = order
+        if v.get("transposed"):
+            knobs["order"] = same_order
 
         def call():
             return paged_decode(

@@ -79,37 +79,35 @@ def step_floor(engine) -> dict:
 
 
 def ab_decode_order(engine, args, record, out) -> list[dict]:
-    """Wall ms per decode step under chapter 10's batched-step choices, one after the
-    other and back (the contexts grow meanwhile, hence the repeats): decode programs
-    in batch order or longest sequence first (from --ab-decode-order sequences; with
-    two splits or one), and the tiled product for 17-256 rows or cuBLAS. The graphs
-    of the batch's bucket are captured again for each; the tiled product also makes
-    the layers compile again, once. The record is saved after each setting."""
+    """Wall ms per decode step under chapter 10's decode choices, one after the other
+    and back (the contexts shrink meanwhile, hence the repeats): programs in batch
+    order or longest sequence first (from --ab-decode-order sequences), with the
+    default knobs or others. The graphs of the batch's bucket are captured again for
+    each. The record is saved after each setting."""
     from minillm.kernels import paged_attention as backend
-    from minillm.kernels import tiled_gemm
 
     graphs = engine.model_runner.graph_runner
     sizes = graphs.sizes
+    saved = backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS
     # the bucket the batch replays now, captured again alone (the others are kept)
     graphs.sizes = [graphs.bucket(len(engine.scheduler.running))]
-    on, split1 = args.ab_decode_order, {"num_splits": 1, "combine": True}
-    tiled, off = (17, 256), None
+    on = args.ab_decode_order
+    wide = {"block_n": 128, "num_stages": 3}
     settings = [
-        ("base", 0, {}, off),
-        ("order", on, {}, off),
-        ("order, one split", on, split1, off),
-        ("base", 0, {}, off),
-        ("order", on, {}, off),
-        ("tiled", 0, {}, tiled),
-        ("tiled + order", on, {}, tiled),
-        ("base", 0, {}, off),
-        ("tiled", 0, {}, tiled),
-        ("tiled + order", on, {}, tiled),
+        ("base", 0, {}),
+        ("order", on, {}),
+        ("order, block_n 128, 3 stages", on, wide),
+        ("order, combined in the kernel", on, {"combine": True}),
+        ("base", 0, {}),
+        ("order", on, {}),
+        ("order, block_n 128, 3 stages", on, wide),
+        ("order, combined in the kernel", on, {"combine": True}),
+        ("base", 0, {}),
+        ("order", on, {}),
     ]
     rows = record["ab"] = []
-    for name, order_from, knobs, tiled_rows in settings:
+    for name, order_from, knobs in settings:
         backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = order_from, knobs
-        tiled_gemm.TILED_ROWS = tiled_rows
         start = time.perf_counter()
         graphs.capture(graphs.pool)
         capture_s = time.perf_counter() - start
@@ -123,14 +121,12 @@ def ab_decode_order(engine, args, record, out) -> list[dict]:
         ms = (time.perf_counter() - start) / args.steps * 1e3
         running = len(engine.scheduler.running)
         rows.append({"setting": name, "order_decodes_from": order_from,
-                     "knobs": knobs, "tiled_rows": tiled_rows,
-                     "wall_ms_per_step": ms, "running_requests": running,
-                     "capture_s": capture_s})  # fmt: skip
-        print(f"{name:18}: {ms:.3f} ms/step, {running} running (capture "
+                     "knobs": knobs, "wall_ms_per_step": ms,
+                     "running_requests": running, "capture_s": capture_s})  # fmt: skip
+        print(f"{name:30}: {ms:.3f} ms/step, {running} running (capture "
               f"{capture_s:.1f} s)", flush=True)  # fmt: skip
         save(args.name, record, out)
-    backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = 0, {}
-    tiled_gemm.TILED_ROWS = off
+    backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = saved
     graphs.capture(graphs.pool)
     graphs.sizes = sizes
     return rows

@@ -40,6 +40,7 @@ from benchmarks.common import (
     copy_bandwidth,
     engine_settings,
     environment,
+    KNOBS_BEFORE,
     kernel_knobs,
     knobs_set,
     save,
@@ -320,9 +321,9 @@ def main() -> None:
     parser.add_argument(
         "--knobs-before",
         action="store_true",
-        help="first run the engine greedy with chapter 10's batched-step kernels as "
-        "they were before the tiled product and the decode order (TILED_ROWS empty, "
-        "ORDER_DECODES_FROM 0), stored as minillm_knobs_before",
+        help="first run the engine greedy with chapter 10's kernel choices as they "
+        "were before this stop (benchmarks/common.py's KNOBS_BEFORE), stored as "
+        "minillm_knobs_before",
     )
     parser.add_argument(
         "--name",
@@ -374,7 +375,7 @@ def main() -> None:
 
         args.step_floor = step_floor
         if args.knobs_before:
-            with knobs_set(None, 0):
+            with knobs_set(KNOBS_BEFORE):
                 before = run_minillm(folder, prompts, output_lens, args)
             record["minillm_knobs_before"] = before
             print(

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1320
+# %% chapters/11_cuda_graph.md:1319
 """Fused layers (chapter 11, "Fewer kernels"): the decoder layer rearranged so that
 torch.compile makes fewer kernels — q and k normed and rotated as one tensor, each
 residual sum made by the kernel of the norm that reads it, the MLP's activation made
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from minillm.decode_linear import DecodeLinear
 from minillm.kernels.qk_norm_rope import qk_norm_rope_write
-from minillm.kernels.tiled_gemm import batched_rms_norm_linear, batched_silu_linear
+from minillm.kernels.skinny_gemm import rms_norm_linear, silu_and_linear
 from minillm.kv_cache import PagedKVCache
 from minillm.merged_projections import MergedAttention, MergedMLP
 from minillm.model import (
@@ -33,7 +33,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/11_cuda_graph.md:1360
+# %% chapters/11_cuda_graph.md:1359
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
@@ -86,7 +86,7 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/11_cuda_graph.md:1422
+# %% chapters/11_cuda_graph.md:1421
 class FusedMLP(MergedMLP):
     """MergedMLP whose down projection makes the activation as it loads its input."""
 
@@ -95,10 +95,10 @@ class FusedMLP(MergedMLP):
 
     def down(self, gate_up: Tensor) -> Tensor:
         """The rest of forward, from the gate-up projection's output."""
-        return batched_silu_linear(gate_up, self.down_proj.weight)
+        return silu_and_linear(gate_up, self.down_proj.weight)
 
 
-# %% chapters/11_cuda_graph.md:1453
+# %% chapters/11_cuda_graph.md:1449
 def norm_and_project(
     x: Tensor, residual: Tensor | None, norm: RMSNorm, proj: nn.Module
 ) -> tuple[Tensor, Tensor]:
@@ -107,12 +107,12 @@ def norm_and_project(
     """
     plain = type(proj) in (nn.Linear, DecodeLinear) and proj.bias is None
     if plain and type(norm) is RMSNorm:
-        return batched_rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight)
+        return rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight)
     s = x if residual is None else residual + x
     return proj(norm(s)), s
 
 
-# %% chapters/11_cuda_graph.md:1604
+# %% chapters/11_cuda_graph.md:1602
 def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
     return (
@@ -145,7 +145,7 @@ def attend_rotated(
     return kv_cache.attn_backend(q, keys, values, attn_metadata)
 
 
-# %% chapters/11_cuda_graph.md:1643
+# %% chapters/11_cuda_graph.md:1641
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -181,7 +181,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1685
+# %% chapters/11_cuda_graph.md:1683
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

@@ -65,15 +65,14 @@ def test_stacked_norm_refuses_different_eps(tiny):
 
 def test_norms_are_made_by_the_products_on_a_decode_batch(tiny, monkeypatch):
     """A decode batch on a GPU: each layer's two norms and residual sums are made by
-    the skinny kernel (rms_norm_linear, through batched_rms_norm_linear); elsewhere
-    chapter 1's norm, bit for bit."""
+    the skinny kernel (rms_norm_linear); elsewhere chapter 1's norm, bit for bit."""
     from minillm import fused_layers
 
     calls = []
-    real = fused_layers.batched_rms_norm_linear
+    real = fused_layers.rms_norm_linear
     monkeypatch.setattr(
         fused_layers,
-        "batched_rms_norm_linear",
+        "rms_norm_linear",
         lambda *args: calls.append(args[0].shape) or real(*args),
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"

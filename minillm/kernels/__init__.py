@@ -12,7 +12,6 @@ qk_norm_rope             chapters/11_cuda_graph.md
 reshape_and_cache        chapters/10_triton_decode.md
 sample                   chapters/11_cuda_graph.md
 skinny_gemm              chapters/10_triton_decode.md
-tiled_gemm               chapters/10_triton_decode.md
 token_bitmask            chapters/15_structured_output.md
 w8a8                     chapters/13_quantization.md
 """
