@@ -51,7 +51,13 @@ KNOBS_BEFORE = {
     "order_decodes_from": 0,
     "ordered_decode_knobs": {},
     "prefill_knobs_bf16": dict(
-        rows=128, block_n=32, num_warps=8, num_stages=3, diag_n=32, align_end=False
+        rows=128,
+        block_n=32,
+        num_warps=8,
+        num_stages=3,
+        diag_n=32,
+        align_end=False,
+        maxnreg=None,
     ),
 }
 

@@ -243,6 +243,23 @@ PREFILL_CANDIDATES = [
 ]
 
 
+# the final run: the first kernel as the engine ran it, the defaults before this
+# change, each change alone, and the defaults now (PREFILL_KNOBS), the last two twice
+BEFORE = dict(block_m=64, block_n=32, num_warps=8, num_stages=3, diag_n=32,
+              align_end=False, maxnreg=0)  # fmt: skip
+PREFILL_FINAL = [
+    {"kernel": "v1", "block_m": 32, "block_n": 32},
+    {"kernel": "current", **BEFORE},
+    {"kernel": "current", **BEFORE, "align_end": True},
+    {"kernel": "current", **BEFORE, "maxnreg": 128},
+    {"kernel": "current", **BEFORE, "block_n": 64, "num_stages": 2},
+    {"kernel": "current", **BEFORE, "block_n": 64, "num_stages": 2, "maxnreg": 128},
+    {"kernel": "current"},
+    {"kernel": "current", **BEFORE, "repeat": 2},
+    {"kernel": "current", "repeat": 2},
+]
+
+
 # a verify step of speculative decoding (chapter 14): 4 query tokens per sequence
 VERIFY_VARIANTS = [
     {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
@@ -351,7 +368,7 @@ def prefill(
     workers: int = 8,
     wait_for: Path | None = None,
     wait_max: float = 60,
-    candidates: bool = False,
+    candidates: bool | str = False,
 ):
     """The prefill kernels on a prompt step of the standard workload, timed by
     CUDA-graph replay (as the engine's steps run); each checked against chapter 4's
@@ -362,7 +379,9 @@ def prefill(
 
     from triton.testing import do_bench_cudagraph
 
-    variants = PREFILL_CANDIDATES if candidates else prefill_variants(sweep)
+    variants = prefill_variants(sweep)
+    if candidates:
+        variants = PREFILL_FINAL if candidates == "final" else PREFILL_CANDIDATES
     t0 = time.perf_counter()
     # compiling dominates a sweep: do it in parallel, then time one by one
     to_compile = variants + VERIFY_VARIANTS[2:]
@@ -410,7 +429,7 @@ def prefill(
             flush=True,
         )
     del q, k_cache, v_cache, md, expected
-    if candidates:
+    if candidates is True:
         defaults = dict(PREFILL_KNOBS[2])
         return {"num_seqs": len(lens), "tokens": sum(lens), "lens": lens,
                 "flops": flops, "defaults": defaults, "rows": rows}  # fmt: skip
@@ -618,6 +637,12 @@ def main() -> None:
         help="with --prefill-only: only the defaults and PREFILL_CANDIDATES",
     )
     parser.add_argument(
+        "--prefill-final",
+        action="store_true",
+        help="with --prefill-only: PREFILL_FINAL (each change of this stop alone), "
+        "the verify step and the limits",
+    )
+    parser.add_argument(
         "--decode-order",
         action="store_true",
         help="only the decode kernel on the mixed batch, its programs in the batch's "
@@ -682,7 +707,7 @@ def main() -> None:
                 args.prefill_sweep,
                 wait_for=args.wait_for,
                 wait_max=args.wait_max,
-                candidates=args.prefill_candidates,
+                candidates="final" if args.prefill_final else args.prefill_candidates,
             ),
         }
         name = "paged_prefill_sweep" if args.prefill_sweep else "paged_prefill"

@@ -200,13 +200,14 @@ def prefill_tile_map(
 
 
 # %% chapters/10_triton_decode.md:1247
-# tile knobs by the element size of q: chosen from the sweep (see the text)
+# tile knobs by the element size of q: chosen from the sweeps (see the text);
+# maxnreg caps each thread's registers (None: Triton's choice)
 PREFILL_KNOBS = {
-    2: dict(
-        rows=128, block_n=32, num_warps=8, num_stages=3, diag_n=32, align_end=False
-    ),
-    4: dict(rows=64, block_n=32, num_warps=4, num_stages=2, diag_n=32, align_end=False),
-}
+    2: dict(rows=128, block_n=32, num_warps=8, num_stages=3, diag_n=32,
+            align_end=False, maxnreg=None),
+    4: dict(rows=64, block_n=32, num_warps=4, num_stages=2, diag_n=32,
+            align_end=False, maxnreg=None),
+}  # fmt: skip
 
 
 def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
@@ -233,7 +234,8 @@ def paged_prefill(
 ) -> Tensor:
     """Attention for a flat batch of query chunks (any lengths) over the paged cache.
     Returns q's shape. Knobs left None take PREFILL_KNOBS' values; diag_n: the key
-    tile of the masked (diagonal) loop; align_end: see prefill_tile_map.
+    tile of the masked (diagonal) loop; align_end: see prefill_tile_map; maxnreg:
+    registers per thread at most (0: no cap).
     """
     md = attn_metadata
     _, num_heads, head_dim = q.shape
@@ -245,7 +247,8 @@ def paged_prefill(
     align_end = knobs["align_end"] if align_end is None else align_end
     tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first, align_end)
     out = torch.empty_like(q)
-    extra = {} if maxnreg is None else {"maxnreg": maxnreg}  # a register cap
+    maxnreg = knobs["maxnreg"] if maxnreg is None else maxnreg
+    extra = {"maxnreg": maxnreg} if maxnreg else {}  # a register cap (0: none)
     # fmt: off
     _prefill_kernel[(tile_seq.shape[0] * num_kv_heads,)](
         q, key_cache, value_cache, out,
