@@ -221,7 +221,8 @@ def test_prefill_full_and_diagonal_key_tiles_meet_anywhere(block_m, block_n):
 
 
 @pytest.mark.parametrize(
-    "block_m, block_n, diag_n", [(4, 16, 16), (8, 16, 4), (8, 32, 16)]
+    "block_m, block_n, diag_n",
+    [(4, 16, 16), (8, 16, 4), (8, 32, 16), (8, 64, 32), (16, 64, 16)],
 )
 def test_prefill_tiles_aligned_to_the_chunk_end_and_small_diagonal_tiles(
     block_m, block_n, diag_n
@@ -234,11 +235,12 @@ def test_prefill_tiles_aligned_to_the_chunk_end_and_small_diagonal_tiles(
     q, k, v, md = batch(query_lens, seq_lens, 16, 8, 2, 32, seed=block_m + diag_n)
     expected = paged_attention_ref(q, k, v, md)
     for longest_first in (True, False):
-        out = paged_prefill(
-            q, k, v, md, block_m=block_m, block_n=block_n, diag_n=diag_n,
-            longest_first=longest_first, align_end=True,
-        )  # fmt: skip
-        assert (out - expected).abs().max() <= 1e-5
+        for align_end in (True, False):
+            out = paged_prefill(
+                q, k, v, md, block_m=block_m, block_n=block_n, diag_n=diag_n,
+                longest_first=longest_first, align_end=align_end,
+            )  # fmt: skip
+            assert (out - expected).abs().max() <= 1e-5
 
 
 def test_prefill_tiles_aligned_to_the_end_pad_only_the_first_tile():

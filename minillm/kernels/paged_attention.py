@@ -30,7 +30,7 @@ from minillm.registry import ATTENTION_BACKENDS
 # %% chapters/10_triton_decode.md:1873
 # decode batches of at least this many sequences start the longest first (0: never),
 # with these knobs of paged_decode
-ORDER_DECODES_FROM = 0
+ORDER_DECODES_FROM = 65
 ORDERED_DECODE_KNOBS: dict = {}
 
 

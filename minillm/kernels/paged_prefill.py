@@ -203,8 +203,8 @@ def prefill_tile_map(
 # tile knobs by the element size of q: chosen from the sweeps (see the text);
 # maxnreg caps each thread's registers (None: Triton's choice)
 PREFILL_KNOBS = {
-    2: dict(rows=128, block_n=32, num_warps=8, num_stages=3, diag_n=32,
-            align_end=False, maxnreg=None),
+    2: dict(rows=128, block_n=64, num_warps=8, num_stages=2, diag_n=32,
+            align_end=False, maxnreg=128),
     4: dict(rows=64, block_n=32, num_warps=4, num_stages=2, diag_n=32,
             align_end=False, maxnreg=None),
 }  # fmt: skip
