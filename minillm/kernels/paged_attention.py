@@ -63,7 +63,7 @@ def triton_paged_attention(
     return paged_prefill(q, key_cache, value_cache, md)
 
 
-# %% chapters/10_triton_decode.md:2332
+# %% chapters/10_triton_decode.md:2395
 @ATTENTION_BACKENDS.register("triton", preferred_on=("cuda",))
 def triton_attention():
     """This chapter's kernels: paged attention and the one-kernel cache write."""
