@@ -374,7 +374,14 @@ def main() -> None:
             return (limit["weight_bytes"] + kv) / bandwidth
 
         args.step_floor = step_floor
-        if args.knobs_before:
+        out = args.out or Path(__file__).resolve().parent / "results"
+        record["minillm"] = run_minillm(folder, prompts, output_lens, args)
+        print(
+            f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s",
+            flush=True,
+        )
+        if args.knobs_before:  # second, so that a run out of time keeps the first
+            save(args.name, record, out)
             with knobs_set(KNOBS_BEFORE):
                 before = run_minillm(folder, prompts, output_lens, args)
             record["minillm_knobs_before"] = before
@@ -383,11 +390,6 @@ def main() -> None:
                 "tok/s",
                 flush=True,
             )
-        record["minillm"] = run_minillm(folder, prompts, output_lens, args)
-        print(
-            f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s",
-            flush=True,
-        )
         record.update(sampled_runs(folder, prompts, output_lens, args, record))
         for kind, k in record["minillm"]["timeline"]["by_kind"].items():
             print(
@@ -412,9 +414,7 @@ def main() -> None:
         f"bandwidth limit: {record['bandwidth_limit']['output_tokens_per_s']:,.0f} "
         "output tok/s"
     )
-    path = save(
-        args.name, record, args.out or Path(__file__).resolve().parent / "results"
-    )
+    path = save(args.name, record, out)
     print("wrote", path)
 
 
