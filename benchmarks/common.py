@@ -7,6 +7,7 @@ benchmarks/results/.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -31,6 +32,51 @@ def engine_settings(engine) -> dict:
         **{k: v for k, v in engine.parts.items() if k != "device"},
         **{name: getattr(runner, name, False) for name in flags},
     }
+
+
+def kernel_knobs() -> dict:
+    """Chapter 10's kernel choices in force: the batch from which decode programs
+    start the longest sequence first (and their knobs there), the bf16 prefill tile."""
+    from minillm.kernels import paged_attention, paged_prefill
+
+    return {
+        "order_decodes_from": paged_attention.ORDER_DECODES_FROM,
+        "ordered_decode_knobs": dict(paged_attention.ORDERED_DECODE_KNOBS),
+        "prefill_knobs_bf16": dict(paged_prefill.PREFILL_KNOBS[2]),
+    }
+
+
+# the same choices before this stop (main at 817c6c4)
+KNOBS_BEFORE = {
+    "order_decodes_from": 0,
+    "ordered_decode_knobs": {},
+    "prefill_knobs_bf16": dict(
+        rows=128,
+        block_n=32,
+        num_warps=8,
+        num_stages=3,
+        diag_n=32,
+        align_end=False,
+        maxnreg=None,
+    ),
+}
+
+
+@contextlib.contextmanager
+def knobs_set(knobs: dict):
+    """Within the block, chapter 10's choices as in knobs (kernel_knobs' form)."""
+    from minillm.kernels import paged_attention, paged_prefill
+
+    saved = kernel_knobs()
+    try:
+        paged_attention.ORDER_DECODES_FROM = knobs["order_decodes_from"]
+        paged_attention.ORDERED_DECODE_KNOBS = dict(knobs["ordered_decode_knobs"])
+        paged_prefill.PREFILL_KNOBS[2] = dict(knobs["prefill_knobs_bf16"])
+        yield
+    finally:
+        paged_attention.ORDER_DECODES_FROM = saved["order_decodes_from"]
+        paged_attention.ORDERED_DECODE_KNOBS = saved["ordered_decode_knobs"]
+        paged_prefill.PREFILL_KNOBS[2] = saved["prefill_knobs_bf16"]
 
 
 def environment() -> dict:
@@ -114,6 +160,8 @@ class StepTimeline:
     def __init__(self, engine):
         # (seconds, sequences, tokens) per step() call
         self.rows: list[tuple[float, int, int]] = []
+        # tokens already cached for the step's sequences: the K/V its attention reads
+        self.contexts: list[int] = []
         schedule, step, scheduled = engine.scheduler.schedule, engine.step, {}
 
         def counting_schedule():
@@ -121,6 +169,7 @@ class StepTimeline:
             scheduled.update(
                 seqs=len(output.scheduled_requests),
                 tokens=output.total_num_scheduled_tokens,
+                context=sum(r.num_computed_tokens for r in output.scheduled_requests),
             )
             return output
 
@@ -135,6 +184,7 @@ class StepTimeline:
                     scheduled.get("tokens", 0),
                 )
             )
+            self.contexts.append(scheduled.get("context", 0))
             return outputs
 
         engine.scheduler.schedule, engine.step = counting_schedule, timed_step
@@ -155,18 +205,23 @@ class StepTimeline:
             low = high + 1
         return f"decode, batch > {self.BATCHES[-1]}"
 
-    def summary(self) -> dict:
+    def summary(self, floor=None) -> dict:
         """Steps, seconds and tokens by kind of step, and every step's (ms,
-        sequences, tokens).
+        sequences, tokens) and context tokens. floor(seqs, tokens, context), if
+        given: a step's least seconds, summed by kind as "floor_seconds".
         """
         kinds: dict[str, dict] = {}
-        for seconds, seqs, tokens in self.rows:
+        for (seconds, seqs, tokens), context in zip(self.rows, self.contexts):
             k = kinds.setdefault(
                 self.kind(seqs, tokens), {"steps": 0, "seconds": 0.0, "tokens": 0}
             )
             k["steps"] += 1
             k["seconds"] += seconds
             k["tokens"] += tokens
+            if floor is not None and seqs:
+                k["floor_seconds"] = k.get("floor_seconds", 0.0) + floor(
+                    seqs, tokens, context
+                )
         for k in kinds.values():
             k["ms_per_step"] = 1e3 * k["seconds"] / k["steps"]
         return {
@@ -176,6 +231,7 @@ class StepTimeline:
             "per_step_ms_seqs_tokens": [
                 (round(1e3 * s, 3), n, t) for s, n, t in self.rows
             ],
+            "per_step_context_tokens": self.contexts,
         }
 
 

@@ -223,6 +223,43 @@ def prefill_variants(sweep: bool) -> list[dict]:
     return variants
 
 
+# the padding rows moved to a chunk's first tile, smaller diagonal key tiles, a
+# register cap: each against the defaults, timed first and last
+# key tiles of 64 in two stages, registers capped for two programs per multiprocessor
+WIDE = {"block_n": 64, "num_stages": 2, "maxnreg": 128}
+PREFILL_CANDIDATES = [
+    {"kernel": "current"},
+    {"kernel": "current", **WIDE, "align_end": True},
+    {"kernel": "current", **WIDE},
+    {"kernel": "current", **WIDE, "align_end": True, "diag_n": 64},
+    {"kernel": "current", **WIDE, "align_end": True, "diag_n": 16},
+    {"kernel": "current", **WIDE, "align_end": True, "maxnreg": 120},
+    {"kernel": "current", **WIDE, "align_end": True, "num_stages": 3},
+    {"kernel": "current", "align_end": True, "maxnreg": 128},
+    {"kernel": "current", "block_m": 32, **WIDE, "num_warps": 4, "align_end": True},
+    {"kernel": "current", "repeat": 2},
+    {"kernel": "current", **WIDE, "align_end": True, "repeat": 2},
+    {"kernel": "current", **WIDE, "repeat": 2},
+]
+
+
+# the final run: the first kernel as the engine ran it, the defaults before this
+# change, each change alone, and the defaults now (PREFILL_KNOBS), the last two twice
+BEFORE = dict(block_m=64, block_n=32, num_warps=8, num_stages=3, diag_n=32,
+              align_end=False, maxnreg=0)  # fmt: skip
+PREFILL_FINAL = [
+    {"kernel": "v1", "block_m": 32, "block_n": 32},
+    {"kernel": "current", **BEFORE},
+    {"kernel": "current", **BEFORE, "align_end": True},
+    {"kernel": "current", **BEFORE, "maxnreg": 128},
+    {"kernel": "current", **BEFORE, "block_n": 64, "num_stages": 2},
+    {"kernel": "current", **BEFORE, "block_n": 64, "num_stages": 2, "maxnreg": 128},
+    {"kernel": "current"},
+    {"kernel": "current", **BEFORE, "repeat": 2},
+    {"kernel": "current", "repeat": 2},
+]
+
+
 # a verify step of speculative decoding (chapter 14): 4 query tokens per sequence
 VERIFY_VARIANTS = [
     {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
@@ -274,7 +311,7 @@ def run_prefill(variant: dict, q, k_cache, v_cache, md):
         "current": paged_prefill,
         "by_sequence": prefill_longest_sequence_first,
     }
-    knobs = {k: v for k, v in variant.items() if k != "kernel"}
+    knobs = {k: v for k, v in variant.items() if k not in ("kernel", "repeat")}
     return kernel[variant["kernel"]](q, k_cache, v_cache, md, **knobs)
 
 
@@ -331,6 +368,7 @@ def prefill(
     workers: int = 8,
     wait_for: Path | None = None,
     wait_max: float = 60,
+    candidates: bool | str = False,
 ):
     """The prefill kernels on a prompt step of the standard workload, timed by
     CUDA-graph replay (as the engine's steps run); each checked against chapter 4's
@@ -342,6 +380,8 @@ def prefill(
     from triton.testing import do_bench_cudagraph
 
     variants = prefill_variants(sweep)
+    if candidates:
+        variants = PREFILL_FINAL if candidates == "final" else PREFILL_CANDIDATES
     t0 = time.perf_counter()
     # compiling dominates a sweep: do it in parallel, then time one by one
     to_compile = variants + VERIFY_VARIANTS[2:]
@@ -389,6 +429,10 @@ def prefill(
             flush=True,
         )
     del q, k_cache, v_cache, md, expected
+    if candidates is True:
+        defaults = dict(PREFILL_KNOBS[2])
+        return {"num_seqs": len(lens), "tokens": sum(lens), "lens": lens,
+                "flops": flops, "defaults": defaults, "rows": rows}  # fmt: skip
     verify = []
     q, k_cache, v_cache, md = verify_workload()
     expected = paged_attention_ref(q, k_cache, v_cache, md).float()
@@ -502,6 +546,49 @@ def mixed(copy_bw: float, max_model_len: int = 2064) -> dict:
     }
 
 
+def decode_order_rows(copy_bw: float, max_model_len: int = 2064) -> list[dict]:
+    """The decode kernel on the mixed batch: programs in batch order (the default)
+    or longest sequence first (order=decode_order), over split counts and tiles."""
+    from triton.testing import do_bench_cudagraph
+
+    from minillm.kernels.paged_attention import decode_order
+
+    q, k_cache, v_cache, md, lens = mixed_batch()
+    kv_bytes = 2 * sum(lens) * N_KV * HEAD_DIM * 2
+    expected = paged_decode(
+        q, k_cache, v_cache, md.block_tables, md.seq_lens, max_model_len
+    )
+    order = decode_order(md)
+    # the grid of the ordered kernel (KV heads side by side), sequences in batch order
+    same_order = torch.arange(len(lens), dtype=torch.int32, device="cuda")
+    variants = [{}, {"ordered": True}, {"transposed": True}, {}, {"ordered": True}]
+    rows = []
+    for v in variants:
+        knobs = {k: x for k, x in v.items() if k not in ("ordered", "transposed")}
+        if v.get("ordered"):
+            knobs["order"] = order
+        if v.get("transposed"):
+            knobs["order"] = same_order
+
+        def call():
+            return paged_decode(
+                q, k_cache, v_cache, md.block_tables, md.seq_lens, max_model_len,
+                **knobs,
+            )  # fmt: skip
+
+        try:
+            same = torch.equal(call(), expected)
+            us = 1e3 * do_bench_cudagraph(call, rep=50)
+        except Exception as e:
+            print("skip", v, type(e).__name__, e, flush=True)
+            continue
+        frac = kv_bytes / (us / 1e6) / copy_bw
+        rows.append({**v, "kernel_us": us, "fraction_of_copy": frac,
+                     "same_bits_as_default": same})  # fmt: skip
+        print(f"{v}: {us:7.1f} us, {frac:4.0%} of copy, same bits {same}", flush=True)
+    return rows
+
+
 def main() -> None:
     import argparse
 
@@ -532,6 +619,24 @@ def main() -> None:
         help="time the prefill kernels only; write paged_prefill-*.json",
     )
     parser.add_argument(
+        "--prefill-candidates",
+        action="store_true",
+        help="with --prefill-only: only the defaults and PREFILL_CANDIDATES",
+    )
+    parser.add_argument(
+        "--prefill-final",
+        action="store_true",
+        help="with --prefill-only: PREFILL_FINAL (each change of this stop alone), "
+        "the verify step and the limits",
+    )
+    parser.add_argument(
+        "--decode-order",
+        action="store_true",
+        help="only the decode kernel on the mixed batch, its programs in the batch's "
+        "order or longest sequence first; writes paged_decode_order-*.json",
+    )
+    parser.add_argument("--name", default=None, help="the stored result's name")
+    parser.add_argument(
         "--wait-for",
         type=Path,
         default=None,
@@ -556,6 +661,19 @@ def main() -> None:
         )
     from triton.testing import do_bench
 
+    if args.decode_order:
+        bw = copy_bandwidth()
+        record = {
+            "benchmark": "paged_decode_order",
+            "environment": environment(),
+            "workload": "mixed_batch(): 256 decodes, contexts of the standard "
+            "workload halfway through; max_seq_len 2064 as under CUDA graphs",
+            "copy_bandwidth_bytes_per_s": bw,
+            "rows": decode_order_rows(bw),
+        }
+        name = args.name or "paged_decode_order"
+        print("wrote", save(name, record, *([args.out] if args.out else [])))
+        return
     if args.prefill_only:
         record = {
             "benchmark": "paged_prefill",
@@ -573,10 +691,14 @@ def main() -> None:
                 "baseline": "kernel v1, block_m 32, block_n 32: what the engine ran",
             },
             "prefill": prefill(
-                args.prefill_sweep, wait_for=args.wait_for, wait_max=args.wait_max
+                args.prefill_sweep,
+                wait_for=args.wait_for,
+                wait_max=args.wait_max,
+                candidates="final" if args.prefill_final else args.prefill_candidates,
             ),
         }
         name = "paged_prefill_sweep" if args.prefill_sweep else "paged_prefill"
+        name = args.name or name
         out = save(name, record, *([args.out] if args.out else []))
         print("wrote", out)
         return

@@ -53,6 +53,85 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+def step_floor(engine) -> dict:
+    """The memory floor of the next decode step: every weight and the running
+    requests' cached K/V read once, at the copy bandwidth (measured here)."""
+    from benchmarks.common import copy_bandwidth
+    from minillm.kv_cache import kv_cache_bytes_per_token
+
+    model = engine.model_runner.model
+    # tied embeddings are one tensor: count each storage once
+    storages = {p.untyped_storage().data_ptr(): p.nbytes for p in model.parameters()}
+    weight_bytes = sum(storages.values())
+    dtype = next(model.parameters()).dtype
+    kv_per_token = kv_cache_bytes_per_token(model.config, dtype)
+    context = sum(r.num_computed_tokens for r in engine.scheduler.running)
+    bandwidth = copy_bandwidth()
+    return {
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "context_tokens": context,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "weights_ms": weight_bytes / bandwidth * 1e3,
+        "kv_ms": context * kv_per_token / bandwidth * 1e3,
+        "ms_per_step": (weight_bytes + context * kv_per_token) / bandwidth * 1e3,
+    }
+
+
+def ab_decode_order(engine, args, record, out) -> list[dict]:
+    """Wall ms per decode step under chapter 10's decode choices, one after the other
+    and back (the contexts shrink meanwhile, hence the repeats): programs in batch
+    order or longest sequence first (from --ab-decode-order sequences), with the
+    default knobs or others. The graphs of the batch's bucket are captured again for
+    each. The record is saved after each setting."""
+    from minillm.kernels import paged_attention as backend
+
+    graphs = engine.model_runner.graph_runner
+    sizes = graphs.sizes
+    saved = backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS
+    # the bucket the batch replays now, captured again alone (the others are kept)
+    graphs.sizes = [graphs.bucket(len(engine.scheduler.running))]
+    on = args.ab_decode_order
+    wide = {"block_n": 128, "num_stages": 3}
+    settings = [
+        ("base", 0, {}),
+        ("order", on, {}),
+        ("order, block_n 128, 3 stages", on, wide),
+        ("order, combined in the kernel", on, {"combine": True}),
+        ("base", 0, {}),
+        ("order", on, {}),
+        ("order, block_n 128, 3 stages", on, wide),
+        ("order, combined in the kernel", on, {"combine": True}),
+        ("base", 0, {}),
+        ("order", on, {}),
+    ]
+    rows = record["ab"] = []
+    for name, order_from, knobs in settings:
+        backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = order_from, knobs
+        start = time.perf_counter()
+        graphs.capture(graphs.pool)
+        capture_s = time.perf_counter() - start
+        for _ in range(3):
+            engine.step()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) / args.steps * 1e3
+        running = len(engine.scheduler.running)
+        rows.append({"setting": name, "order_decodes_from": order_from,
+                     "knobs": knobs, "wall_ms_per_step": ms,
+                     "running_requests": running, "capture_s": capture_s})  # fmt: skip
+        print(f"{name:30}: {ms:.3f} ms/step, {running} running (capture "
+              f"{capture_s:.1f} s)", flush=True)  # fmt: skip
+        save(args.name, record, out)
+    backend.ORDER_DECODES_FROM, backend.ORDERED_DECODE_KNOBS = saved
+    graphs.capture(graphs.pool)
+    graphs.sizes = sizes
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=os.environ.get("MINILLM_MODEL"))
@@ -68,6 +147,14 @@ def main() -> None:
         "workload's)",
     )
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--ab-decode-order",
+        type=int,
+        default=0,
+        help="after the profile, time --steps decode steps with ORDER_DECODES_FROM "
+        "set to this (graphs captured again), then without it, then with it again",
+    )
+    parser.add_argument("--name", default="profile_step")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -120,6 +207,7 @@ def main() -> None:
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
 
+    floor = step_floor(engine)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.profile_steps):
             engine.step()
@@ -154,6 +242,8 @@ def main() -> None:
             "engine": engine_settings(engine),
         },
         "wall_ms_per_step": wall_ms,
+        # the profiled steps' bandwidth floor: weights + KV read at the copy bandwidth
+        "floor": floor,
         "gpu_ms_per_step": gpu_ms,
         "gpu_idle_ms_per_step": wall_ms - gpu_ms,
         "kernels_per_step": launches,
@@ -173,11 +263,15 @@ def main() -> None:
     by_kind = record["gpu_ms_per_step_by_kind"].items()
     print(
         f"{running} running: {wall_ms:.2f} ms per step, of which the GPU computes "
-        f"{gpu_ms:.2f} ms ({', '.join(f'{k} {v:.2f}' for k, v in by_kind)})"
+        f"{gpu_ms:.2f} ms ({', '.join(f'{k} {v:.2f}' for k, v in by_kind)}); floor "
+        f"{floor['ms_per_step']:.2f} ms (weights {floor['weights_ms']:.2f}, KV "
+        f"{floor['kv_ms']:.2f})"
     )
-    path = save(
-        "profile_step", record, args.out or Path(__file__).resolve().parent / "results"
-    )
+    out = args.out or Path(__file__).resolve().parent / "results"
+    if args.ab_decode_order:
+        save(args.name, record, out)  # the profile, kept if the A/B runs out of time
+        ab_decode_order(engine, args, record, out)
+    path = save(args.name, record, out)
     print("wrote", path)
 
 

@@ -93,6 +93,30 @@ def test_decode_kernel_matches_reference(block_size, n_heads, n_kv):
         )
 
 
+@pytest.mark.parametrize("n_heads, n_kv", [(4, 4), (8, 2)])
+def test_decode_programs_in_another_order_give_the_same_bits(
+    n_heads, n_kv, monkeypatch
+):
+    """order: the programs start longest sequence first (or in any order given); each
+    still writes its own sequence's rows, so the output is the same, bit for bit."""
+    from minillm.kernels import paged_attention as backend
+    from minillm.kernels.paged_attention import decode_order
+
+    q, k, v, md = batch([1] * 6, [1, 17, 40, 3, 64, 9], 16, n_heads, n_kv, 32, seed=5)
+    order = decode_order(md)
+    assert md.seq_lens[order.long()].tolist() == sorted(md.seq_lens.tolist())[::-1]
+    assert decode_order(md) is order  # built once per metadata
+    shuffled = torch.tensor([4, 0, 5, 2, 1, 3], dtype=torch.int32, device=DEVICE)
+    args = (q, k, v, md.block_tables, md.seq_lens, md.max_seq_len)
+    for splits in (1, 4):
+        plain = paged_decode(*args, splits)
+        for o in (order, shuffled):
+            assert torch.equal(paged_decode(*args, splits, order=o), plain)
+    monkeypatch.setattr(backend, "ORDER_DECODES_FROM", 2)
+    assert torch.equal(backend.triton_paged_attention(q, k, v, md), paged_decode(*args))
+    assert (paged_decode(*args) - paged_attention_ref(q, k, v, md)).abs().max() <= 1e-5
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="dependent launch needs a GPU")
 @pytest.mark.parametrize("pdl", [1, 2])
 def test_decode_launched_early_in_a_graph_matches_the_reference(pdl):
@@ -172,6 +196,41 @@ def test_prefill_full_and_diagonal_key_tiles_meet_anywhere(block_m, block_n):
             q, k, v, md, block_m=block_m, block_n=block_n, longest_first=longest_first
         )
         assert (out - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "block_m, block_n, diag_n",
+    [(4, 16, 16), (8, 16, 4), (8, 32, 16), (8, 64, 32), (16, 64, 16)],
+)
+def test_prefill_tiles_aligned_to_the_chunk_end_and_small_diagonal_tiles(
+    block_m, block_n, diag_n
+):
+    # the padding rows at the start of a chunk's first tile (its start is negative),
+    # contexts shorter than that padding, and a diagonal walked in smaller key tiles
+    contexts = [0, 15, 16, 17, 31, 32, 33, 3, 0]
+    query_lens = [23, 1, 16, 9, 17, 5, 40, 33, 3]
+    seq_lens = [c + n for c, n in zip(contexts, query_lens)]
+    q, k, v, md = batch(query_lens, seq_lens, 16, 8, 2, 32, seed=block_m + diag_n)
+    expected = paged_attention_ref(q, k, v, md)
+    for longest_first in (True, False):
+        for align_end in (True, False):
+            out = paged_prefill(
+                q, k, v, md, block_m=block_m, block_n=block_n, diag_n=diag_n,
+                longest_first=longest_first, align_end=align_end,
+            )  # fmt: skip
+            assert (out - expected).abs().max() <= 1e-5
+
+
+def test_prefill_tiles_aligned_to_the_end_pad_only_the_first_tile():
+    _, _, _, md = batch([1, 16, 5, 40, 9, 13], [9, 16, 40, 40, 30, 13], 5, 8, 2, 32)
+    block_m = 4
+    seq, start = (t.tolist() for t in prefill_tile_map(md, block_m, False, True))
+    q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).tolist()
+    for s, n in enumerate(q_lens):
+        starts = [f for t, f in zip(seq, start) if t == s and f < n]
+        # the tiles cover the chunk exactly once, and the last one ends with it
+        rows = sorted(r for f in starts for r in range(f, f + block_m) if r >= 0)
+        assert rows == list(range(n)) and max(starts) + block_m == n
 
 
 def test_prefill_tile_map_puts_the_longest_tiles_first():

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1575
+# %% chapters/10_triton_decode.md:1790
 """The Triton attention backend for the paged KV cache (chapter 10, "Paged attention in
 Triton").
 
@@ -17,6 +17,7 @@ TRITON_INTERPRET=1 before importing this module.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from minillm.kernels.paged_decode import paged_decode
@@ -26,7 +27,23 @@ from minillm.model import AttentionMetadata
 from minillm.registry import ATTENTION_BACKENDS
 
 
-# %% chapters/10_triton_decode.md:1600
+# %% chapters/10_triton_decode.md:1816
+# decode batches of at least this many sequences start the longest first (0: never),
+# with these knobs of paged_decode
+ORDER_DECODES_FROM = 65
+ORDERED_DECODE_KNOBS: dict = {}
+
+
+def decode_order(md: AttentionMetadata) -> Tensor:
+    """(num_seqs,) int32 on the device: the sequences by length, longest first; built
+    by the first layer of a forward and kept on the metadata, as the tile map is."""
+    cached = md.__dict__
+    if "_decode_order" not in cached:
+        order = torch.argsort(md.seq_lens, descending=True, stable=True)
+        cached["_decode_order"] = order.to(torch.int32)
+    return cached["_decode_order"]
+
+
 def triton_paged_attention(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
 ) -> Tensor:
@@ -35,13 +52,18 @@ def triton_paged_attention(
     """
     md = attn_metadata
     if md.max_query_len == 1:
+        if ORDER_DECODES_FROM and md.num_seqs >= ORDER_DECODES_FROM:
+            return paged_decode(
+                q, key_cache, value_cache, md.block_tables, md.seq_lens,
+                md.max_seq_len, order=decode_order(md), **ORDERED_DECODE_KNOBS,
+            )  # fmt: skip
         return paged_decode(
             q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len
         )
     return paged_prefill(q, key_cache, value_cache, md)
 
 
-# %% chapters/10_triton_decode.md:2018
+# %% chapters/10_triton_decode.md:2318
 @ATTENTION_BACKENDS.register("triton", preferred_on=("cuda",))
 def triton_attention():
     """This chapter's kernels: paged attention and the one-kernel cache write."""

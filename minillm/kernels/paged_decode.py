@@ -35,6 +35,7 @@ def _decode_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
+    order_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -57,10 +58,14 @@ def _decode_kernel(
     NUM_STAGES: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr = 0,
+    ORDERED: tl.constexpr = False,
 ):
     # (1) the program's sequence, KV head and split: which tokens it reads
     _launched_early(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if ORDERED:  # grid (KV head, split, rank): the longest sequences start first
+        kv_head, split = tl.program_id(0), tl.program_id(1)
+        seq = tl.load(order_ptr + tl.program_id(2))
     seq_len = tl.load(seq_lens_ptr + seq)
     # pieces of a fixed size: a long context gets more programs than a short one
     if SPLIT_TOKENS > 0:
@@ -143,7 +148,7 @@ def _decode_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
 
-# %% chapters/10_triton_decode.md:481
+# %% chapters/10_triton_decode.md:486
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -184,7 +189,7 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:534
+# %% chapters/10_triton_decode.md:539
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -220,7 +225,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:609
+# %% chapters/10_triton_decode.md:614
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -249,7 +254,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:645
+# %% chapters/10_triton_decode.md:650
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -262,10 +267,12 @@ def decode_partials(
     num_stages: int,
     split_tokens: int,
     pdl: int = 0,
+    order: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
     num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
-    pdl: launched early (Hopper).
+    pdl: launched early (Hopper). order (num_seqs,): the sequences in the order their
+    programs should start.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -274,9 +281,13 @@ def decode_partials(
     acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(shape, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
+    grid = (num_seqs, num_kv_heads, num_splits)
+    if order is not None:
+        grid = (num_kv_heads, num_splits, num_seqs)
     # fmt: off
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l, head_dim**-0.5,
+    _decode_kernel[grid](
+        q, key_cache, value_cache, block_tables, seq_lens, acc, m, l,
+        seq_lens if order is None else order, head_dim**-0.5,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -286,13 +297,13 @@ def decode_partials(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         SPLIT_TOKENS=split_tokens, NUM_STAGES=num_stages,
         IEEE=q.dtype == torch.float32, PDL=pdl,
-        num_warps=num_warps, launch_pdl=pdl > 0,
+        ORDERED=order is not None, num_warps=num_warps, launch_pdl=pdl > 0,
     )
     # fmt: on
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:692
+# %% chapters/10_triton_decode.md:703
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -310,7 +321,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:713
+# %% chapters/10_triton_decode.md:724
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -325,13 +336,15 @@ def paged_decode(
     programs_per_sm: int = 16,
     split_tokens: int = 0,
     pdl: int | None = None,
+    order: Tensor | None = None,
 ) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
     cached in key_cache, value_cache (num_blocks, block_size, n_kv_heads, D).
 
     Returns (num_seqs, n_heads, D). num_splits (or pieces of split_tokens tokens, a
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
-    pdl: launched early (None: default_launch; see _launched_early).
+    pdl: launched early (None: default_launch; see _launched_early). order: the
+    sequences' start order (decode_order), or None.
     """
     pdl = default_launch(q.device) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:
@@ -354,5 +367,6 @@ def paged_decode(
         num_stages,
         split_tokens,
         pdl,
+        order,
     )
     return reduce_splits(acc, m, l, out, pdl)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:880
+# %% chapters/10_triton_decode.md:894
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 10, "Paged attention in Triton").
 
@@ -28,7 +28,7 @@ from minillm.model import AttentionMetadata
 LOG2_E = math.log2(math.e)
 
 
-# %% chapters/10_triton_decode.md:913
+# %% chapters/10_triton_decode.md:927
 @triton.jit
 def _load_kv(
     base, block, slot, stride_b, stride_s, t_ok,
@@ -46,7 +46,7 @@ def _load_kv(
     return x
 
 
-# %% chapters/10_triton_decode.md:939
+# %% chapters/10_triton_decode.md:953
 @triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
@@ -84,7 +84,7 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:981
+# %% chapters/10_triton_decode.md:995
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -96,6 +96,7 @@ def _prefill_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    DIAG_N: tl.constexpr = 0,
 ):  # fmt: skip
     # (1) the program's tile; neighbouring programs share a tile, not a KV head
     tile = tl.program_id(0) // NUM_KV_HEADS
@@ -109,8 +110,10 @@ def _prefill_kernel(
     # (2) the rows: BLOCK_M query tokens times the group's heads
     r = tl.arange(0, BLOCK_M * GROUP_P2)
     i, g = r // GROUP_P2, r % GROUP_P2
-    row_ok = (q_first + i < q_len) & (g < GROUP)
-    pos = context + q_first + i  # each row's position in its sequence
+    # a tile may start before its chunk (see the tile map): those rows are padding
+    row_ok = (q_first + i >= 0) & (q_first + i < q_len) & (g < GROUP)
+    # each row's position in its sequence (a padding row's at least 0: it sees key 0)
+    pos = tl.maximum(context + q_first + i, 0)
     d = tl.arange(0, D_P2)
     token, head = q_begin + q_first + i, kv_head * GROUP + g
     q_ptrs = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
@@ -121,7 +124,8 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M * GROUP_P2, D_P2], tl.float32)
     # (3) keys every row sees need no mask; the diagonal's do
     real = q_first < q_len  # a spare tile (see the tile map) has no keys
-    full = tl.where(real, (context + q_first + 1) // BLOCK_N * BLOCK_N, 0)
+    seen = tl.maximum(context + q_first + 1, 0)  # keys the tile's first row sees
+    full = tl.where(real, seen // BLOCK_N * BLOCK_N, 0)
     last = tl.where(real, tl.minimum(seq_len, context + q_first + BLOCK_M), 0)
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
     bt_row = block_tables_ptr + seq * stride_bt
@@ -134,7 +138,7 @@ def _prefill_kernel(
     acc, m_i, l_i = _key_tiles(
         acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
         stride_vb, stride_vs, qk_scale, full, last,
-        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, True, IEEE,
+        HEAD_DIM, D_P2, BLOCK_SIZE, DIAG_N or BLOCK_N, True, IEEE,
     )  # fmt: skip
     # (5) normalise and store the real rows (a spare tile's l_i is 0)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -146,19 +150,24 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1082
+# %% chapters/10_triton_decode.md:1100
 def prefill_tile_map(
-    md: AttentionMetadata, block_m: int, longest_first: bool = True
+    md: AttentionMetadata,
+    block_m: int,
+    longest_first: bool = True,
+    align_end: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(tile_seq, tile_start), int32 on the device: each program's sequence and first
     query row, the tiles with the most keys first (unless longest_first is False).
+    align_end: a chunk's tiles end where it ends, so that its first tile, the one
+    with the fewest keys, holds the padding rows (its start is negative).
 
     Built once per step: the map depends on the metadata alone, so the first layer
     builds it and stores it on the metadata object, and every later layer of the same
     forward reuses it.
     """
     cached = md.__dict__.setdefault("_prefill_tiles", {})
-    if (block_m, longest_first) not in cached:
+    if (block_m, longest_first, align_end) not in cached:
         # (num_seqs,), on the device
         q_lens = (md.query_start_loc[1:] - md.query_start_loc[:-1]).long()
         tiles = (q_lens + block_m - 1) // block_m
@@ -173,6 +182,8 @@ def prefill_tile_map(
         )
         # past the end: beyond the chunk, so no work
         tile_start = (tile - (ends - tiles)[tile_seq]) * block_m
+        if align_end:  # shift each chunk's tiles back by its padding
+            tile_start -= (tiles * block_m - q_lens)[tile_seq]
         if longest_first:
             q_len = q_lens[tile_seq]
             context = md.seq_lens.long()[tile_seq] - q_len
@@ -181,19 +192,22 @@ def prefill_tile_map(
             keys = torch.where(tile_start < q_len, keys, -1)
             order = torch.argsort(keys, descending=True, stable=True)
             tile_seq, tile_start = tile_seq[order], tile_start[order]
-        cached[block_m, longest_first] = (
+        cached[block_m, longest_first, align_end] = (
             tile_seq.to(torch.int32),
             tile_start.to(torch.int32),
         )
-    return cached[block_m, longest_first]
+    return cached[block_m, longest_first, align_end]
 
 
-# %% chapters/10_triton_decode.md:1145
-# tile knobs by the element size of q: chosen from the sweep (see the text)
+# %% chapters/10_triton_decode.md:1170
+# tile knobs by the element size of q: chosen from the sweeps (see the text);
+# maxnreg caps each thread's registers (None: Triton's choice)
 PREFILL_KNOBS = {
-    2: dict(rows=128, block_n=32, num_warps=8, num_stages=3),
-    4: dict(rows=64, block_n=32, num_warps=4, num_stages=2),
-}
+    2: dict(rows=128, block_n=64, num_warps=8, num_stages=2, diag_n=32,
+            align_end=False, maxnreg=128),
+    4: dict(rows=64, block_n=32, num_warps=4, num_stages=2, diag_n=32,
+            align_end=False, maxnreg=None),
+}  # fmt: skip
 
 
 def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
@@ -214,9 +228,14 @@ def paged_prefill(
     num_warps: int | None = None,
     num_stages: int | None = None,
     longest_first: bool = True,
+    align_end: bool | None = None,
+    diag_n: int | None = None,
+    maxnreg: int | None = None,
 ) -> Tensor:
     """Attention for a flat batch of query chunks (any lengths) over the paged cache.
-    Returns q's shape. Knobs left None take PREFILL_KNOBS' values.
+    Returns q's shape. Knobs left None take PREFILL_KNOBS' values; diag_n: the key
+    tile of the masked (diagonal) loop; align_end: see prefill_tile_map; maxnreg:
+    registers per thread at most (0: no cap).
     """
     md = attn_metadata
     _, num_heads, head_dim = q.shape
@@ -225,8 +244,11 @@ def paged_prefill(
     group_p2 = triton.next_power_of_2(group)
     knobs = PREFILL_KNOBS[q.element_size()]
     block_m = block_m or prefill_block_m(md.max_query_len, group_p2, knobs["rows"])
-    tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first)
+    align_end = knobs["align_end"] if align_end is None else align_end
+    tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first, align_end)
     out = torch.empty_like(q)
+    maxnreg = knobs["maxnreg"] if maxnreg is None else maxnreg
+    extra = {"maxnreg": maxnreg} if maxnreg else {}  # a register cap (0: none)
     # fmt: off
     _prefill_kernel[(tile_seq.shape[0] * num_kv_heads,)](
         q, key_cache, value_cache, out,
@@ -240,8 +262,9 @@ def paged_prefill(
         HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n or knobs["block_n"], IEEE=q.dtype == torch.float32,
+        DIAG_N=diag_n or knobs["diag_n"],
         num_warps=num_warps or knobs["num_warps"],
-        num_stages=num_stages or knobs["num_stages"],
+        num_stages=num_stages or knobs["num_stages"], **extra,
     )
     # fmt: on
     return out

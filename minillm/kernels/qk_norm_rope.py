@@ -84,10 +84,12 @@ def qk_norm_rope_write(
     slot_mapping: Tensor,
     n_heads: int,
     pdl: int | None = None,
+    num_warps: int = 4,
 ) -> Tensor:
     """qkv (T, (n_heads + 2 n_kv) D); norm_weight (n_heads + n_kv, D) or None; cos,
     sin (T, D); caches (num_blocks, block_size, n_kv, D), contiguous. Returns the
     normed, rotated queries (T, n_heads, D); stores keys and values at slot_mapping.
+    num_warps: of each program (one head of one token).
     """
     T = qkv.shape[0]
     _, _, n_kv, D = key_cache.shape
@@ -111,7 +113,7 @@ def qk_norm_rope_write(
         qkv, g, cos, sin, q, key_cache, value_cache, slot_mapping, eps,
         qkv.stride(0), cos.stride(0),
         N_HEADS=n_heads, N_KV=n_kv, D=D, NORM=norm_weight is not None, PDL=pdl,
-        launch_pdl=pdl > 0,
+        launch_pdl=pdl > 0, num_warps=num_warps,
     )
     # fmt: on
     return q

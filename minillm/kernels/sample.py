@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1853
+# %% chapters/11_cuda_graph.md:1855
 """Chapter 6's sampler as one Triton kernel for the fast path (chapter 11,
 "Sampling on the device").
 
@@ -30,7 +30,7 @@ from minillm.sampling_params import SAMPLING_EPS
 PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 
 
-# %% chapters/11_cuda_graph.md:1882
+# %% chapters/11_cuda_graph.md:1884
 @triton.jit
 def _exp(x, PRECISE: tl.constexpr):
     if PRECISE:  # correctly rounded, as PyTorch's; tl.exp is an approximation
@@ -68,7 +68,7 @@ def _noise(seed, pos, tokens, PRECISE: tl.constexpr):
     return -_log(uniform, PRECISE)
 
 
-# %% chapters/11_cuda_graph.md:1925
+# %% chapters/11_cuda_graph.md:1927
 @triton.jit
 def _load(row_ptr, offs, n, t, RAW_KEYS: tl.constexpr, PRECISE: tl.constexpr):
     """A block of the row: its logits / t (float32) and their order keys."""
@@ -107,7 +107,7 @@ def _live(
     return e, live
 
 
-# %% chapters/11_cuda_graph.md:1972
+# %% chapters/11_cuda_graph.md:1974
 @triton.jit
 def _row_stats(
     row_ptr, V, t, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
@@ -172,7 +172,7 @@ def _top_k_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2038
+# %% chapters/11_cuda_graph.md:2040
 @triton.jit
 def _top_p_key(
     row_ptr,
@@ -212,7 +212,7 @@ def _top_p_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2081
+# %% chapters/11_cuda_graph.md:2083
 @triton.jit
 def _sample_kernel(
     logits_ptr,
@@ -268,7 +268,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/11_cuda_graph.md:2141
+# %% chapters/11_cuda_graph.md:2143
 def sample(
     logits: Tensor,
     temperature: Tensor,

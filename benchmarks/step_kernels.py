@@ -1,0 +1,73 @@
+"""Small kernels of a decode step at a large batch: chapter 11's q/k norm, rotation and
+cache write (`qk_norm_rope_write`) by warps per program, at 1, 256 and 16,384 tokens.
+
+Timed as CUDA-graph replays (triton.testing.do_bench_cudagraph), Qwen3-0.6B's heads
+(16 query, 8 KV, 128 wide), bf16, a cache of shuffled slots. Each setting is checked
+against the default's output, bit for bit.
+
+    python benchmarks/step_kernels.py   # on a GPU; writes results/step_kernels-*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import environment, save  # noqa: E402
+from minillm.kernels.qk_norm_rope import qk_norm_rope_write  # noqa: E402
+
+N_HEADS, N_KV, D, BLOCK = 16, 8, 128, 16
+
+
+def main() -> None:
+    from triton.testing import do_bench_cudagraph
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for T in (1, 256, 16384):
+        qkv = torch.randn(T, (N_HEADS + 2 * N_KV) * D, device="cuda", generator=g)
+        qkv = qkv.bfloat16()
+        weight = (1 + 0.1 * torch.randn(N_HEADS + N_KV, D, device="cuda")).bfloat16()
+        cos, sin = (torch.rand(T, D, device="cuda").bfloat16() for _ in range(2))
+        blocks = T // BLOCK + 2
+        caches = [
+            torch.zeros(blocks, BLOCK, N_KV, D, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2)
+        ]
+        slots = torch.randperm(blocks * BLOCK, device="cuda")[:T]
+
+        def call(warps):
+            return qk_norm_rope_write(
+                qkv, weight, 1e-6, cos, sin, *caches, slots, N_HEADS, num_warps=warps
+            )
+
+        expected = call(4)
+        for warps in (1, 2, 4):
+            same = torch.equal(call(warps), expected)
+            us = 1e3 * do_bench_cudagraph(lambda: call(warps), rep=30)
+            rows.append({"tokens": T, "num_warps": warps, "us": us, "same_bits": same})
+            print(f"qk_norm_rope_write T {T:5d}, {warps} warps: {us:7.2f} us, "
+                  f"same bits {same}", flush=True)  # fmt: skip
+    record = {
+        "benchmark": "step_kernels",
+        "environment": environment(),
+        "workload": {
+            "heads": [N_HEADS, N_KV],
+            "head_dim": D,
+            "dtype": "bfloat16",
+            "timing": "triton.testing.do_bench_cudagraph",
+        },  # fmt: skip
+        "qk_norm_rope_write": rows,
+    }
+    print("wrote", save("step_kernels", record, *([args.out] if args.out else [])))
+
+
+if __name__ == "__main__":
+    main()
