@@ -185,7 +185,9 @@ def run_minillm(
         use_tqdm=False,
     )
     steps_before = llm.engine.num_steps
-    # where the time goes: prompt steps, decode steps by batch size
+    # where the time goes: prompt steps, decode steps by batch size (the timeline
+    # wraps the engine's step and schedule; unwrapped after, for a next run)
+    unwrapped = llm.engine.step, llm.engine.scheduler.schedule
     timeline = StepTimeline(llm.engine)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -224,6 +226,7 @@ def run_minillm(
             **engine_settings(llm.engine),
         },
     }
+    llm.engine.step, llm.engine.scheduler.schedule = unwrapped
     del outputs
     if own:
         del llm
