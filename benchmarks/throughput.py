@@ -214,7 +214,7 @@ def run_minillm(
         "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0)
         - graphs_before,
         "preemptions": llm.engine.num_preemptions - preempted_before,
-        "engine": "its own" if own else "shared with the greedy run",
+        "engine": "its own" if own else "one for all modes (--one-engine)",
         "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,
         "timeline": timeline.summary(),
         "config": {
