@@ -401,7 +401,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3275
+    # %% chapters/11_cuda_graph.md:3262
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -463,7 +463,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3911
+    # %% chapters/11_cuda_graph.md:3898
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -484,7 +484,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3855
+# %% chapters/11_cuda_graph.md:3842
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -532,5 +532,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3939
+# %% chapters/11_cuda_graph.md:3926
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
