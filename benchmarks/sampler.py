@@ -187,6 +187,8 @@ def main() -> None:
     parser.add_argument(
         "--penalties", action="store_true", help="time the penalty step alone"
     )
+    parser.add_argument("--name", default="sampler", help="the results file's prefix")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/sampler.py times a GPU kernel: no CUDA device found")
@@ -215,7 +217,8 @@ def main() -> None:
         },
         "rows": rows,
     }
-    print("wrote", save("sampler", record))
+    out = args.out or Path(__file__).resolve().parent / "results"
+    print("wrote", save(args.name, record, out))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import gc
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -518,6 +519,12 @@ def serve(
 ):
     """Start the server of the tree at root, run every mode, stop it."""
     proc, host, port = start_server(argv, log, root)
+
+    def killed(signum, frame):  # e.g. by `timeout`: no server outlives this script
+        os.killpg(proc.pid, signal.SIGKILL)
+        sys.exit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, killed)
     try:
         startup = wait_healthy(f"http://{host}:{port}", proc)
         runs = run_modes(
@@ -525,6 +532,7 @@ def serve(
         )
     finally:
         stop(proc)
+        signal.signal(signal.SIGTERM, previous)
     return {
         "server_startup_seconds": startup,
         "runs": runs,

@@ -149,10 +149,8 @@ def sampling_params(mode: str, output_lens: list[int]) -> list[SamplingParams]:
     ]
 
 
-def run_minillm(
-    folder, prompts, output_lens, args, mode: str = "greedy", fused: bool = True
-) -> dict:
-    llm = LLM(
+def build_llm(folder, args, fused: bool = True) -> LLM:
+    return LLM(
         folder,
         dtype=torch.bfloat16,
         skip_tokenizer_init=True,
@@ -162,6 +160,26 @@ def run_minillm(
         max_model_len=2 * args.max_len + 16,
         fused_sampling=fused,
     )
+
+
+def run_minillm(
+    folder,
+    prompts,
+    output_lens,
+    args,
+    mode: str = "greedy",
+    fused: bool = True,
+    llm: LLM | None = None,
+) -> dict:
+    """One run of the workload in `mode`, on llm if given (kept), else on an engine
+    of its own (built here, freed after)."""
+    own = llm is None
+    llm = build_llm(folder, args, fused) if own else llm
+    stepper = llm.engine.stepper
+    ahead_before = getattr(stepper, "num_ahead", 0)
+    in_step_before = getattr(stepper, "num_in_step", 0)
+    graphs_before = getattr(llm.engine.model_runner, "num_graph_steps", 0)
+    preempted_before = llm.engine.num_preemptions
     params = sampling_params(mode, output_lens)
     # warm-up with the mode's own parameters: the kernels it runs compile here
     llm.generate(
@@ -170,7 +188,9 @@ def run_minillm(
         use_tqdm=False,
     )
     steps_before = llm.engine.num_steps
-    # where the time goes: prompt steps, decode steps by batch size
+    # where the time goes: prompt steps, decode steps by batch size (the timeline
+    # wraps the engine's step and schedule; unwrapped after, for a next run)
+    unwrapped = llm.engine.step, llm.engine.scheduler.schedule
     timeline = StepTimeline(llm.engine)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -190,11 +210,14 @@ def run_minillm(
         "output_tokens_per_s": produced / seconds,
         "total_tokens_per_s": (produced + sum(map(len, prompts))) / seconds,
         "steps": llm.engine.num_steps - steps_before,
-        "steps_launched_ahead": getattr(llm.engine.stepper, "num_ahead", 0),
+        # counted from this run's warm-up on (an engine of its own: from its start)
+        "steps_launched_ahead": getattr(stepper, "num_ahead", 0) - ahead_before,
         # steps that needed chapter 6's sampler in step (warm-up included)
-        "steps_in_step": getattr(llm.engine.stepper, "num_in_step", 0),
-        "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0),
-        "preemptions": llm.engine.num_preemptions,
+        "steps_in_step": getattr(stepper, "num_in_step", 0) - in_step_before,
+        "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0)
+        - graphs_before,
+        "preemptions": llm.engine.num_preemptions - preempted_before,
+        "engine": "its own" if own else "one for all modes (--one-engine)",
         "num_kv_blocks": llm.engine.kv_cache_manager.num_blocks,
         "timeline": timeline.summary(getattr(args, "step_floor", None)),
         "config": {
@@ -207,9 +230,12 @@ def run_minillm(
             "kernel_knobs": kernel_knobs(),
         },
     }
-    del llm, outputs
-    gc.collect()
-    torch.cuda.empty_cache()
+    llm.engine.step, llm.engine.scheduler.schedule = unwrapped
+    del outputs
+    if own:
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
     return result
 
 
@@ -261,15 +287,17 @@ def run_hf(folder, prompts, output_lens, batch_size) -> dict:
     }
 
 
-def sampled_runs(folder, prompts, output_lens, args, record) -> dict:
+def sampled_runs(folder, prompts, output_lens, args, record, llm=None) -> dict:
     """{"sampling": {name: run}} for the sampled modes, each with its throughput as
-    a fraction of the greedy run of the same process."""
+    a fraction of the greedy run of the same process; the fused ones on llm if
+    given (--one-engine: the greedy run's)."""
     greedy = record["minillm"]["output_tokens_per_s"]
     runs = {}
     for mode in [m for m in args.sampling if m != "greedy"]:
         for fused in [True, False] if args.unfused else [True]:
             name = mode if fused else f"{mode}_unfused"
-            run = run_minillm(folder, prompts, output_lens, args, mode, fused)
+            shared = llm if fused else None
+            run = run_minillm(folder, prompts, output_lens, args, mode, fused, shared)
             run["fraction_of_greedy"] = run["output_tokens_per_s"] / greedy
             runs[name] = run
             print(
@@ -326,6 +354,12 @@ def main() -> None:
         "minillm_knobs_before",
     )
     parser.add_argument(
+        "--one-engine",
+        action="store_true",
+        help="run greedy and the fused sampled modes one after another on one engine "
+        "(built once: same CUDA graphs, same memory) instead of an engine each",
+    )
+    parser.add_argument(
         "--name",
         default="throughput",
         help="the stored result's name (e.g. throughput_sampling for a run with "
@@ -375,7 +409,8 @@ def main() -> None:
 
         args.step_floor = step_floor
         out = args.out or Path(__file__).resolve().parent / "results"
-        record["minillm"] = run_minillm(folder, prompts, output_lens, args)
+        llm = build_llm(folder, args) if args.one_engine else None
+        record["minillm"] = run_minillm(folder, prompts, output_lens, args, llm=llm)
         print(
             f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s",
             flush=True,
@@ -390,7 +425,10 @@ def main() -> None:
                 "tok/s",
                 flush=True,
             )
-        record.update(sampled_runs(folder, prompts, output_lens, args, record))
+        record.update(sampled_runs(folder, prompts, output_lens, args, record, llm))
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
         for kind, k in record["minillm"]["timeline"]["by_kind"].items():
             print(
                 f"  {kind:24}: {k['steps']:5d} steps, {k['seconds']:6.2f} s "

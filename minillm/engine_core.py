@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:3778
+# %% chapters/16_server.md:3787
 """The engine in a process of its own (chapter 16, the section of that name).
 
 `EngineCoreClient` starts chapter 7's `LLMEngine` in a child process, where
@@ -39,7 +39,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:3821
+# %% chapters/16_server.md:3830
 class OutputDelta(NamedTuple):
     """What one step added to one request's output."""
 
@@ -57,7 +57,7 @@ def times(m: RequestMetrics | None) -> tuple | None:
     return None if m is None else tuple(vars(m).values())
 
 
-# %% chapters/16_server.md:3846
+# %% chapters/16_server.md:3855
 class EngineCore:
     """The child's side: commands from the socket, engine steps, deltas back."""
 
@@ -88,7 +88,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:3888
+    # %% chapters/16_server.md:3897
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -113,7 +113,7 @@ class EngineCore:
             self.sent[request_id] = {}
         return _ACCEPTED
 
-    # %% chapters/16_server.md:3930
+    # %% chapters/16_server.md:3939
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
@@ -137,7 +137,7 @@ class EngineCore:
         return OutputDelta(output.request_id, output.finished, prompt, completions)
 
 
-# %% chapters/16_server.md:3916
+# %% chapters/16_server.md:3925
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
@@ -147,7 +147,7 @@ def portable(e: Exception) -> Exception:
         return (ValueError if isinstance(e, ValueError) else RuntimeError)(str(e))
 
 
-# %% chapters/16_server.md:3966
+# %% chapters/16_server.md:3975
 def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
     """The child process: build the engine, say what the front end needs, serve."""
     conn = Connection(sock.detach())  # multiprocessing's framing of messages
@@ -177,7 +177,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
         pass
 
 
-# %% chapters/16_server.md:4002
+# %% chapters/16_server.md:4011
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -208,7 +208,7 @@ def stop_process(process: multiprocessing.Process, timeout: float = 10.0) -> Non
         process.join()
 
 
-# %% chapters/16_server.md:4034
+# %% chapters/16_server.md:4043
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
@@ -242,7 +242,7 @@ class EngineCoreClient:
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4070
+    # %% chapters/16_server.md:4079
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -267,7 +267,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4102
+    # %% chapters/16_server.md:4111
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -287,7 +287,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4131
+    # %% chapters/16_server.md:4140
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -321,7 +321,7 @@ class EngineCoreClient:
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4172
+    # %% chapters/16_server.md:4181
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -345,7 +345,7 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4205
+    # %% chapters/16_server.md:4214
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
             deltas, self._stats = args
@@ -380,7 +380,7 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4249
+    # %% chapters/16_server.md:4258
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
@@ -408,7 +408,7 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4289
+    # %% chapters/16_server.md:4298
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""

@@ -113,7 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2183
+    # %% chapters/16_server.md:2192
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -160,7 +160,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2238
+    # %% chapters/16_server.md:2247
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
@@ -175,8 +175,14 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
 
-# %% chapters/16_server.md:2162
-_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# %% chapters/16_server.md:2165
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _json(value) -> str:
+    """value as JSON; None, a running choice's reasons, without the encoder's slow
+    path (a str takes its fast one)."""
+    return "null" if value is None else _encode(value)
 
 
 def text_event(envelope: tuple[str, str], piece: StreamPiece) -> str:

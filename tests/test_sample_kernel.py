@@ -61,6 +61,33 @@ def test_kernel_draws_chapter6s_tokens(dtype, vocab):
         assert got == want
 
 
+@pytest.mark.parametrize("block", [64, 128])
+def test_rows_of_several_blocks_draw_chapter6s_tokens(monkeypatch, block):
+    """Rows longer than a block: per-lane sums over several blocks, the search
+    passes' exp2 and the top-p target from pass 1 when every token is live; ties
+    on a coarse grid included."""
+    import minillm.kernels.sample as kernel
+
+    monkeypatch.setattr(kernel, "BLOCK", block)
+    vocab, rng = 300, random.Random(block)
+    g = torch.Generator().manual_seed(block)
+    for dtype in (torch.float32, torch.bfloat16):
+        params = [random_params(rng, vocab) for _ in range(12)]
+        params += [
+            SamplingParams(temperature=0.8, top_p=0.95, seed=i) for i in range(4)
+        ]
+        logits = (3 * torch.randn(16, vocab, generator=g)).to(DEVICE, dtype)
+        got, want = both(logits, params, [[0] * rng.randrange(50) for _ in params])
+        assert got == want
+    grid = torch.randint(-4, 4, (8, vocab), generator=g).float().to(DEVICE)
+    params = [
+        SamplingParams(temperature=1.0, top_p=p, seed=i)
+        for i, p in enumerate((0.3, 0.7, 0.9, 0.5) * 2)
+    ]
+    got, want = both(grid.bfloat16(), params)
+    assert got == want
+
+
 def test_ties_at_the_cut_stay_together():
     """bfloat16 logits on a coarse grid: many exact ties at every threshold."""
     vocab = 256

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1855
+# %% chapters/11_cuda_graph.md:1856
 """Chapter 6's sampler as one Triton kernel for the fast path (chapter 11,
 "Sampling on the device").
 
@@ -28,9 +28,10 @@ from minillm.sampling_params import SAMPLING_EPS
 
 # the interpreter has no libdevice: it computes in NumPy, exactly rounded anyway
 PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
+BLOCK = 8192  # tokens of a row per loop step: 16 a thread, with 16 warps
 
 
-# %% chapters/11_cuda_graph.md:1884
+# %% chapters/11_cuda_graph.md:1886
 @triton.jit
 def _exp(x, PRECISE: tl.constexpr):
     if PRECISE:  # correctly rounded, as PyTorch's; tl.exp is an approximation
@@ -47,28 +48,27 @@ def _log(x, PRECISE: tl.constexpr):
 
 @triton.jit
 def _mix32(x):
-    """Chapter 6's mix32, on int64 values in [0, 2**32)."""
-    mask = tl.full([], 0xFFFFFFFF, tl.int64)
+    """Chapter 6's mix32 on uint32 values: their products wrap mod 2**32, as the
+    masks of chapter 6's int64 arithmetic make them."""
     x = x ^ (x >> 16)
-    x = (x * tl.full([], 0x7FEB352D, tl.int64)) & mask
+    x = x * tl.full([], 0x7FEB352D, tl.uint32)
     x = x ^ (x >> 15)
-    x = (x * tl.full([], 0x846CA68B, tl.int64)) & mask
+    x = x * tl.full([], 0x846CA68B, tl.uint32)
     return x ^ (x >> 16)
 
 
 @triton.jit
 def _noise(seed, pos, tokens, PRECISE: tl.constexpr):
     """Chapter 6's exponential_noise for one row's block of token ids."""
-    mask = tl.full([], 0xFFFFFFFF, tl.int64)
-    high = _mix32((seed >> 32) & mask)
-    k1 = _mix32(_mix32((seed & mask) ^ high) ^ (pos & mask))
-    k2 = _mix32(k1 ^ 0x9E3779B9)
-    bits = _mix32(_mix32(tokens.to(tl.int64) ^ k1) ^ k2)
+    high = _mix32((seed >> 32).to(tl.uint32))  # int64 -> uint32 keeps the low bits
+    k1 = _mix32(_mix32(seed.to(tl.uint32) ^ high) ^ pos.to(tl.uint32))
+    k2 = _mix32(k1 ^ tl.full([], 0x9E3779B9, tl.uint32))
+    bits = _mix32(_mix32(tokens.to(tl.uint32) ^ k1) ^ k2)
     uniform = ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
     return -_log(uniform, PRECISE)
 
 
-# %% chapters/11_cuda_graph.md:1927
+# %% chapters/11_cuda_graph.md:1928
 @triton.jit
 def _load(row_ptr, offs, n, t, RAW_KEYS: tl.constexpr, PRECISE: tl.constexpr):
     """A block of the row: its logits / t (float32) and their order keys."""
@@ -107,7 +107,7 @@ def _live(
     return e, live
 
 
-# %% chapters/11_cuda_graph.md:1974
+# %% chapters/11_cuda_graph.md:1977
 @triton.jit
 def _row_stats(
     row_ptr, V, t, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
@@ -172,7 +172,7 @@ def _top_k_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2040
+# %% chapters/11_cuda_graph.md:2043
 @triton.jit
 def _top_p_key(
     row_ptr,
@@ -186,25 +186,28 @@ def _top_p_key(
     hi,
     RAW_KEYS: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
+    ALL_LIVE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """The smallest key in [low, hi] whose live mass strictly above is below p times
     the live mass at or above low."""
-    mass = tl.zeros([BLOCK], tl.float32)  # summed once a pass, not per block
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        s, key = _load(row_ptr, offs, n, t, RAW_KEYS, not RAW_KEYS)
-        e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, False)
-        mass += tl.where(live, e, 0.0)
-    target = p * tl.sum(mass, 0)
-    while low < hi:
-        mid = low + (hi - low) // 2
-        above = tl.zeros([BLOCK], tl.float32)
+    if ALL_LIVE:  # no top-k, no min-p: pass 1's denominator is the live mass
+        target = p * z
+    else:
+        mass = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             s, key = _load(row_ptr, offs, n, t, RAW_KEYS, not RAW_KEYS)
             e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, False)
-            above += tl.where(live & (key > mid), e, 0.0)
+            mass += tl.where(live, e, 0.0)
+        target = p * tl.sum(mass, 0)
+    while low < hi:
+        mid = low + (hi - low) // 2
+        above = tl.zeros([BLOCK], tl.float32)  # summed once a pass, not per block
+        for start in range(0, n, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            above += _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS,
+                            HAS_MIN_P)  # fmt: skip
         if tl.sum(above, 0) < target:
             hi = mid
         else:
@@ -212,7 +215,30 @@ def _top_p_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2083
+# %% chapters/11_cuda_graph.md:2097
+@triton.jit
+def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
+           HAS_MIN_P: tl.constexpr):  # fmt: skip
+    """A search pass's block: exp(x / t - max) of the live tokens with keys above
+    mid, 0 elsewhere."""
+    log2e = 1.4426950408889634  # exp(y) = exp2(y * log2(e))
+    if HAS_MIN_P:  # liveness needs the division by z: _live's test
+        s, key = _load(row_ptr, offs, n, t, RAW_KEYS, not RAW_KEYS)
+        e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, False)
+        up = live & (key > mid)
+    elif RAW_KEYS:  # the keys of the raw 16-bit logits, as _load makes them
+        raw = tl.load(row_ptr + offs, mask=offs < n, other=float("-inf"))
+        e = tl.math.exp2(raw.to(tl.float32) * (log2e / t) - m * log2e)
+        bits = raw.to(tl.int16, bitcast=True).to(tl.int32)
+        up = (bits ^ ((bits >> 15) & 0x7FFF)) > mid
+    else:  # float32: the scaled values' keys
+        s, key = _load(row_ptr, offs, n, t, RAW_KEYS, True)
+        e = tl.math.exp2(s * log2e - m * log2e)
+        up = key > mid
+    return tl.where(up, e, 0.0)
+
+
+# %% chapters/11_cuda_graph.md:2123
 @triton.jit
 def _sample_kernel(
     logits_ptr,
@@ -250,9 +276,8 @@ def _sample_kernel(
     if HAS_TOP_P:
         p = tl.load(top_p_ptr + row)
         hi = tl.where(greedy | (p >= 1.0), low, kmax)
-        low = _top_p_key(
-            row_ptr, n, t, m, z, min_p, p, low, hi, RAW_KEYS, HAS_MIN_P, BLOCK
-        )
+        low = _top_p_key(row_ptr, n, t, m, z, min_p, p, low, hi, RAW_KEYS, HAS_MIN_P,
+                         not (HAS_TOP_K or HAS_MIN_P), BLOCK)  # fmt: skip
     seed, pos = tl.load(key_ptr + row), tl.load(pos_ptr + row)
     top = tl.full([BLOCK], -1.0, tl.float32)  # per lane, as in _row_stats
     token = tl.zeros([BLOCK], tl.int32)
@@ -268,7 +293,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/11_cuda_graph.md:2143
+# %% chapters/11_cuda_graph.md:2182
 def sample(
     logits: Tensor,
     temperature: Tensor,
@@ -292,6 +317,6 @@ def sample(
         keys, positions, out, SAMPLING_EPS,
         HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
         HAS_MIN_P=min_p is not None, RAW_KEYS=logits.element_size() == 2,
-        BLOCK=4096, PRECISE=PRECISE, num_warps=16,
+        BLOCK=BLOCK, PRECISE=PRECISE, num_warps=16,
     )  # fmt: skip
     return out
