@@ -78,6 +78,18 @@ def step_floor(engine) -> dict:
     }
 
 
+def ms_per_step(engine, warm: int, steps: int) -> float:
+    """Wall time of one engine step in ms: the mean of `steps` after `warm` untimed."""
+    for _ in range(warm):
+        engine.step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps * 1e3
+
+
 def ab_decode_order(engine, args, record, out) -> list[dict]:
     """Wall ms per decode step under chapter 10's decode choices, one after the other
     and back (the contexts shrink meanwhile, hence the repeats): programs in batch
@@ -111,14 +123,7 @@ def ab_decode_order(engine, args, record, out) -> list[dict]:
         start = time.perf_counter()
         graphs.capture(graphs.pool)
         capture_s = time.perf_counter() - start
-        for _ in range(3):
-            engine.step()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            engine.step()
-        torch.cuda.synchronize()
-        ms = (time.perf_counter() - start) / args.steps * 1e3
+        ms = ms_per_step(engine, 3, args.steps)
         running = len(engine.scheduler.running)
         rows.append({"setting": name, "order_decodes_from": order_from,
                      "knobs": knobs, "wall_ms_per_step": ms,
@@ -188,14 +193,7 @@ def main() -> None:
                 temperature=0, max_tokens=o, ignore_eos=True, output_kind="final_only"
             ),
         )
-    for _ in range(args.warm_steps):
-        engine.step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        engine.step()
-    torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - start) / args.steps * 1e3
+    wall_ms = ms_per_step(engine, args.warm_steps, args.steps)
     running = len(engine.scheduler.running)
 
     profiler = cProfile.Profile()
