@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -79,6 +80,20 @@ def knobs_set(knobs: dict):
         paged_prefill.PREFILL_KNOBS[2] = saved["prefill_knobs_bf16"]
 
 
+def code_hash() -> str:
+    """sha256 (first 16 hex digits) of minillm/**/*.py and benchmarks/*.py, paths
+    included: `python -c "from benchmarks.common import code_hash; print(code_hash())"`
+    in a checkout says whether it is the code a stored result ran."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    files = sorted(
+        [*(root / "minillm").rglob("*.py"), *(root / "benchmarks").glob("*.py")]
+    )
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def environment() -> dict:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -121,6 +136,9 @@ def environment() -> dict:
         info["uncommitted_changes"] = changed[:20]
     except OSError:
         info["commit"] = None
+    # what ran, whatever git says (a copied tree's .git can be stale): the package's
+    # and the benchmarks' sources, hashed in path order
+    info["code_sha256"] = code_hash()
     # a copy of the tree without its .git (the GPU device's) names its commit here
     if os.environ.get("MINILLM_CODE_COMMIT"):
         info["commit"] = os.environ["MINILLM_CODE_COMMIT"]
