@@ -225,7 +225,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:614
+# %% chapters/10_triton_decode.md:616
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -254,7 +254,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:650
+# %% chapters/10_triton_decode.md:652
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -303,7 +303,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:703
+# %% chapters/10_triton_decode.md:705
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -321,7 +321,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:724
+# %% chapters/10_triton_decode.md:726
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
