@@ -148,7 +148,7 @@ def _decode_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
 
-# %% chapters/10_triton_decode.md:486
+# %% chapters/10_triton_decode.md:488
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -189,7 +189,7 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:539
+# %% chapters/10_triton_decode.md:541
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -225,7 +225,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:616
+# %% chapters/10_triton_decode.md:618
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -254,7 +254,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:652
+# %% chapters/10_triton_decode.md:654
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -303,7 +303,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:705
+# %% chapters/10_triton_decode.md:707
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -321,7 +321,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:726
+# %% chapters/10_triton_decode.md:728
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
