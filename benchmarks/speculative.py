@@ -14,7 +14,9 @@ Two measurements, in one run:
    requests submitted at once, max_num_seqs = batch): without speculation, with the
    n-gram proposer (k = 3 and k = 5; lookup 2..4), with the EAGLE proposer (k = 3, 5 and
    8; the tiny model's draft, minillm/speculative/eagle.py, trained on the CPU first if
-   the cache lacks it), and at batch >= 32 with k = 3 and disable_by_batch_size = 32
+   the cache lacks it), with the draft model and Medusa (k = 3) when --methods names
+   them ("draft k=3", "medusa k=3"; their cached checkpoints, trained likewise), and
+   at batch >= 32 with k = 3 and disable_by_batch_size = 32
    (n-gram and EAGLE). All on the engine's default runner — on a GPU chapter 11's fast
    path: persistent batch, CUDA graphs (for verification steps and EAGLE's draft too),
    compiled layers, async scheduling for the steps that neither verify nor propose —
@@ -59,7 +61,9 @@ from minillm.kv_cache import PagedKVCache  # noqa: E402
 from minillm.model import CausalLM, build_attention_metadata  # noqa: E402
 from minillm.registry import ATTENTION_BACKENDS, load_plugins  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
+from minillm.speculative.draft_model import draft_model_path  # noqa: E402
 from minillm.speculative.eagle import eagle_path  # noqa: E402
+from minillm.speculative.medusa import medusa_path  # noqa: E402
 from minillm.speculative.workloads import held_out_prompts  # noqa: E402
 from minillm.tiny import tiny_model  # noqa: E402
 
@@ -116,7 +120,10 @@ METHODS = {  # proposers measured: (method, k)
     "eagle k=3": ("eagle", 3),
     "eagle k=5": ("eagle", 5),
     "eagle k=8": ("eagle", 8),
+    "draft k=3": ("draft_model", 3),  # not in the default run: --methods names them
+    "medusa k=3": ("medusa", 3),
 }
+DEFAULT_METHODS = ("ngram k=3", "ngram k=5", "eagle k=3", "eagle k=5", "eagle k=8")
 RUNNERS = {  # engine options of each runner measured
     "fast path": {},  # the engine's defaults: on a GPU, chapter 11's fast path
     "chapter 7": {"persistent_batch": False},
@@ -263,7 +270,7 @@ def main() -> None:
     models["in step"] = models["fast path"]  # the same fast path, rewritten once
     tokenizer = models["fast path"][1]
     batches, max_tokens = ((1, 4), 16) if args.quick else (tuple(args.batches), 64)
-    methods = {m: METHODS[m] for m in args.methods or METHODS}
+    methods = {m: METHODS[m] for m in args.methods or DEFAULT_METHODS}
     eagle_folder = eagle_path()
     runs = []
     for kind in args.workloads:
@@ -352,6 +359,12 @@ def main() -> None:
             "held_out_top1": json.loads(
                 (eagle_folder / "training_log.json").read_text()
             )["held_out_top1"],
+        },
+        "other_drafts": {  # the draft model's and Medusa's folders, when measured
+            method: path().name
+            for method, path in [("draft_model", draft_model_path)]
+            + [("medusa", medusa_path)]
+            if any(m == method for m, _ in methods.values())
         },
         "step_vs_query_tokens": steps,
         "runs": runs,

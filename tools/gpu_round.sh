@@ -4,8 +4,9 @@
 # round/logs, round/steps.txt): a device call brings back only a few files, so loose
 # result files can be lost.
 #
-#   bash tools/gpu_round.sh JOBS_FILE
+#   bash tools/gpu_round.sh JOBS_FILE [NAME...]
 #
+# With names, only those jobs run (in the file's order): one list split over calls.
 # JOBS_FILE: one job a line, "NAME SECONDS COMMAND..." ('#' lines skipped); a command
 # writes its JSON under $R (results) and its output goes to logs/NAME.log. Wheels in
 # .whl/ (see the device README) are installed first when present. MINILLM_CODE_COMMIT is
@@ -13,6 +14,8 @@
 # stored results name the commit that ran even where the copy's .git is stale.
 set -u
 jobs_file=$1
+shift
+only=" $* "
 : "${OUT:?run this on the device machine, where \$OUT is set}"
 if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -33,6 +36,7 @@ pack() { tar czf "$OUT/round.tgz" -C "$work" round; }
 trap pack EXIT
 while read -r name seconds command; do
     case "$name" in '' | '#'*) continue ;; esac
+    if [ "$only" != "  " ] && [[ "$only" != *" $name "* ]]; then continue; fi
     begin=$(date +%s)
     timeout -k 5 "$seconds" bash -c "$command" > "$L/$name.log" 2>&1
     rc=$?
