@@ -663,10 +663,12 @@ def main(argv: list[str] | None = None) -> dict:
             vocab, model_name = config["vocab_size"], "bench"
         prompts, output_lens = requests_of(args, vocab)
         argv = server_argv(args, folder)
+        env = environment()
         record = {
             "benchmark": "serve",
-            "environment": environment(),
-            "code_commit": git_commit(ROOT),
+            "environment": env,
+            # MINILLM_CODE_COMMIT's, where the copy's .git is stale
+            "code_commit": env.get("commit") or git_commit(ROOT),
             "workload": {
                 "model": str(
                     args.model
