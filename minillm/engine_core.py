@@ -26,6 +26,7 @@ import multiprocessing
 import pickle
 import socket
 import struct
+import sys
 from multiprocessing.connection import Connection
 from typing import Callable, NamedTuple
 
@@ -39,7 +40,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:3830
+# %% chapters/16_server.md:3831
 class OutputDelta(NamedTuple):
     """What one step added to one request's output."""
 
@@ -57,7 +58,7 @@ def times(m: RequestMetrics | None) -> tuple | None:
     return None if m is None else tuple(vars(m).values())
 
 
-# %% chapters/16_server.md:3855
+# %% chapters/16_server.md:3856
 class EngineCore:
     """The child's side: commands from the socket, engine steps, deltas back."""
 
@@ -88,7 +89,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:3897
+    # %% chapters/16_server.md:3898
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -113,7 +114,7 @@ class EngineCore:
             self.sent[request_id] = {}
         return _ACCEPTED
 
-    # %% chapters/16_server.md:3939
+    # %% chapters/16_server.md:3940
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
@@ -137,7 +138,7 @@ class EngineCore:
         return OutputDelta(output.request_id, output.finished, prompt, completions)
 
 
-# %% chapters/16_server.md:3925
+# %% chapters/16_server.md:3926
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
@@ -147,7 +148,7 @@ def portable(e: Exception) -> Exception:
         return (ValueError if isinstance(e, ValueError) else RuntimeError)(str(e))
 
 
-# %% chapters/16_server.md:3975
+# %% chapters/16_server.md:3976
 def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
     """The child process: build the engine, say what the front end needs, serve."""
     conn = Connection(sock.detach())  # multiprocessing's framing of messages
@@ -177,7 +178,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
         pass
 
 
-# %% chapters/16_server.md:4011
+# %% chapters/16_server.md:4020
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -208,7 +209,21 @@ def stop_process(process: multiprocessing.Process, timeout: float = 10.0) -> Non
         process.join()
 
 
-# %% chapters/16_server.md:4043
+def start_without_main(process: multiprocessing.Process, build) -> None:
+    """process.start(), without spawn's re-run of a script's top level in the
+    child (a chapter run as a script would start a second engine from there):
+    the child needs none of it, unless `build` lives in that script."""
+    main = sys.modules["__main__"]
+    hide = main.__spec__ is None and getattr(build, "__module__", "") != "__main__"
+    path = vars(main).pop("__file__", None) if hide else None
+    try:
+        process.start()
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
+# %% chapters/16_server.md:4066
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
@@ -223,7 +238,7 @@ class EngineCoreClient:
             args=(theirs, build, build_args),
             name="minillm-engine-core",
         )
-        self._process.start()
+        start_without_main(self._process, build)
         theirs.close()  # the child's end lives on in the child only
         # a program that ends without shutdown() stops the child first: else
         # multiprocessing would wait at exit for a child that waits for us
@@ -242,7 +257,7 @@ class EngineCoreClient:
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4079
+    # %% chapters/16_server.md:4102
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -267,7 +282,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4111
+    # %% chapters/16_server.md:4134
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -287,7 +302,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4140
+    # %% chapters/16_server.md:4163
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -321,7 +336,7 @@ class EngineCoreClient:
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4181
+    # %% chapters/16_server.md:4204
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -345,7 +360,7 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4214
+    # %% chapters/16_server.md:4237
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
             deltas, self._stats = args
@@ -380,7 +395,7 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4258
+    # %% chapters/16_server.md:4281
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
@@ -408,7 +423,7 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4298
+    # %% chapters/16_server.md:4321
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""

@@ -179,3 +179,38 @@ def test_deltas_rebuild_what_async_llm_gives_and_a_dead_process_fails_callers():
 def test_an_engine_that_cannot_start_is_a_clear_error():
     with pytest.raises(RuntimeError, match="failed to start: FileNotFoundError"):
         EngineCoreClient(build_broken, parse_args(FLAGS))
+
+
+def test_a_script_starts_the_engine_process_without_running_twice(tmp_path):
+    """spawn re-runs the parent's __main__ script in the child unless it is hidden
+    (a chapter run as a plain script would start a second engine there)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    tests = pathlib.Path(__file__).resolve().parent
+    marks = tmp_path / "runs.txt"
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(tests)!r})\n"
+        f"open({str(marks)!r}, 'a').write('run\\n')\n"
+        "from engine_builders import build_broken\n"
+        "from minillm.engine_core import EngineCoreClient\n"
+        "from minillm.server import parse_args\n"
+        "try:\n"
+        f"    EngineCoreClient(build_broken, parse_args({FLAGS!r}))\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    root = str(tests.parent)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert "failed to start: FileNotFoundError" in done.stdout, done.stderr[-2000:]
+    assert marks.read_text() == "run\n"  # the child did not run the script
