@@ -178,7 +178,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
         pass
 
 
-# %% chapters/16_server.md:4020
+# %% chapters/16_server.md:4024
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -212,7 +212,8 @@ def stop_process(process: multiprocessing.Process, timeout: float = 10.0) -> Non
 def start_without_main(process: multiprocessing.Process, build) -> None:
     """process.start(), without spawn's re-run of a script's top level in the
     child (a chapter run as a script would start a second engine from there):
-    the child needs none of it, unless `build` lives in that script."""
+    the child needs none of it, unless `build` (or one of its arguments) lives
+    in that script."""
     main = sys.modules["__main__"]
     hide = main.__spec__ is None and getattr(build, "__module__", "") != "__main__"
     path = vars(main).pop("__file__", None) if hide else None
@@ -223,7 +224,7 @@ def start_without_main(process: multiprocessing.Process, build) -> None:
             main.__file__ = path
 
 
-# %% chapters/16_server.md:4066
+# %% chapters/16_server.md:4071
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
@@ -257,7 +258,7 @@ class EngineCoreClient:
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4102
+    # %% chapters/16_server.md:4107
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -282,7 +283,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4134
+    # %% chapters/16_server.md:4139
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -302,7 +303,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4163
+    # %% chapters/16_server.md:4168
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -336,7 +337,7 @@ class EngineCoreClient:
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4204
+    # %% chapters/16_server.md:4209
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -360,7 +361,7 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4237
+    # %% chapters/16_server.md:4242
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
             deltas, self._stats = args
@@ -395,7 +396,7 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4281
+    # %% chapters/16_server.md:4286
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
@@ -423,7 +424,7 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4321
+    # %% chapters/16_server.md:4326
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""

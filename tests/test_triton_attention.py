@@ -20,6 +20,9 @@ from minillm.kernels.paged_prefill import (  # noqa: E402
 from minillm.model import build_attention_metadata, generate  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# on a GPU the prefill kernel's key tiles are 16 or more (tl.dot); the CPU's
+# interpreter takes any size
+ON_GPU_TILES_OF_16 = pytest.mark.skipif(DEVICE == "cuda", reason="a key tile under 16")
 
 
 def batch(
@@ -200,7 +203,13 @@ def test_prefill_full_and_diagonal_key_tiles_meet_anywhere(block_m, block_n):
 
 @pytest.mark.parametrize(
     "block_m, block_n, diag_n",
-    [(4, 16, 16), (8, 16, 4), (8, 32, 16), (8, 64, 32), (16, 64, 16)],
+    [
+        (4, 16, 16),
+        pytest.param(8, 16, 4, marks=ON_GPU_TILES_OF_16),
+        (8, 32, 16),
+        (8, 64, 32),
+        (16, 64, 16),
+    ],
 )
 def test_prefill_tiles_aligned_to_the_chunk_end_and_small_diagonal_tiles(
     block_m, block_n, diag_n
@@ -219,6 +228,14 @@ def test_prefill_tiles_aligned_to_the_chunk_end_and_small_diagonal_tiles(
                 longest_first=longest_first, align_end=align_end,
             )  # fmt: skip
             assert (out - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CPU interpreter takes any tile")
+def test_prefill_refuses_tiles_below_16_on_a_gpu():
+    q, k, v, md = batch([23, 1], [23, 16], 16, 8, 2, 32)
+    for knobs in (dict(diag_n=4), dict(block_n=8)):
+        with pytest.raises(ValueError, match="16 keys or more"):
+            paged_prefill(q, k, v, md, **knobs)
 
 
 def test_prefill_tiles_aligned_to_the_end_pad_only_the_first_tile():

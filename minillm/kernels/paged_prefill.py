@@ -244,6 +244,12 @@ def paged_prefill(
     group_p2 = triton.next_power_of_2(group)
     knobs = PREFILL_KNOBS[q.element_size()]
     block_m = block_m or prefill_block_m(md.max_query_len, group_p2, knobs["rows"])
+    block_n, diag_n = block_n or knobs["block_n"], diag_n or knobs["diag_n"]
+    if q.is_cuda and min(block_n, diag_n) < 16:  # the CPU's interpreter takes any
+        raise ValueError(
+            f"key tiles of {block_n} and {diag_n}: the product of the probabilities "
+            "and the values (tl.dot) needs 16 keys or more on a GPU"
+        )
     align_end = knobs["align_end"] if align_end is None else align_end
     tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first, align_end)
     out = torch.empty_like(q)
@@ -261,8 +267,7 @@ def paged_prefill(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P2=group_p2,
         HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        BLOCK_N=block_n or knobs["block_n"], IEEE=q.dtype == torch.float32,
-        DIAG_N=diag_n or knobs["diag_n"],
+        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, DIAG_N=diag_n,
         num_warps=num_warps or knobs["num_warps"],
         num_stages=num_stages or knobs["num_stages"], **extra,
     )
