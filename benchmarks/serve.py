@@ -10,7 +10,10 @@ n / rate seconds; `inf` sends them all at once), or all at once under a client-s
 same file, the client `async_request_openai_completions` in
 vllm/benchmarks/lib/endpoint_request_func.py): TTFT is the first chunk with a choice,
 ITL every gap between chunks, TPOT (latency - TTFT) / (tokens - 1), output tok/s the
-completion tokens the server reports over the run's wall time.
+completion tokens the server reports over the run's wall time. Each run also
+records the server's CPU per output token (its front end, and the whole process
+tree) and, from its /metrics, the seconds its engine's process waited to hand
+outputs to the front end (`engine_send_wait_s`: a front end that falls behind).
 
 The baseline, measured in the same run before the server starts: the same requests
 through the engine's offline loop (what `LLM.generate` runs), on an engine built from
@@ -37,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -461,6 +465,18 @@ def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(after[p] - before[p] for p in before.keys() & after.keys())
 
 
+def send_wait_seconds(host: str, port: int) -> float | None:
+    """The server's minillm:engine_core_send_wait_seconds_total: the time its
+    engine process waited to hand outputs to the front end (None: not served)."""
+    url = f"http://{host}:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith("minillm:engine_core_send_wait_seconds_total{"):
+            return float(line.rpartition(" ")[2])
+    return None
+
+
 def run_modes(
     host, port, model, prompts, output_lens, args, pid, on_run=None
 ) -> list[dict]:
@@ -473,7 +489,7 @@ def run_modes(
     runs, pids = [], process_tree(pid)  # the engine's process too, if it has one
     for rate, limit in modes:
         server_cpu, front_cpu = tree_cpu_seconds(pids), cpu_seconds(pid)
-        client_cpu = time.process_time()
+        client_cpu, waited = time.process_time(), send_wait_seconds(host, port)
         results, seconds, peak = run_sync(
             run_load(host, port, payloads, rate, limit, seed=args.seed)
         )
@@ -489,6 +505,9 @@ def run_modes(
                 1e6 * (front_after - front_cpu) / tokens
             )
             summary["server_processes"] = len(pids)
+        # a front end that falls behind makes the engine's process wait here
+        if waited is not None:
+            summary["engine_send_wait_s"] = send_wait_seconds(host, port) - waited
         summary["client_cpu_us_per_token"] = (
             1e6 * (time.process_time() - client_cpu) / summary["output_tokens"]
         )
@@ -506,6 +525,7 @@ def run_modes(
             f"TTFT p50 {summary['ttft_ms']['median']:.1f} ms, "
             f"ITL p99 {summary['itl_ms']['p99']:.1f} ms, "
             f"server CPU {summary.get('server_cpu_us_per_token', 0):.0f} us/token, "
+            f"engine waiting in send {summary.get('engine_send_wait_s', 0):.2f} s, "
             f"{summary['failed']} failed",
             flush=True,
         )

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1079
+# %% chapters/16_server.md:1085
 """The engine thread of the server (chapter 16, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -40,7 +40,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/16_server.md:1124
+# %% chapters/16_server.md:1130
 class _Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
@@ -84,7 +84,7 @@ _ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1184
+# %% chapters/16_server.md:1190
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -117,7 +117,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1226
+    # %% chapters/16_server.md:1232
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -145,7 +145,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1267
+    # %% chapters/16_server.md:1273
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -169,7 +169,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1300
+    # %% chapters/16_server.md:1306
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -197,7 +197,7 @@ class AsyncLLM:
             self._num_completions[request_id] = params.n
         command.sink.put(_ACCEPTED)
 
-    # %% chapters/16_server.md:1336
+    # %% chapters/16_server.md:1342
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -227,7 +227,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1427
+    # %% chapters/16_server.md:1433
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -263,7 +263,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1377
+# %% chapters/16_server.md:1383
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:3787
+# %% chapters/16_server.md:3793
 """The engine in a process of its own (chapter 16, the section of that name).
 
 `EngineCoreClient` starts chapter 7's `LLMEngine` in a child process, where
@@ -27,6 +27,7 @@ import pickle
 import socket
 import struct
 import sys
+import time
 from multiprocessing.connection import Connection
 from typing import Callable, NamedTuple
 
@@ -40,7 +41,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:3831
+# %% chapters/16_server.md:3838
 class OutputDelta(NamedTuple):
     """What one step added to one request's output."""
 
@@ -58,7 +59,7 @@ def times(m: RequestMetrics | None) -> tuple | None:
     return None if m is None else tuple(vars(m).values())
 
 
-# %% chapters/16_server.md:3856
+# %% chapters/16_server.md:3863
 class EngineCore:
     """The child's side: commands from the socket, engine steps, deltas back."""
 
@@ -66,6 +67,7 @@ class EngineCore:
         self.engine, self.conn = engine, conn
         # request -> completion index -> (tokens, characters, logprobs) sent
         self.sent: dict[str, dict[int, tuple[int, int, int]]] = {}
+        self.send_wait = 0.0  # seconds spent handing outputs to the socket
 
     def run(self) -> None:
         while True:
@@ -89,7 +91,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:3898
+    # %% chapters/16_server.md:3906
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -114,11 +116,15 @@ class EngineCore:
             self.sent[request_id] = {}
         return _ACCEPTED
 
-    # %% chapters/16_server.md:3940
+    # %% chapters/16_server.md:3951
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
-        self.conn.send(("outputs", deltas, EngineStats.of(self.engine)))
+        stats, waited = EngineStats.of(self.engine), self.send_wait
+        data = pickle.dumps(("outputs", deltas, stats, waited), pickle.HIGHEST_PROTOCOL)
+        start = time.perf_counter()
+        self.conn.send_bytes(data)  # waits while the socket's buffer is full
+        self.send_wait += time.perf_counter() - start
 
     def delta(self, output: RequestOutput) -> OutputDelta:
         sent = self.sent[output.request_id]
@@ -138,7 +144,7 @@ class EngineCore:
         return OutputDelta(output.request_id, output.finished, prompt, completions)
 
 
-# %% chapters/16_server.md:3926
+# %% chapters/16_server.md:3934
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
@@ -148,7 +154,7 @@ def portable(e: Exception) -> Exception:
         return (ValueError if isinstance(e, ValueError) else RuntimeError)(str(e))
 
 
-# %% chapters/16_server.md:3976
+# %% chapters/16_server.md:3991
 def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
     """The child process: build the engine, say what the front end needs, serve."""
     conn = Connection(sock.detach())  # multiprocessing's framing of messages
@@ -178,7 +184,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
         pass
 
 
-# %% chapters/16_server.md:4024
+# %% chapters/16_server.md:4039
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -224,7 +230,7 @@ def start_without_main(process: multiprocessing.Process, build) -> None:
             main.__file__ = path
 
 
-# %% chapters/16_server.md:4071
+# %% chapters/16_server.md:4086
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
@@ -249,6 +255,7 @@ class EngineCoreClient:
             setattr(self, key, value)  # tokenizer, max_model_len, ...
         self.metrics = EngineMetrics(self.model_name)  # fed by the deltas
         self._stats = EngineStats(0, 0, 0.0, 0, 0)  # the engine's, last step
+        self._waited = 0.0  # the engine's send_wait, as last reported
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected: asyncio.Task | None = None
         self._calls: dict[int, tuple[_Sink, list]] = {}  # adds not answered yet
@@ -258,7 +265,7 @@ class EngineCoreClient:
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4107
+    # %% chapters/16_server.md:4123
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -283,7 +290,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4139
+    # %% chapters/16_server.md:4155
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -303,7 +310,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4168
+    # %% chapters/16_server.md:4184
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -337,7 +344,7 @@ class EngineCoreClient:
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4209
+    # %% chapters/16_server.md:4225
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -361,10 +368,12 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4242
+    # %% chapters/16_server.md:4258
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
-            deltas, self._stats = args
+            deltas, self._stats, waited = args
+            self.metrics.engine_core_send_wait.inc(waited - self._waited)
+            self._waited = waited
             outputs = []
             for delta in deltas:
                 sink = self._sinks.get(delta.request_id)
@@ -396,7 +405,7 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4286
+    # %% chapters/16_server.md:4304
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
@@ -424,7 +433,7 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4326
+    # %% chapters/16_server.md:4344
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""

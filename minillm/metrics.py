@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:710
+# %% chapters/16_server.md:711
 """Prometheus metrics of the server, named like vLLM's with a `minillm:` prefix (chapter
 16).
 
@@ -58,7 +58,7 @@ TOKEN_LATENCY_BUCKETS = [
 ]
 
 
-# %% chapters/16_server.md:776
+# %% chapters/16_server.md:777
 class EngineMetrics:
     """The server's Prometheus metrics, in their own registry, for one served model."""
 
@@ -79,7 +79,7 @@ class EngineMetrics:
         )
         return metric.labels(self.model_name)
 
-    # %% chapters/16_server.md:803
+    # %% chapters/16_server.md:804
     def _add_latency_histograms(self) -> None:
         requests, tokens = REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
         self.time_to_first_token = self._labelled(
@@ -107,7 +107,7 @@ class EngineMetrics:
             buckets=requests,
         )
 
-    # %% chapters/16_server.md:840
+    # %% chapters/16_server.md:841
     def _add_gauges_and_counters(self) -> None:
         self.num_requests_running = self._labelled(
             Gauge, "num_requests_running", "Requests in the running queue."
@@ -130,6 +130,11 @@ class EngineMetrics:
         self.prefix_cache_hits = self._labelled(
             Counter, "prefix_cache_hits", "Tokens found in the prefix cache."
         )
+        self.engine_core_send_wait = self._labelled(  # fed by the engine process
+            Counter,
+            "engine_core_send_wait_seconds",
+            "Seconds the engine's process waited to hand its outputs over.",
+        )
         self._request_success = Counter(
             "minillm:request_success",
             "Finished completions, by finish reason.",
@@ -139,7 +144,7 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self._request_success.labels(self.model_name, reason)
 
-    # %% chapters/16_server.md:881
+    # %% chapters/16_server.md:887
     def record_step(
         self, outputs: list[RequestOutput], engine: LLMEngine | EngineStats
     ) -> None:
@@ -157,7 +162,7 @@ class EngineMetrics:
         self.generation_tokens.inc(num_new)
         self.update_gauges(engine)
 
-    # %% chapters/16_server.md:910
+    # %% chapters/16_server.md:916
     def _observe(self, completion, seen: dict[int, tuple[int, float | None]]) -> int:
         """Observe one completion's new tokens; returns how many there are."""
         num_before, last_before = seen.get(completion.index, (0, None))
@@ -181,7 +186,7 @@ class EngineMetrics:
             seen[completion.index] = (len(completion.token_ids), None)
         return max(num_new, 0)
 
-    # %% chapters/16_server.md:944
+    # %% chapters/16_server.md:950
     def record_abort(
         self, request_id: str, num_completions: int, engine: LLMEngine | EngineStats
     ) -> None:
@@ -210,7 +215,7 @@ class EngineMetrics:
         if stats.spec_stats is not None:  # chapter 14
             self.update_spec_decoding(stats.spec_stats)
 
-    # %% chapters/16_server.md:984
+    # %% chapters/16_server.md:990
     def update_spec_decoding(self, stats) -> None:
         if not hasattr(self, "_spec_counters"):
             self._spec_seen = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}

@@ -214,3 +214,42 @@ def test_a_script_starts_the_engine_process_without_running_twice(tmp_path):
     )
     assert "failed to start: FileNotFoundError" in done.stdout, done.stderr[-2000:]
     assert marks.read_text() == "run\n"  # the child did not run the script
+
+
+def test_the_engine_waits_in_send_only_while_the_front_end_falls_behind():
+    """EngineCore.send_wait: the seconds a step's message waited for the socket,
+    which fills while the front end reads nothing (the metric of that name)."""
+    import socket
+    import threading
+    import time
+    from multiprocessing.connection import Connection
+
+    from minillm.engine_core import EngineCore
+
+    def waited(front_end_late_s: float) -> float:
+        engine, _ = build_engine(parse_args(FLAGS))
+        ours, theirs = socket.socketpair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        core = EngineCore(engine, Connection(ours.detach()))
+        params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        core.add([(f"r{i}", PROMPT, params) for i in range(16)])
+        stepping = threading.Thread(target=lambda: [core.step() for _ in range(24)])
+        stepping.start()
+        time.sleep(front_end_late_s)  # the front end, busy elsewhere, reads nothing
+        front_end = Connection(theirs.detach())
+        while stepping.is_alive() or front_end.poll():
+            if front_end.poll(0.05):
+                front_end.recv_bytes()
+        stepping.join()
+        return core.send_wait
+
+    assert waited(0.5) > 0.25 and waited(0.0) < 0.1
+
+
+def test_the_engine_process_reports_its_send_wait(http, live):  # noqa: F811
+    name = "minillm:engine_core_send_wait_seconds_total"
+    before = metric(http, name)
+    body = {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    assert wait_for(lambda: metric(http, name) > before)
+
