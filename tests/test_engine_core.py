@@ -252,4 +252,3 @@ def test_the_engine_process_reports_its_send_wait(http, live):  # noqa: F811
     body = {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True}
     assert http.post("/v1/completions", json=body).status_code == 200
     assert wait_for(lambda: metric(http, name) > before)
-
