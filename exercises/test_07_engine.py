@@ -57,37 +57,27 @@ def test_stream(tiny):
         assert shown == expected == full[: full.index(stop)]
 
 
-def test_delta_outputs(tiny):
-    """7.3: output_kind="delta": each output holds what is new since the last."""
-    try:
-        delta = SamplingParams(
-            temperature=0, max_tokens=12, ignore_eos=True, n=2, output_kind="delta"
-        )
-    except ValueError:
-        import pytest
+def test_best_of(tiny):
+    """7.3: n=1, best_of=3 returns the best of the completions n=3 samples."""
+    import pytest
 
-        pytest.skip("exercise 7.3: output_kind='delta' is not accepted yet")
-    model, tokenizer = tiny
-    finals = {}
-    for kind, params in [("final", None), ("delta", delta)]:
-        engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64))
-        for rid, prompt in [("a", PROMPT), ("b", "A class")]:
-            p = params or SamplingParams(
-                temperature=0, max_tokens=12, ignore_eos=True, n=2
-            )
-            engine.add_request(rid, prompt, p)
-        tokens, texts = {}, {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                for c in out.outputs:
-                    key = (out.request_id, c.index)
-                    if kind == "delta":
-                        tokens[key] = tokens.get(key, []) + c.token_ids
-                        texts[key] = texts.get(key, "") + c.text
-                    else:
-                        tokens[key], texts[key] = c.token_ids, c.text
-        finals[kind] = (tokens, texts)
-    assert finals["delta"] == finals["final"]
+    def params(**kw):
+        return SamplingParams(temperature=1.0, max_tokens=10, seed=7, logprobs=0, **kw)
+
+    try:
+        best_of = params(n=1, best_of=3)
+    except TypeError:
+        pytest.skip("exercise 7.3: SamplingParams has no best_of yet")
+    with pytest.raises(ValueError):
+        params(n=3, best_of=2)  # fewer than n to choose from
+    llm = LLM(device="cpu", dtype=torch.float32, num_kv_blocks=64)
+    prompts = [PROMPT, "A class", "def main", "The list"]  # a lucky guess: 1 in 81
+    outputs = zip(llm.generate(prompts, params(n=3)), llm.generate(prompts, best_of))
+    for every, best in outputs:
+        assert len(every.outputs) == 3 and len(best.outputs) == 1
+        top = max(every.outputs, key=lambda c: c.cumulative_logprob)
+        assert best.outputs[0].token_ids == top.token_ids
+        assert best.outputs[0].cumulative_logprob == top.cumulative_logprob
 
 
 def test_counting_kv_cache_manager(tiny):

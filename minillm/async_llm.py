@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1085
+# %% chapters/16_server.md:1093
 """The engine thread of the server (chapter 16, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -40,7 +40,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/16_server.md:1130
+# %% chapters/16_server.md:1138
 class _Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
@@ -84,7 +84,7 @@ _ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1190
+# %% chapters/16_server.md:1198
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -95,8 +95,9 @@ class AsyncLLM:
         self.metrics = metrics
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
-        # engine thread only: n of each request
+        # engine thread only: n of each request, and those that asked for deltas
         self._num_completions: dict[str, int] = {}
+        self._deltas: set[str] = set()
         # engine thread only: commands taken from the queue, not handled yet
         self._batch: list = []
         self._thread: threading.Thread | None = None
@@ -117,7 +118,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1232
+    # %% chapters/16_server.md:1241
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -145,7 +146,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1273
+    # %% chapters/16_server.md:1282
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -169,12 +170,13 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1306
+    # %% chapters/16_server.md:1315
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
                 if self._sinks.pop(request_id, None) is not None:
                     self.engine.abort_request(request_id)  # frees its blocks now
+                    self._deltas.discard(request_id)
                     if self.metrics:
                         self.metrics.record_abort(
                             request_id,
@@ -195,13 +197,15 @@ class AsyncLLM:
         for request_id, _, params in command.requests:
             self._sinks[request_id] = command.sink
             self._num_completions[request_id] = params.n
+            if params.output_kind == "delta":
+                self._deltas.add(request_id)
         command.sink.put(_ACCEPTED)
 
-    # %% chapters/16_server.md:1342
+    # %% chapters/16_server.md:1354
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
-            self.metrics.record_step(outputs, self.engine)
+            self.metrics.record_step(outputs, self.engine, self._deltas)
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for output in outputs:
             sink = self._sinks.get(output.request_id)
@@ -210,6 +214,7 @@ class AsyncLLM:
             if output.finished:
                 self._sinks.pop(output.request_id, None)
                 self._num_completions.pop(output.request_id, None)
+                self._deltas.discard(output.request_id)
         for loop, items in by_loop.items():  # one wake-up per loop and step
             _deliver(loop, items)
 
@@ -222,12 +227,13 @@ class AsyncLLM:
             self._sinks.pop(request_id).put(error)
             # frees its blocks, whatever state the step left
             self.engine.abort_request(request_id)
+            self._deltas.discard(request_id)
             if self.metrics:
                 self.metrics.record_abort(
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1433
+    # %% chapters/16_server.md:1447
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -263,7 +269,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1383
+# %% chapters/16_server.md:1397
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.

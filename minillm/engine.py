@@ -195,7 +195,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1332
+    # %% chapters/07_engine.md:1334
     def add_request(
         self,
         request_id: str,
@@ -232,7 +232,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1374
+    # %% chapters/07_engine.md:1376
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -254,7 +254,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1406
+    # %% chapters/07_engine.md:1408
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -275,7 +275,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1436
+    # %% chapters/07_engine.md:1438
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -302,7 +302,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1470
+    # %% chapters/07_engine.md:1472
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -327,11 +327,11 @@ class LLMEngine:
                 self.scheduler.finish_requests(request.request_id, status)
             # "final_only" requests are reported once, when they end
             kind = request.sampling_params.output_kind
-            if status is not None or kind == "cumulative":
+            if status is not None or kind != "final_only":
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1505
+    # %% chapters/07_engine.md:1515
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -354,14 +354,18 @@ class LLMEngine:
         seq = self.sequences[child_id]
         request, logprobs = seq.request, seq.logprobs
         text = seq.detokenizer.text(request.is_finished) if seq.detokenizer else ""
+        tokens, chars, lps = 0, 0, 0  # from the start: everything so far
+        if request.sampling_params.output_kind == "delta":  # after the last output
+            tokens, chars, lps = seq.shown
+            seq.shown = (request.num_output_tokens, len(text), len(logprobs or ()))
         cumulative = None if logprobs is None else sum(lp.logprob for lp in logprobs)
         return CompletionOutput(
             seq.index,
-            text,
-            list(request.output_token_ids),
+            text[chars:],
+            request.output_token_ids[tokens:],
             request.status.finish_reason,
             seq.stop_reason,
-            None if logprobs is None else list(logprobs),
+            None if logprobs is None else logprobs[lps:],
             cumulative,
             seq.metrics,
         )
@@ -378,6 +382,8 @@ class _Sequence:
     metrics: RequestMetrics
     logprobs: list[SampleLogprobs] | None
     stop_reason: int | str | None = None
+    # tokens, characters and logprobs its outputs have shown (output_kind="delta")
+    shown: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass

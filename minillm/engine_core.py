@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:3793
+# %% chapters/16_server.md:3807
 """The engine in a process of its own (chapter 16, the section of that name).
 
 `EngineCoreClient` starts chapter 7's `LLMEngine` in a child process, where
@@ -28,6 +28,7 @@ import socket
 import struct
 import sys
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Callable, NamedTuple
 
@@ -41,7 +42,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:3838
+# %% chapters/16_server.md:3853
 class OutputDelta(NamedTuple):
     """What one step added to one request's output."""
 
@@ -59,14 +60,14 @@ def times(m: RequestMetrics | None) -> tuple | None:
     return None if m is None else tuple(vars(m).values())
 
 
-# %% chapters/16_server.md:3863
+# %% chapters/16_server.md:3878
 class EngineCore:
     """The child's side: commands from the socket, engine steps, deltas back."""
 
     def __init__(self, engine, conn: Connection):
         self.engine, self.conn = engine, conn
-        # request -> completion index -> (tokens, characters, logprobs) sent
-        self.sent: dict[str, dict[int, tuple[int, int, int]]] = {}
+        # the requests in flight -> whether their prompt has gone out
+        self.sent: dict[str, bool] = {}
         self.send_wait = 0.0  # seconds spent handing outputs to the socket
 
     def run(self) -> None:
@@ -91,7 +92,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:3906
+    # %% chapters/16_server.md:3921
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -107,16 +108,18 @@ class EngineCore:
         added = []
         try:
             for request_id, prompt, params in requests:
+                if params.output_kind == "cumulative":  # the front end adds them up
+                    params = replace(params, output_kind="delta")
                 self.engine.add_request(request_id, prompt, params)
                 added.append(request_id)
         except Exception as e:  # undo the ones of this call already added
             self.engine.abort_request(added)
             return portable(e)
         for request_id, _, _ in requests:
-            self.sent[request_id] = {}
+            self.sent[request_id] = False
         return _ACCEPTED
 
-    # %% chapters/16_server.md:3951
+    # %% chapters/16_server.md:3968
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
@@ -127,24 +130,22 @@ class EngineCore:
         self.send_wait += time.perf_counter() - start
 
     def delta(self, output: RequestOutput) -> OutputDelta:
+        """An output of the engine (new tokens only) as it crosses the socket."""
         sent = self.sent[output.request_id]
         prompt = None if sent else (output.prompt, output.prompt_token_ids)
-        completions = []
-        for c in output.outputs:
-            tokens, chars, lps = sent.get(c.index, (0, 0, 0))
-            logprobs = None if c.logprobs is None else c.logprobs[lps:]
-            completions.append(
-                (c.index, c.text[chars:], c.token_ids[tokens:], c.finish_reason)
-                + (c.stop_reason, logprobs, c.cumulative_logprob, times(c.metrics))
-            )
-            lps = 0 if c.logprobs is None else len(c.logprobs)
-            sent[c.index] = (len(c.token_ids), len(c.text), lps)
+        completions = [
+            (c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason)
+            + (c.logprobs, c.cumulative_logprob, times(c.metrics))
+            for c in output.outputs
+        ]
         if output.finished:
             del self.sent[output.request_id]
+        else:
+            self.sent[output.request_id] = True
         return OutputDelta(output.request_id, output.finished, prompt, completions)
 
 
-# %% chapters/16_server.md:3934
+# %% chapters/16_server.md:3951
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
@@ -154,7 +155,7 @@ def portable(e: Exception) -> Exception:
         return (ValueError if isinstance(e, ValueError) else RuntimeError)(str(e))
 
 
-# %% chapters/16_server.md:3991
+# %% chapters/16_server.md:4006
 def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
     """The child process: build the engine, say what the front end needs, serve."""
     conn = Connection(sock.detach())  # multiprocessing's framing of messages
@@ -184,7 +185,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
         pass
 
 
-# %% chapters/16_server.md:4039
+# %% chapters/16_server.md:4054
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -230,7 +231,7 @@ def start_without_main(process: multiprocessing.Process, build) -> None:
             main.__file__ = path
 
 
-# %% chapters/16_server.md:4086
+# %% chapters/16_server.md:4101
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
@@ -262,10 +263,11 @@ class EngineCoreClient:
         self._sinks: dict[str, _Sink] = {}  # each request's
         self._outputs: dict[str, RequestOutput] = {}  # each request's latest
         self._num_completions: dict[str, int] = {}  # n of each request
+        self._deltas: set[str] = set()  # requests that asked for output_kind="delta"
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4123
+    # %% chapters/16_server.md:4139
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -290,7 +292,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4155
+    # %% chapters/16_server.md:4171
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -310,7 +312,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4184
+    # %% chapters/16_server.md:4200
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -338,13 +340,14 @@ class EngineCoreClient:
     def _forget(self, request_id: str, aborted: bool = False) -> None:
         self._outputs.pop(request_id, None)
         n = self._num_completions.pop(request_id, None)
+        self._deltas.discard(request_id)
         if self._sinks.pop(request_id, None) is not None and aborted:
             self.metrics.record_abort(request_id, n, self._stats)
 
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4225
+    # %% chapters/16_server.md:4242
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -368,7 +371,7 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4258
+    # %% chapters/16_server.md:4275
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
             deltas, self._stats, waited = args
@@ -380,9 +383,10 @@ class EngineCoreClient:
                 if sink is not None:  # else aborted meanwhile
                     outputs.append(output := self._apply(delta))
                     sink.put_now(output)
-                    if delta.finished:
-                        self._forget(delta.request_id)
-            self.metrics.record_step(outputs, self._stats)
+            self.metrics.record_step(outputs, self._stats, self._deltas)
+            for output in outputs:
+                if output.finished:
+                    self._forget(output.request_id)
         elif kind == "answer":
             call_id, answer = args
             if (entry := self._calls.pop(call_id, None)) is None:
@@ -392,6 +396,8 @@ class EngineCoreClient:
                 for request_id, _, params in requests:
                     self._sinks[request_id] = sink
                     self._num_completions[request_id] = params.n
+                    if params.output_kind == "delta":
+                        self._deltas.add(request_id)
             sink.put_now(answer)
         elif kind == "stats":  # after an abort
             self._stats = args[0]
@@ -405,19 +411,21 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4304
+    # %% chapters/16_server.md:4324
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
         prompt = delta.prompt or (before.prompt, before.prompt_token_ids)
+        add_up = delta.request_id not in self._deltas  # else passed on as it is
         completions = []
         for index, text, tokens, reason, stop, lps, cum, m in delta.completions:
             if before is None:
                 metrics = None if m is None else RequestMetrics(*m)
             else:
                 old = before.outputs[index]  # the engine reports all n, in order
-                text, tokens = old.text + text, old.token_ids + tokens
-                lps = lps if lps is None else old.logprobs + lps
+                if add_up:
+                    text, tokens = old.text + text, old.token_ids + tokens
+                    lps = lps if lps is None else old.logprobs + lps
                 if (metrics := old.metrics) is not None:
                     vars(metrics).update(zip(list(vars(metrics)), m))
             completions.append(
@@ -433,7 +441,7 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4344
+    # %% chapters/16_server.md:4366
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""

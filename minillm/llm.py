@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1587
+# %% chapters/07_engine.md:1619
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def prompt_of(prompt: str | list[int] | dict) -> str | list[int]:
     return prompt
 
 
-# %% chapters/07_engine.md:1630
+# %% chapters/07_engine.md:1662
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -80,7 +80,7 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:1679
+    # %% chapters/07_engine.md:1711
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
@@ -118,7 +118,7 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:1723
+    # %% chapters/07_engine.md:1755
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(

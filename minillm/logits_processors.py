@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1121
+# %% chapters/06_sampler.md:1123
 """Logits processors: the rules that reshape a batch's next-token logits (chapter 6,
 "The sampler").
 
@@ -22,7 +22,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:1162
+# %% chapters/06_sampler.md:1164
 def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     """Logits processors, allowed / banned tokens and min_tokens: -inf where a row
     may not go. In place.
@@ -54,7 +54,7 @@ def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     return logits
 
 
-# %% chapters/06_sampler.md:1223
+# %% chapters/06_sampler.md:1225
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     """(num_seqs, length) token ids padded with vocab_size -> (num_seqs, vocab_size)
     occurrence counts.
@@ -109,7 +109,7 @@ def apply_penalties_to_counts(
     return logits
 
 
-# %% chapters/06_sampler.md:1313
+# %% chapters/06_sampler.md:1315
 def apply_temperature(logits: Tensor, temperature: Tensor, all_random: bool) -> Tensor:
     """Divide each row by its temperature (greedy rows, T = 0, by 1). In place."""
     if not all_random:
@@ -127,7 +127,7 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-# %% chapters/06_sampler.md:1364
+# %% chapters/06_sampler.md:1366
 def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Tensor:
     """Keep each row's k most likely tokens, then the smallest top set holding
     probability p, with every token tied with its least likely member. In place.

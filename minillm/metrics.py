@@ -14,7 +14,7 @@ it; prometheus-client is thread-safe, so /metrics can be scraped any time.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Container, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -146,7 +146,10 @@ class EngineMetrics:
 
     # %% chapters/16_server.md:887
     def record_step(
-        self, outputs: list[RequestOutput], engine: LLMEngine | EngineStats
+        self,
+        outputs: list[RequestOutput],
+        engine: LLMEngine | EngineStats,
+        deltas: Container[str] = (),  # requests whose outputs are output_kind="delta"
     ) -> None:
         """Observe one step's outputs, then refresh the gauges."""
         num_new = 0
@@ -155,18 +158,22 @@ class EngineMetrics:
             if seen is None:
                 seen = self._seen[output.request_id] = {}
                 self.prompt_tokens.inc(len(output.prompt_token_ids))
+            delta = output.request_id in deltas
             for completion in output.outputs:
-                num_new += self._observe(completion, seen)
+                num_new += self._observe(completion, seen, delta)
             if output.finished:
                 del self._seen[output.request_id]
         self.generation_tokens.inc(num_new)
         self.update_gauges(engine)
 
-    # %% chapters/16_server.md:916
-    def _observe(self, completion, seen: dict[int, tuple[int, float | None]]) -> int:
+    # %% chapters/16_server.md:922
+    def _observe(
+        self, completion, seen: dict[int, tuple[int, float | None]], delta: bool
+    ) -> int:
         """Observe one completion's new tokens; returns how many there are."""
         num_before, last_before = seen.get(completion.index, (0, None))
-        num_new = len(completion.token_ids) - num_before
+        num_now = len(completion.token_ids) + (num_before if delta else 0)
+        num_new = num_now - num_before
         m = completion.metrics
         if num_new > 0:
             if num_before == 0:
@@ -176,17 +183,16 @@ class EngineMetrics:
                 self.inter_token_latency.observe(
                     (m.last_token_time - last_before) / num_new
                 )
-            seen[completion.index] = (len(completion.token_ids), m.last_token_time)
+            seen[completion.index] = (num_now, m.last_token_time)
         if completion.finished and seen.get(completion.index, (0, 0))[1] is not None:
             self._request_success.labels(
                 self.model_name, completion.finish_reason
             ).inc()
             self.e2e_request_latency.observe(m.finished_time - m.arrival_time)
-            # None: counted as finished
-            seen[completion.index] = (len(completion.token_ids), None)
+            seen[completion.index] = (num_now, None)  # None: counted as finished
         return max(num_new, 0)
 
-    # %% chapters/16_server.md:950
+    # %% chapters/16_server.md:958
     def record_abort(
         self, request_id: str, num_completions: int, engine: LLMEngine | EngineStats
     ) -> None:
@@ -215,7 +221,7 @@ class EngineMetrics:
         if stats.spec_stats is not None:  # chapter 14
             self.update_spec_decoding(stats.spec_stats)
 
-    # %% chapters/16_server.md:990
+    # %% chapters/16_server.md:998
     def update_spec_decoding(self, stats) -> None:
         if not hasattr(self, "_spec_counters"):
             self._spec_seen = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1934
+# %% chapters/06_sampler.md:1936
 """The sampler's oracle: one request at a time, each rule as its definition (chapter 6,
 "The sampler").
 
@@ -32,7 +32,7 @@ def _softmax(v: list[float]) -> list[float]:
     return [a / total for a in e]
 
 
-# %% chapters/06_sampler.md:1969
+# %% chapters/06_sampler.md:1971
 def reference_logits(
     logits: Sequence[float],
     params: SamplingParams,
@@ -71,7 +71,7 @@ def reference_logits(
     return x
 
 
-# %% chapters/06_sampler.md:2016
+# %% chapters/06_sampler.md:2018
 def reference_probs(
     logits: Sequence[float],
     params: SamplingParams,
@@ -108,7 +108,7 @@ def reference_probs(
     return _softmax(x)
 
 
-# %% chapters/06_sampler.md:2064
+# %% chapters/06_sampler.md:2066
 def _lowbias32(x: int) -> int:
     x ^= x >> 16
     x = (x * 0x7FEB352D) % 2**32
@@ -128,7 +128,7 @@ def reference_noise(seed: int, position: int, token: int) -> float:
     return -math.log(((bits >> 9) + 0.5) / 2**23)
 
 
-# %% chapters/06_sampler.md:2349
+# %% chapters/06_sampler.md:2351
 def chi2_sf(x: float, dof: int) -> float:
     """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma
     Q(dof / 2, x / 2).
@@ -162,7 +162,7 @@ def chi2_sf(x: float, dof: int) -> float:
     return math.exp(log_prefactor) * h
 
 
-# %% chapters/06_sampler.md:2399
+# %% chapters/06_sampler.md:2401
 def chi_square_test(
     counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0
 ) -> tuple[float, int, float]:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:775
+# %% chapters/06_sampler.md:777
 """A batch's sampling parameters as tensors (chapter 6, "A batch of requests").
 
 vLLM: vllm/v1/sample/metadata.py. `SamplingMetadata.from_requests` turns the requests'
@@ -21,7 +21,7 @@ from torch import Tensor
 from minillm.sampling_params import LogitsProcessor, SamplingParams, SamplingType
 
 
-# %% chapters/06_sampler.md:801
+# %% chapters/06_sampler.md:803
 def int64_seed(seed: int) -> int:
     """A Python int seed as the signed 64-bit word with the same low 64 bits."""
     return (seed + 2**63) % 2**64 - 2**63
@@ -40,7 +40,7 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:831
+# %% chapters/06_sampler.md:833
 @dataclass
 class SamplingMetadata:
     """What the sampler needs to know about the requests of one batch; row i is request
@@ -82,7 +82,7 @@ class SamplingMetadata:
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1026
+    # %% chapters/06_sampler.md:1028
     @classmethod
     def from_requests(
         cls,
@@ -111,7 +111,7 @@ class SamplingMetadata:
         )
 
 
-# %% chapters/06_sampler.md:892
+# %% chapters/06_sampler.md:894
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
@@ -152,7 +152,7 @@ def _sampling_fields(
     )
 
 
-# %% chapters/06_sampler.md:944
+# %% chapters/06_sampler.md:946
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -180,7 +180,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:979
+# %% chapters/06_sampler.md:981
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,

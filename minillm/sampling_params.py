@@ -84,9 +84,11 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # None, or the only tokens allowed
     banned_token_ids: list[int] | None = None  # tokens that may never be sampled
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
-    output_kind: str = "cumulative"  # or "final_only": the engine reports when done
+    # "cumulative": each output holds everything so far; "delta": only what is new
+    # since the request's last output; "final_only": one output, when it ends
+    output_kind: str = "cumulative"
 
-    # %% chapters/06_sampler.md:499
+    # %% chapters/06_sampler.md:501
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -117,7 +119,7 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    # %% chapters/06_sampler.md:538
+    # %% chapters/06_sampler.md:540
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
@@ -138,7 +140,7 @@ class SamplingParams:
             )
 
 
-# %% chapters/06_sampler.md:566
+# %% chapters/06_sampler.md:568
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -151,7 +153,7 @@ def _is_token_ids(v) -> bool:
     return isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v)
 
 
-# %% chapters/06_sampler.md:583
+# %% chapters/06_sampler.md:585
 def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
     return [
@@ -186,7 +188,7 @@ def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:622
+# %% chapters/06_sampler.md:624
 def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
     return [
@@ -210,13 +212,13 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
         ),
         (
             "output_kind",
-            p.output_kind in ("cumulative", "final_only"),
-            "'cumulative' or 'final_only'",
+            p.output_kind in ("cumulative", "delta", "final_only"),
+            "'cumulative', 'delta' or 'final_only'",
         ),
     ]
 
 
-# %% chapters/06_sampler.md:655
+# %% chapters/06_sampler.md:657
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for stop strings, token-id lists, processors, flags."""
     return [
@@ -253,7 +255,7 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:697
+# %% chapters/06_sampler.md:699
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).

@@ -287,6 +287,43 @@ def test_n_completions_are_indexed_and_seeded_distinctly(tiny_llm):
         )
 
 
+def run_steps(engine, prompt, params) -> list:
+    """Every completion of every step's outputs, its deltas put together."""
+    engine.add_request("r", prompt, params)
+    seen, steps = {}, []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            for c in out.outputs:
+                tokens, text, lps = seen.get(c.index, ([], "", []))
+                if params.output_kind == "delta":
+                    c.token_ids, c.text = tokens + c.token_ids, text + c.text
+                    c.logprobs = lps + c.logprobs
+                seen[c.index] = (c.token_ids, c.text, c.logprobs)
+                logprobs = [(lp.token_id, lp.logprob) for lp in c.logprobs]
+                steps.append((c.index, c.token_ids, c.text, c.finish_reason))
+                steps.append((logprobs, c.cumulative_logprob, out.finished))
+    return steps
+
+
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_delta_outputs_add_up_to_the_cumulative_ones(tiny, with_stop):
+    """output_kind="delta": each output holds only what is new; put together, the
+    deltas of every completion (tokens, text with a held-back stop string,
+    logprobs) are its cumulative output, step by step."""
+    model, tokenizer = tiny
+    prompt, config = 'The "for" statement', EngineConfig(num_kv_blocks=128)
+    params = SamplingParams(
+        n=2, temperature=1.0, seed=3, max_tokens=30, logprobs=1, ignore_eos=True
+    )
+    if with_stop:  # four characters from the middle of the first completion
+        text = run_steps(LLMEngine(model, tokenizer, config), prompt, params)[-4][2]
+        params = dataclasses.replace(params, stop=[text[10:14]])
+    cumulative = run_steps(LLMEngine(model, tokenizer, config), prompt, params)
+    delta = dataclasses.replace(params, output_kind="delta")
+    assert run_steps(LLMEngine(model, tokenizer, config), prompt, delta) == cumulative
+    assert len(cumulative) > 10  # outputs step by step, not one at the end
+
+
 def test_abort_frees_blocks_at_once(tiny):
     model, tokenizer = tiny
     engine = LLMEngine(model, tokenizer, EngineConfig(num_kv_blocks=64))

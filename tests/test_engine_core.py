@@ -176,6 +176,52 @@ def test_deltas_rebuild_what_async_llm_gives_and_a_dead_process_fails_callers():
     assert len(got[1].outputs) == 2
 
 
+async def _every_output(llm, requests):
+    """Each request's outputs as its stream gives them, in order."""
+    stream, seen = await llm.generate(requests), {}
+    async for output in stream:
+        seen.setdefault(output.request_id, []).append(
+            [output.finished, output.prompt_token_ids]
+            + [(c.index, c.text, c.token_ids, c.finish_reason) for c in output.outputs]
+        )
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["cumulative", "delta", "final_only"])
+def test_every_output_kind_streams_as_async_llm_streams_it(kind):
+    """The engine's process asks its engine for deltas and the front end adds them
+    up: a stream of every output kind is, output by output, what AsyncLLM's in one
+    process is, and the token counter counts each token once."""
+    args = parse_args(FLAGS)
+    params = dict(max_tokens=9, ignore_eos=True, output_kind=kind)
+    requests = [
+        ("n2", [5, 6, 7], SamplingParams(n=2, seed=3, **params)),
+        ("stop", PROMPT, SamplingParams(temperature=0, stop=["e"], **params)),
+    ]
+
+    async def in_thread():
+        llm = AsyncLLM(build_engine(args)[0], EngineMetrics(MODEL))
+        llm.start()
+        try:
+            return await _every_output(llm, requests), llm.metrics
+        finally:
+            llm.shutdown()
+
+    core = start(build_engine, args)
+    try:
+        (expected, ours), got = _run(in_thread()), _run(_every_output(core, requests))
+    finally:
+        core.shutdown()
+    assert got == expected
+    assert len(got["n2"]) == (1 if kind == "final_only" else 9)
+    name, labels = "minillm:generation_tokens_total", {"model_name": MODEL}
+    counted = [o for outs in expected.values() for o in outs[-1:] if kind != "delta"]
+    counted += [o for outs in expected.values() for o in outs if kind == "delta"]
+    tokens = sum(len(c[2]) for output in counted for c in output[2:])
+    assert ours.registry.get_sample_value(name, labels) == tokens
+    assert core.metrics.registry.get_sample_value(name, labels) == tokens
+
+
 def test_an_engine_that_cannot_start_is_a_clear_error():
     with pytest.raises(RuntimeError, match="failed to start: FileNotFoundError"):
         EngineCoreClient(build_broken, parse_args(FLAGS))
