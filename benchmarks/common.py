@@ -36,48 +36,66 @@ def engine_settings(engine) -> dict:
 
 
 def kernel_knobs() -> dict:
-    """Chapter 10's kernel choices in force: the batch from which decode programs
-    start the longest sequence first (and their knobs there), the bf16 prefill tile."""
-    from minillm.kernels import paged_attention, paged_prefill
+    """Chapters 10 and 11's kernel choices in force: the batch from which decode
+    programs start the longest sequence first (and their knobs there), the bf16 prefill
+    tile, the tokens a program of the q/k norm-rotation-write kernel takes."""
+    from minillm.kernels import paged_attention, paged_prefill, qk_norm_rope
 
     return {
         "order_decodes_from": paged_attention.ORDER_DECODES_FROM,
         "ordered_decode_knobs": dict(paged_attention.ORDERED_DECODE_KNOBS),
         "prefill_knobs_bf16": dict(paged_prefill.PREFILL_KNOBS[2]),
+        "qk_rope_one_token_up_to": qk_norm_rope.ONE_TOKEN_UP_TO,
+        "qk_rope_tokens_per_program": qk_norm_rope.TOKENS_PER_PROGRAM,
     }
 
 
-# the same choices before this stop (main at 817c6c4)
+# earlier choices, run against today's in one process (throughput.py --knobs-before)
 KNOBS_BEFORE = {
-    "order_decodes_from": 0,
-    "ordered_decode_knobs": {},
-    "prefill_knobs_bf16": dict(
-        rows=128,
-        block_n=32,
-        num_warps=8,
-        num_stages=3,
-        diag_n=32,
-        align_end=False,
-        maxnreg=None,
-    ),
+    # before decodes started longest first and the prompt kernel's new tile (817c6c4)
+    "order_and_prefill": {
+        "order_decodes_from": 0,
+        "ordered_decode_knobs": {},
+        "prefill_knobs_bf16": dict(
+            rows=128,
+            block_n=32,
+            num_warps=8,
+            num_stages=3,
+            diag_n=32,
+            align_end=False,
+            maxnreg=None,
+        ),
+    },
+    # before the q/k norm-rotation-write kernel took tiles of tokens (af252ad)
+    "qk_rope_tile": {"qk_rope_tokens_per_program": 1},
 }
 
 
 @contextlib.contextmanager
 def knobs_set(knobs: dict):
-    """Within the block, chapter 10's choices as in knobs (kernel_knobs' form)."""
-    from minillm.kernels import paged_attention, paged_prefill
+    """Within the block, the choices in knobs (kernel_knobs' form; those it does not
+    name stay as they are)."""
+    from minillm.kernels import paged_attention, paged_prefill, qk_norm_rope
 
     saved = kernel_knobs()
+
+    def apply(k: dict) -> None:
+        if "order_decodes_from" in k:
+            paged_attention.ORDER_DECODES_FROM = k["order_decodes_from"]
+        if "ordered_decode_knobs" in k:
+            paged_attention.ORDERED_DECODE_KNOBS = dict(k["ordered_decode_knobs"])
+        if "prefill_knobs_bf16" in k:
+            paged_prefill.PREFILL_KNOBS[2] = dict(k["prefill_knobs_bf16"])
+        if "qk_rope_one_token_up_to" in k:
+            qk_norm_rope.ONE_TOKEN_UP_TO = k["qk_rope_one_token_up_to"]
+        if "qk_rope_tokens_per_program" in k:
+            qk_norm_rope.TOKENS_PER_PROGRAM = k["qk_rope_tokens_per_program"]
+
     try:
-        paged_attention.ORDER_DECODES_FROM = knobs["order_decodes_from"]
-        paged_attention.ORDERED_DECODE_KNOBS = dict(knobs["ordered_decode_knobs"])
-        paged_prefill.PREFILL_KNOBS[2] = dict(knobs["prefill_knobs_bf16"])
+        apply(knobs)
         yield
     finally:
-        paged_attention.ORDER_DECODES_FROM = saved["order_decodes_from"]
-        paged_attention.ORDERED_DECODE_KNOBS = saved["ordered_decode_knobs"]
-        paged_prefill.PREFILL_KNOBS[2] = saved["prefill_knobs_bf16"]
+        apply(saved)
 
 
 def code_hash() -> str:

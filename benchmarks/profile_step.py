@@ -22,6 +22,7 @@ more with torch.profiler and writes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -34,7 +35,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import engine_settings, environment, save  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    KNOBS_BEFORE,
+    engine_settings,
+    environment,
+    kernel_knobs,
+    knobs_set,
+    save,
+)
 from benchmarks.throughput import random_checkpoint, workload  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
@@ -159,6 +167,13 @@ def main() -> None:
         help="after the profile, time --steps decode steps with ORDER_DECODES_FROM "
         "set to this (graphs captured again), then without it, then with it again",
     )
+    parser.add_argument(
+        "--knobs-before",
+        default=None,
+        choices=sorted(KNOBS_BEFORE),
+        help="profile with these earlier kernel choices (benchmarks/common.py's "
+        "KNOBS_BEFORE) instead of today's",
+    )
     parser.add_argument("--name", default="profile_step")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -167,6 +182,10 @@ def main() -> None:
             "benchmarks/profile_step.py profiles the GPU engine: no CUDA device found"
         )
     from torch.profiler import ProfilerActivity, profile
+
+    stack = contextlib.ExitStack()  # earlier kernel choices, for the whole run
+    if args.knobs_before:
+        stack.enter_context(knobs_set(KNOBS_BEFORE[args.knobs_before]))
 
     prompts, output_lens = workload(args.num_requests, 100, 1024)
     if args.output_len is not None:
@@ -238,6 +257,7 @@ def main() -> None:
             "profile_steps": args.profile_steps,
             "running_requests": running,
             "engine": engine_settings(engine),
+            "kernel_knobs": kernel_knobs(),
         },
         "wall_ms_per_step": wall_ms,
         # the profiled steps' bandwidth floor: weights + KV read at the copy bandwidth

@@ -239,6 +239,16 @@ def run_minillm(
     return result
 
 
+def summary(knobs: str, run: dict) -> dict:
+    """A run's throughput and seconds by kind of step (--knobs-rounds)."""
+    kinds = run["timeline"]["by_kind"]
+    return {
+        "knobs": knobs,
+        "output_tokens_per_s": run["output_tokens_per_s"],
+        "seconds_by_kind": {kind: k["seconds"] for kind, k in kinds.items()},
+    }
+
+
 def run_hf(folder, prompts, output_lens, batch_size) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -348,10 +358,20 @@ def main() -> None:
     )
     parser.add_argument(
         "--knobs-before",
-        action="store_true",
-        help="first run the engine greedy with chapter 10's kernel choices as they "
-        "were before this stop (benchmarks/common.py's KNOBS_BEFORE), stored as "
+        nargs="?",
+        const="order_and_prefill",
+        default=None,
+        choices=sorted(KNOBS_BEFORE),
+        help="also run the engine greedy with earlier kernel choices (a set of "
+        "benchmarks/common.py's KNOBS_BEFORE; alone: order_and_prefill), stored as "
         "minillm_knobs_before",
+    )
+    parser.add_argument(
+        "--knobs-rounds",
+        type=int,
+        default=1,
+        help="with --knobs-before: this many runs of each, alternating (now, "
+        "before, now, ...); every run's summary in knobs_rounds",
     )
     parser.add_argument(
         "--one-engine",
@@ -416,15 +436,18 @@ def main() -> None:
             flush=True,
         )
         if args.knobs_before:  # second, so that a run out of time keeps the first
-            save(args.name, record, out)
-            with knobs_set(KNOBS_BEFORE):
-                before = run_minillm(folder, prompts, output_lens, args)
-            record["minillm_knobs_before"] = before
-            print(
-                f"minillm, knobs before: {before['output_tokens_per_s']:,.0f} output "
-                "tok/s",
-                flush=True,
-            )
+            record["knobs_before"] = KNOBS_BEFORE[args.knobs_before]
+            record["knobs_rounds"] = [summary("now", record["minillm"])]
+            for i in range(2 * args.knobs_rounds - 1):
+                save(args.name, record, out)
+                when = "before" if i % 2 == 0 else "now"
+                with knobs_set(KNOBS_BEFORE[args.knobs_before] if i % 2 == 0 else {}):
+                    run = run_minillm(folder, prompts, output_lens, args)
+                if i == 0:
+                    record["minillm_knobs_before"] = run
+                record["knobs_rounds"].append(summary(when, run))
+                print(f"minillm, knobs {when}: {run['output_tokens_per_s']:,.0f} "
+                      "output tok/s", flush=True)  # fmt: skip
         record.update(sampled_runs(folder, prompts, output_lens, args, record, llm))
         del llm
         gc.collect()

@@ -36,7 +36,8 @@ def reference(qkv, norm, cos, sin, caches, slots, n_heads, n_kv, D):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_norm", [True, False])
-def test_one_kernel_matches_norm_rotation_and_cache_write(dtype, with_norm):
+@pytest.mark.parametrize("tokens", [1, 4])  # 4: a tile of tokens, the last one partial
+def test_one_kernel_matches_norm_rotation_and_cache_write(dtype, with_norm, tokens):
     if dtype == torch.bfloat16 and DEVICE == "cpu":
         pytest.skip("bfloat16 runs on the GPU")
     n_heads, n_kv, D, T = 4, 2, 32, 5
@@ -58,7 +59,9 @@ def test_one_kernel_matches_norm_rotation_and_cache_write(dtype, with_norm):
     with torch.no_grad():
         expected = reference(qkv, norm, cos, sin, ref_caches, slots, n_heads, n_kv, D)
     weight = None if norm is None else norm.weight
-    q = qk_norm_rope_write(qkv, weight, 1e-6, cos, sin, *caches, slots, n_heads)
+    q = qk_norm_rope_write(
+        qkv, weight, 1e-6, cos, sin, *caches, slots, n_heads, tokens=tokens
+    )
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # 1/rms: its own order of sums
     assert (q.float() - expected.float()).abs().max() <= tol
     assert (caches[0].float() - ref_caches[0].float()).abs().max() <= tol

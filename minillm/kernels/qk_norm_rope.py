@@ -25,10 +25,12 @@ from minillm.kernels.paged_decode import _launched_early, default_launch
 
 
 @triton.jit
-def _normed(qkv_ptr, g_ptr, row, head, d, rstd, D: tl.constexpr, NORM: tl.constexpr):
-    """Elements d of a head, normalised with its 1/rms and weights; RMSNorm's
-    roundings."""
-    x = tl.load(qkv_ptr + row + d)
+def _normed(
+    qkv_ptr, g_ptr, row, head, d, rstd, ok, D: tl.constexpr, NORM: tl.constexpr
+):
+    """Elements d of a head in rows `row` (those with ok), normalised with their 1/rms
+    and the head's weights; RMSNorm's roundings."""
+    x = tl.load(qkv_ptr + row + d, mask=ok, other=0.0)
     if NORM:
         x = (x.to(tl.float32) * rstd).to(x.dtype)
         x = (tl.load(g_ptr + head * D + d).to(tl.float32) * x.to(tl.float32)).to(
@@ -37,42 +39,50 @@ def _normed(qkv_ptr, g_ptr, row, head, d, rstd, D: tl.constexpr, NORM: tl.conste
     return x
 
 
-# %% chapters/11_cuda_graph.md:1522
-@triton.jit
+# %% chapters/11_cuda_graph.md:1524
+@triton.jit(do_not_specialize=["T"])  # T changes with every prompt step
 def _qk_norm_rope_write_kernel(
     qkv_ptr, g_ptr, cos_ptr, sin_ptr, q_ptr, key_cache_ptr, value_cache_ptr,
-    slot_ptr, eps, stride_t, stride_cos,
+    slot_ptr, eps, T, stride_t, stride_cos,
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr,
-    NORM: tl.constexpr, PDL: tl.constexpr,
+    NORM: tl.constexpr, PDL: tl.constexpr, TOKENS: tl.constexpr,
 ):  # fmt: skip
     _launched_early(PDL)  # see chapter 10's paged_decode
-    t, h = tl.program_id(0), tl.program_id(1)  # a token; a query or key head
-    d = tl.arange(0, D)
+    h = tl.program_id(1)  # a query or key head, of TOKENS tokens from t[0]
+    t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)[:, None]  # (TOKENS, 1)
+    ok = t < T
+    d = tl.arange(0, D)[None, :]  # (1, D)
     row = t * stride_t + h * D  # the head's elements in qkv
     rstd = 1.0
     if NORM:  # 1/rms over the head, float32
-        x = tl.load(qkv_ptr + row + d).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    y = _normed(qkv_ptr, g_ptr, row, h, d, rstd, D, NORM)
+        x = tl.load(qkv_ptr + row + d, mask=ok, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1)[:, None] / D + eps)
+    y = _normed(qkv_ptr, g_ptr, row, h, d, rstd, ok, D, NORM)
     # the rotation's partner of each element: -y[d + D/2], then y[d - D/2]
-    partner = _normed(qkv_ptr, g_ptr, row, h, (d + D // 2) % D, rstd, D, NORM)
+    partner = _normed(qkv_ptr, g_ptr, row, h, (d + D // 2) % D, rstd, ok, D, NORM)
     rotated = tl.where(d < D // 2, -partner, partner)
-    cos = tl.load(cos_ptr + t * stride_cos + d).to(tl.float32)
-    sin = tl.load(sin_ptr + t * stride_cos + d).to(tl.float32)
+    cos = tl.load(cos_ptr + t * stride_cos + d, mask=ok).to(tl.float32)
+    sin = tl.load(sin_ptr + t * stride_cos + d, mask=ok).to(tl.float32)
     a = (y.to(tl.float32) * cos).to(y.dtype)
     b = (rotated.to(tl.float32) * sin).to(y.dtype)
     out = (a.to(tl.float32) + b.to(tl.float32)).to(y.dtype)
     if h < N_HEADS:
-        tl.store(q_ptr + (t * N_HEADS + h) * D + d, out)
+        tl.store(q_ptr + (t * N_HEADS + h) * D + d, out, mask=ok)
     else:  # a key: to its slot, with its value head
-        slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: slot * row can be big
+        slot = tl.load(slot_ptr + t, mask=ok, other=0).to(tl.int64)  # slot * row: big
         kv = h - N_HEADS
-        tl.store(key_cache_ptr + (slot * N_KV + kv) * D + d, out)
-        v = tl.load(qkv_ptr + t * stride_t + (N_HEADS + N_KV + kv) * D + d)
-        tl.store(value_cache_ptr + (slot * N_KV + kv) * D + d, v)
+        at = (slot * N_KV + kv) * D + d
+        tl.store(key_cache_ptr + at, out, mask=ok)
+        v = tl.load(qkv_ptr + t * stride_t + (N_HEADS + N_KV + kv) * D + d, mask=ok)
+        tl.store(value_cache_ptr + at, v, mask=ok)
 
 
-# %% chapters/11_cuda_graph.md:1558
+# %% chapters/11_cuda_graph.md:1563
+# tokens a program takes: one up to a decode batch's size, a tile of them above
+ONE_TOKEN_UP_TO = 256
+TOKENS_PER_PROGRAM = 16
+
+
 def qk_norm_rope_write(
     qkv: Tensor,
     norm_weight: Tensor | None,
@@ -85,11 +95,13 @@ def qk_norm_rope_write(
     n_heads: int,
     pdl: int | None = None,
     num_warps: int = 4,
+    tokens: int | None = None,
 ) -> Tensor:
     """qkv (T, (n_heads + 2 n_kv) D); norm_weight (n_heads + n_kv, D) or None; cos,
     sin (T, D); caches (num_blocks, block_size, n_kv, D), contiguous. Returns the
     normed, rotated queries (T, n_heads, D); stores keys and values at slot_mapping.
-    num_warps: of each program (one head of one token).
+    num_warps: of each program (one head of `tokens` tokens, a power of two; None:
+    one for T <= ONE_TOKEN_UP_TO, else TOKENS_PER_PROGRAM).
     """
     T = qkv.shape[0]
     _, _, n_kv, D = key_cache.shape
@@ -105,15 +117,17 @@ def qk_norm_rope_write(
             f"heads and a contiguous cache {tuple(key_cache.shape)} (head_dim a power "
             "of two)"
         )
+    if tokens is None:
+        tokens = 1 if T <= ONE_TOKEN_UP_TO else TOKENS_PER_PROGRAM
     q = torch.empty(T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
     pdl = default_launch(qkv.device) if pdl is None else pdl
     g = norm_weight if norm_weight is not None else q  # not read without a norm
     # fmt: off
-    _qk_norm_rope_write_kernel[(T, n_heads + n_kv)](
-        qkv, g, cos, sin, q, key_cache, value_cache, slot_mapping, eps,
+    _qk_norm_rope_write_kernel[(triton.cdiv(T, tokens), n_heads + n_kv)](
+        qkv, g, cos, sin, q, key_cache, value_cache, slot_mapping, eps, T,
         qkv.stride(0), cos.stride(0),
         N_HEADS=n_heads, N_KV=n_kv, D=D, NORM=norm_weight is not None, PDL=pdl,
-        launch_pdl=pdl > 0, num_warps=num_warps,
+        TOKENS=tokens, launch_pdl=pdl > 0, num_warps=num_warps,
     )
     # fmt: on
     return q
