@@ -1,6 +1,6 @@
 """Small kernels of a decode step at a large batch, and of a prompt step: chapter 11's
 q/k norm, rotation and cache write (`qk_norm_rope_write`) by tokens and warps per
-program, at 1, 256, 1,024 and 16,384 tokens.
+program, at 1 to 16,384 tokens.
 
 Timed as CUDA-graph replays (triton.testing.do_bench_cudagraph), Qwen3-0.6B's heads
 (16 query, 8 KV, 128 wide), bf16, a cache of shuffled slots. Each setting is checked
@@ -36,7 +36,7 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     bandwidth = copy_bandwidth()
     rows = []
-    for T in (1, 256, 1024, 16384):
+    for T in (1, 16, 64, 256, 1024, 16384):
         qkv = torch.randn(T, (N_HEADS + 2 * N_KV) * D, device="cuda", generator=g)
         qkv = qkv.bfloat16()
         weight = (1 + 0.1 * torch.randn(N_HEADS + N_KV, D, device="cuda")).bfloat16()

@@ -78,8 +78,8 @@ def _qk_norm_rope_write_kernel(
 
 
 # %% chapters/11_cuda_graph.md:1563
-# tokens a program takes: one up to a decode batch's size, a tile of them above
-ONE_TOKEN_UP_TO = 256
+# tokens a program takes: one for a single token, else a tile of up to 16 (see below)
+ONE_TOKEN_UP_TO = 1
 TOKENS_PER_PROGRAM = 16
 
 
@@ -94,14 +94,15 @@ def qk_norm_rope_write(
     slot_mapping: Tensor,
     n_heads: int,
     pdl: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     tokens: int | None = None,
 ) -> Tensor:
     """qkv (T, (n_heads + 2 n_kv) D); norm_weight (n_heads + n_kv, D) or None; cos,
     sin (T, D); caches (num_blocks, block_size, n_kv, D), contiguous. Returns the
     normed, rotated queries (T, n_heads, D); stores keys and values at slot_mapping.
-    num_warps: of each program (one head of `tokens` tokens, a power of two; None:
-    one for T <= ONE_TOKEN_UP_TO, else TOKENS_PER_PROGRAM).
+    A program takes one head of `tokens` tokens (a power of two; None: one for T <=
+    ONE_TOKEN_UP_TO, else up to TOKENS_PER_PROGRAM) with num_warps (None: 8 from 8
+    tokens on, else 4).
     """
     T = qkv.shape[0]
     _, _, n_kv, D = key_cache.shape
@@ -118,7 +119,9 @@ def qk_norm_rope_write(
             "of two)"
         )
     if tokens is None:
-        tokens = 1 if T <= ONE_TOKEN_UP_TO else TOKENS_PER_PROGRAM
+        tokens = min(TOKENS_PER_PROGRAM, triton.next_power_of_2(T))
+        tokens = 1 if T <= ONE_TOKEN_UP_TO else tokens
+    num_warps = num_warps or (8 if tokens >= 8 else 4)
     q = torch.empty(T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
     pdl = default_launch(qkv.device) if pdl is None else pdl
     g = norm_weight if norm_weight is not None else q  # not read without a norm
