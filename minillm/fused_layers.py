@@ -112,7 +112,7 @@ def norm_and_project(
     return proj(norm(s)), s
 
 
-# %% chapters/11_cuda_graph.md:1628
+# %% chapters/11_cuda_graph.md:1633
 def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
     return (
@@ -145,7 +145,7 @@ def attend_rotated(
     return kv_cache.attn_backend(q, keys, values, attn_metadata)
 
 
-# %% chapters/11_cuda_graph.md:1667
+# %% chapters/11_cuda_graph.md:1672
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -181,7 +181,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1709
+# %% chapters/11_cuda_graph.md:1714
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

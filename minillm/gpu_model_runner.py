@@ -214,7 +214,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2310
+    # %% chapters/11_cuda_graph.md:2315
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -253,7 +253,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2492
+    # %% chapters/11_cuda_graph.md:2497
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -286,7 +286,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2568
+    # %% chapters/11_cuda_graph.md:2573
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -401,7 +401,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3290
+    # %% chapters/11_cuda_graph.md:3295
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -463,7 +463,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3926
+    # %% chapters/11_cuda_graph.md:3931
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -484,7 +484,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3870
+# %% chapters/11_cuda_graph.md:3875
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -532,5 +532,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3954
+# %% chapters/11_cuda_graph.md:3959
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
