@@ -38,7 +38,9 @@ def engine_settings(engine) -> dict:
 def kernel_knobs() -> dict:
     """Chapters 10 and 11's kernel choices in force: the batch from which decode
     programs start the longest sequence first (and their knobs there), the bf16 prefill
-    tile, the tokens a program of the q/k norm-rotation-write kernel takes."""
+    tile, the tokens a program of the q/k norm-rotation-write kernel takes, whether
+    start-up runs the LM head at every row count."""
+    from minillm import gpu_model_runner
     from minillm.kernels import paged_attention, paged_prefill, qk_norm_rope
 
     return {
@@ -47,6 +49,7 @@ def kernel_knobs() -> dict:
         "prefill_knobs_bf16": dict(paged_prefill.PREFILL_KNOBS[2]),
         "qk_rope_one_token_up_to": qk_norm_rope.ONE_TOKEN_UP_TO,
         "qk_rope_tokens_per_program": qk_norm_rope.TOKENS_PER_PROGRAM,
+        "warm_lm_head": gpu_model_runner.WARM_LM_HEAD,
     }
 
 
@@ -68,6 +71,9 @@ KNOBS_BEFORE = {
     },
     # before the q/k norm-rotation-write kernel took tiles of tokens (af252ad)
     "qk_rope_tile": {"qk_rope_tokens_per_program": 1},
+    # before start-up ran the LM head at every row count (ff5dec8); the stalls it
+    # removes come in a process's first engine only: compare separate processes
+    "lm_head_cold": {"warm_lm_head": False},
 }
 
 
@@ -75,6 +81,7 @@ KNOBS_BEFORE = {
 def knobs_set(knobs: dict):
     """Within the block, the choices in knobs (kernel_knobs' form; those it does not
     name stay as they are)."""
+    from minillm import gpu_model_runner
     from minillm.kernels import paged_attention, paged_prefill, qk_norm_rope
 
     saved = kernel_knobs()
@@ -90,6 +97,8 @@ def knobs_set(knobs: dict):
             qk_norm_rope.ONE_TOKEN_UP_TO = k["qk_rope_one_token_up_to"]
         if "qk_rope_tokens_per_program" in k:
             qk_norm_rope.TOKENS_PER_PROGRAM = k["qk_rope_tokens_per_program"]
+        if "warm_lm_head" in k:
+            gpu_model_runner.WARM_LM_HEAD = k["warm_lm_head"]
 
     try:
         apply(knobs)

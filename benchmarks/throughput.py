@@ -367,6 +367,13 @@ def main() -> None:
         "minillm_knobs_before",
     )
     parser.add_argument(
+        "--knobs-only",
+        default=None,
+        choices=sorted(KNOBS_BEFORE),
+        help="run everything with these earlier choices instead of today's (for "
+        "what differs only in a process's first engine: run one process of each)",
+    )
+    parser.add_argument(
         "--knobs-rounds",
         type=int,
         default=1,
@@ -429,8 +436,11 @@ def main() -> None:
 
         args.step_floor = step_floor
         out = args.out or Path(__file__).resolve().parent / "results"
-        llm = build_llm(folder, args) if args.one_engine else None
-        record["minillm"] = run_minillm(folder, prompts, output_lens, args, llm=llm)
+        only = KNOBS_BEFORE[args.knobs_only] if args.knobs_only else {}
+        with knobs_set(only):
+            llm = build_llm(folder, args) if args.one_engine else None
+            record["minillm"] = run_minillm(folder, prompts, output_lens, args, llm=llm)
+        record["knobs_only"] = only
         print(
             f"minillm: {record['minillm']['output_tokens_per_s']:,.0f} output tok/s",
             flush=True,

@@ -76,7 +76,23 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:553
+# %% chapters/11_cuda_graph.md:559
+# run the LM head at every row count at start-up (False: the stalls come back)
+WARM_LM_HEAD = True
+
+
+@torch.inference_mode()
+def warm_lm_head(model: CausalLM, max_rows: int) -> None:
+    """The LM head once at each row count from 1 to max_rows, on zeros: every kernel
+    cuBLAS picks for a step's sampled rows is loaded before the first step."""
+    embed = model.model.embed_tokens.weight
+    hidden = torch.zeros(max_rows, model.config.hidden_size, dtype=embed.dtype,
+                         device=embed.device)  # fmt: skip
+    for rows in range(1, max_rows + 1):
+        model.lm_head(hidden[:rows])
+
+
+# %% chapters/11_cuda_graph.md:576
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -124,11 +140,13 @@ class GPUModelRunner(ModelRunner):
             )
             self.graph_runner.capture()
         self._init_async(max_num_seqs, max_model_len)  # "Overlapping the CPU and ..."
+        if self.device.type == "cuda" and WARM_LM_HEAD:
+            warm_lm_head(model, max_num_seqs)
         if self.device.type == "cuda" and (self.torch_compile or self.cuda_graphs):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:610
+    # %% chapters/11_cuda_graph.md:635
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -159,7 +177,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:651
+    # %% chapters/11_cuda_graph.md:676
     def forward(
         self,
         output: SchedulerOutput,
@@ -197,7 +215,7 @@ class GPUModelRunner(ModelRunner):
             return graphs
         return None
 
-    # %% chapters/11_cuda_graph.md:697
+    # %% chapters/11_cuda_graph.md:722
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -214,7 +232,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2315
+    # %% chapters/11_cuda_graph.md:2340
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -253,7 +271,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2497
+    # %% chapters/11_cuda_graph.md:2522
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -286,7 +304,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2573
+    # %% chapters/11_cuda_graph.md:2598
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -401,7 +419,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3295
+    # %% chapters/11_cuda_graph.md:3320
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -463,7 +481,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3931
+    # %% chapters/11_cuda_graph.md:3956
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -484,7 +502,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3875
+# %% chapters/11_cuda_graph.md:3900
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -532,5 +550,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3959
+# %% chapters/11_cuda_graph.md:3984
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -912,3 +912,20 @@ def test_token_rules_ahead_with_graphs_match_sampling_in_step(hf_checkpoint, dev
     assert tokens[0] == tokens[1]
     assert llm.engine.stepper.num_in_step == 0
     assert llm.engine.model_runner.penalties.output_counts.is_cuda
+
+
+def test_warm_lm_head_runs_every_row_count_a_step_can_sample(tiny):
+    """Start-up on a GPU runs the LM head at 1 to max_num_seqs rows, so that no
+    cuBLAS kernel is loaded for the first time in the middle of a run."""
+    from minillm.gpu_model_runner import warm_lm_head
+
+    model = tiny[0]
+    rows = []
+    hook = model.lm_head.register_forward_hook(
+        lambda module, args, out: rows.append((args[0].shape[0], out.shape[0]))
+    )
+    try:
+        warm_lm_head(model, 12)
+    finally:
+        hook.remove()
+    assert rows == [(n, n) for n in range(1, 13)]
