@@ -370,8 +370,9 @@ def main() -> None:
         "--knobs-only",
         default=None,
         choices=sorted(KNOBS_BEFORE),
-        help="run everything with these earlier choices instead of today's (for "
-        "what differs only in a process's first engine: run one process of each)",
+        help="build and run the greedy engine (the process's first) with these "
+        "earlier choices instead of today's; for what differs only in a process's "
+        "first engine, compare one process of each",
     )
     parser.add_argument(
         "--knobs-rounds",
