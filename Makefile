@@ -69,12 +69,16 @@ test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MINILLM_REQUIRE_SMOLLM2=1 $(PYTHON) -m pytest -n $(JOBS) tests exercises
 
 # nbval collects .ipynb only: convert the chapters into a scratch folder, one kernel
-# per chapter (--dist loadfile keeps a notebook's cells on one worker).
+# per chapter (--dist loadfile keeps a notebook's cells on one worker). The nbval_glue
+# plugin records the keys each chapter glued; check_glue.py fails on a key the prose
+# uses and no cell glued (which would stop `make book`), naming chapter and line.
 test-notebooks: $(STAMP)
-	rm -rf $(NBDIR) && mkdir -p $(NBDIR)
+	rm -rf $(NBDIR) && mkdir -p $(NBDIR)/glue
 	for f in chapters/*.md; do $(BIN)/jupytext --quiet --to ipynb -o $(NBDIR)/$$(basename $$f .md).ipynb $$f; done
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg $(PYTHON) -m pytest -p no:cacheprovider -n $(JOBS) --dist loadfile \
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg MINILLM_GLUE_DIR=$(CURDIR)/$(NBDIR)/glue \
+		PYTHONPATH=$(CURDIR)/tools $(PYTHON) -m pytest -p no:cacheprovider -p nbval_glue -n $(JOBS) --dist loadfile \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 -o testpaths= -o addopts= $(NBDIR)
+	$(PYTHON) tools/check_glue.py $(NBDIR)/glue
 
 serve: $(STAMP)
 	$(PYTHON) -m minillm.server serve $(ARGS)

@@ -15,6 +15,7 @@ single-process on purpose: the server (chapter 16) wraps it, it does not change 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -38,7 +39,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1099
+# %% chapters/07_engine.md:1100
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -57,7 +58,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1128
+# %% chapters/07_engine.md:1129
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -91,13 +92,15 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or min(
             model.config.max_position_embeddings, 4096, num_usable * config.block_size
         )
-        kv_cache = self._build_cache(num_blocks, num_usable, runner_cls)
-        self._build_runner(runner_cls, kv_cache)
+        self.kv_cache = self._build_cache(num_blocks, num_usable, runner_cls)
+        self._build_runner(runner_cls, self.kv_cache)
         self.sequences: dict[str, _Sequence] = {}
         self.parents: dict[str, _Parent] = {}
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
+        self.is_shut_down = False
+        LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
 
-    # %% chapters/07_engine.md:1176
+    # %% chapters/07_engine.md:1179
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -105,13 +108,16 @@ class LLMEngine:
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
         if param.device.type == "cuda":
-            return profile_num_blocks(self.model, config)
+            try:
+                return profile_num_blocks(self.model, config)
+            except ValueError as e:  # name the engines that hold the memory
+                raise ValueError(f"{e}{held_by_live_engines(param.device)}") from None
         budget = config.cpu_kv_cache_bytes
         return num_blocks_for_memory(
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1202
+    # %% chapters/07_engine.md:1208
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -141,7 +147,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1239
+    # %% chapters/07_engine.md:1245
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -165,7 +171,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1271
+    # %% chapters/07_engine.md:1277
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -195,7 +201,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1334
+    # %% chapters/07_engine.md:1340
     def add_request(
         self,
         request_id: str,
@@ -206,6 +212,7 @@ class LLMEngine:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or
         parameters.
         """
+        self._check_open()
         params = params or SamplingParams()
         n = params.n
         child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
@@ -232,7 +239,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1376
+    # %% chapters/07_engine.md:1383
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -254,7 +261,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1408
+    # %% chapters/07_engine.md:1415
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -275,10 +282,11 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1438
+    # %% chapters/07_engine.md:1445
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
+        self._check_open()
         if self.stepper is not None:  # a runner's own loop over the halves below
             return self.stepper.step()
         scheduler_output = self._schedule()
@@ -302,7 +310,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1472
+    # %% chapters/07_engine.md:1480
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -331,7 +339,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1515
+    # %% chapters/07_engine.md:1523
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -370,8 +378,32 @@ class LLMEngine:
             seq.metrics,
         )
 
+    # %% chapters/07_engine.md:1604
+    def kv_cache_bytes(self) -> int:
+        k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
+        return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
 
-# %% chapters/07_engine.md:1310
+    def shutdown(self) -> None:
+        """Abort every request and give the engine's memory back (idempotent)."""
+        if self.is_shut_down:
+            return
+        self.abort_request(list(self.parents))
+        if hasattr(self.model_runner, "shutdown"):  # e.g. chapter 18's workers
+            self.model_runner.shutdown()
+        self.model_runner = self.stepper = None  # graphs, buffers, sampler
+        for t in (self.kv_cache.key_cache, self.kv_cache.value_cache):
+            t.untyped_storage().resize_(0)  # freed whoever still refers to it
+        self.is_shut_down = True
+        LIVE_ENGINES.discard(self)
+        if self.kv_cache.key_cache.device.type == "cuda":
+            reclaim_gpu_memory()
+
+    def _check_open(self) -> None:
+        if self.is_shut_down:
+            raise RuntimeError("this engine was shut down: build a new one")
+
+
+# %% chapters/07_engine.md:1316
 @dataclass
 class _Sequence:
     request: Request
@@ -392,3 +424,26 @@ class _Parent:
     prompt: str | None
     prompt_token_ids: list[int]
     children: list[str] = field(default_factory=list)
+
+
+# %% chapters/07_engine.md:1580
+LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
+
+
+def held_by_live_engines(device: torch.device) -> str:
+    """What the live engines hold on device, as a sentence to end an error with."""
+    held = [e for e in list(LIVE_ENGINES) if e.kv_cache.key_cache.device == device]
+    if not held:
+        return ""
+    lines = [
+        f"\n  LLMEngine at {id(e):#x}: {e.kv_cache_bytes() / 2**30:.2f} GiB of KV "
+        f"cache, {sum(p.numel() for p in e.model.parameters()) / 1e6:.0f}M parameters"
+        for e in held
+    ]
+    return (
+        f"\n{len(held)} live engine(s) in this process hold memory on {device}:"
+        + "".join(lines)
+        + "\ncall .shutdown() on the LLM or engine you no longer need (or `del` every "
+        "name that refers to it) before building another, or give each engine a "
+        "share with gpu_memory_utilization"
+    )

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:461
+# %% chapters/11_cuda_graph.md:456
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -51,7 +51,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:519
+# %% chapters/11_cuda_graph.md:514
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -76,7 +76,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:559
+# %% chapters/11_cuda_graph.md:554
 # run the LM head at every row count at start-up (False: the stalls come back)
 WARM_LM_HEAD = True
 
@@ -92,7 +92,7 @@ def warm_lm_head(model: CausalLM, max_rows: int) -> None:
         model.lm_head(hidden[:rows])
 
 
-# %% chapters/11_cuda_graph.md:576
+# %% chapters/11_cuda_graph.md:571
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -146,7 +146,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:635
+    # %% chapters/11_cuda_graph.md:630
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -177,7 +177,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:676
+    # %% chapters/11_cuda_graph.md:671
     def forward(
         self,
         output: SchedulerOutput,
@@ -215,7 +215,7 @@ class GPUModelRunner(ModelRunner):
             return graphs
         return None
 
-    # %% chapters/11_cuda_graph.md:722
+    # %% chapters/11_cuda_graph.md:717
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -232,7 +232,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2340
+    # %% chapters/11_cuda_graph.md:2335
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -271,7 +271,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2522
+    # %% chapters/11_cuda_graph.md:2517
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -304,7 +304,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2598
+    # %% chapters/11_cuda_graph.md:2593
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -419,7 +419,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3320
+    # %% chapters/11_cuda_graph.md:3312
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -481,7 +481,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3956
+    # %% chapters/11_cuda_graph.md:3948
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -502,7 +502,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3900
+# %% chapters/11_cuda_graph.md:3892
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -550,5 +550,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3984
+# %% chapters/11_cuda_graph.md:3976
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

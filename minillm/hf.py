@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1728
+# %% chapters/01_model.md:1737
 """Load Hugging Face Llama / Qwen2 / Qwen3 checkpoints from a local folder; save ours as
 Llama.
 
@@ -48,7 +48,7 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# %% chapters/01_model.md:1782
+# %% chapters/01_model.md:1791
 def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from the dict of a Hugging Face config.json."""
     arch = (hf.get("architectures") or [None])[0]
@@ -95,7 +95,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-# %% chapters/01_model.md:1840
+# %% chapters/01_model.md:1849
 def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     """A Hugging Face config.json dict for our model (as LlamaForCausalLM, the tiny
     model's format).
@@ -128,7 +128,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-# %% chapters/01_model.md:1878
+# %% chapters/01_model.md:1887
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -145,7 +145,7 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return [single]
 
 
-# %% chapters/01_model.md:1906
+# %% chapters/01_model.md:1915
 def load_model(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -194,7 +194,7 @@ def load_model(
     return model.eval()
 
 
-# %% chapters/01_model.md:1964
+# %% chapters/01_model.md:1973
 def load_pretrained(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -207,7 +207,7 @@ def load_pretrained(
     return load_model(folder, dtype, device), Tokenizer.from_pretrained(folder)
 
 
-# %% chapters/01_model.md:1981
+# %% chapters/01_model.md:1990
 def save_pretrained(
     model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
 ) -> None:

@@ -14,7 +14,7 @@ from hf_models import MODELS
 
 from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
-from minillm.engine import LLMEngine
+from minillm.engine import LIVE_ENGINES, LLMEngine
 from minillm.llm import LLM
 from minillm.model import generate
 from minillm.sampling_params import SamplingParams, SamplingParamsError
@@ -479,3 +479,41 @@ def test_a_colliding_request_id_is_refused_and_changes_nothing(first, second):
     assert [o.request_id for o in finished] == [first[0]]
     assert all(len(c.token_ids) == 3 for c in finished[0].outputs)
     assert all_blocks_free(llm)
+
+
+def test_shutdown_gives_the_cache_back_and_refuses_new_work():
+    llm = LLM(device="cpu", num_kv_blocks=32, max_num_seqs=4)
+    engine = llm.engine
+    cache = engine.kv_cache.key_cache  # a name that outlives the engine's use of it
+    assert engine.kv_cache_bytes() > 0 and engine in LIVE_ENGINES
+    engine.add_request("left", [1, 2, 3], GREEDY)  # unfinished when shut down
+    llm.shutdown()
+    assert cache.untyped_storage().nbytes() == 0  # freed although still referenced
+    assert engine.kv_cache_bytes() == 0 and engine not in LIVE_ENGINES
+    assert not engine.has_unfinished_requests()
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate("The", GREEDY, use_tqdm=False)
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.step()
+    llm.shutdown()  # idempotent
+
+
+def test_an_llm_used_as_a_context_manager_shuts_down_on_exit():
+    with LLM(device="cpu", num_kv_blocks=32, max_num_seqs=4) as llm:
+        out = llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+    assert llm.engine.is_shut_down and llm.engine.kv_cache_bytes() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="profiles a GPU's memory")
+def test_a_new_engine_on_a_full_gpu_names_the_live_one_and_fits_after_shutdown():
+    first = LLM(max_num_seqs=16)  # sizes its cache to fill the device
+    with pytest.raises(ValueError, match=f"LLMEngine at {id(first.engine):#x}"):
+        LLM(max_num_seqs=16)
+    first.shutdown()
+    second = LLM(max_num_seqs=16)  # the memory came back
+    out = second.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+    del second  # and dropping every name does it too
+    third = LLM(max_num_seqs=16)
+    third.shutdown()
