@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, environment, require_committed, save  # noqa: E402
 from benchmarks.decode_gemm import ROTATE_BYTES, graph_us  # noqa: E402
 
 SHAPES = {
@@ -191,6 +191,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--name", default="batched_gemm")
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     device = torch.device("cuda")
     copy_bw = copy_bandwidth()
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)

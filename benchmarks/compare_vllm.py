@@ -738,6 +738,9 @@ def main() -> None:
     if args.worker:
         return vllm_worker(*args.worker)
     sys.path.insert(0, str(ROOT))
+    from benchmarks.common import require_committed
+
+    require_committed()  # before measuring: stored runs are of committed code
     site = vllm_site_packages()
     if site is None:
         sys.exit("no .venv-vllm with vllm in it: run `make vllm` first")

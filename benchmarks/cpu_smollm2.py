@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import engine_settings, environment, save  # noqa: E402
+from benchmarks.common import engine_settings, environment, require_committed, save  # noqa: E402
 from minillm.convert import resolve_model  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     torch.set_num_threads(args.threads)
     folder = resolve_model(args.model)
     prompts = workload(Tokenizer.from_pretrained(folder), args.num_requests, 64, 256)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from benchmarks.throughput import random_checkpoint  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
 from minillm.engine import LLMEngine  # noqa: E402
@@ -111,6 +111,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit("benchmarks/cuda_graphs.py measures CUDA graphs: no CUDA device found")
     batches = [int(b) for b in args.batches.split(",")]

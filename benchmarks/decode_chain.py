@@ -33,7 +33,13 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS, copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    copy_bandwidth,
+    environment,
+    require_committed,
+    save,
+)
 from minillm.kernels.skinny_gemm import (  # noqa: E402
     silu_mul,
     skinny_linear,
@@ -203,6 +209,7 @@ def main() -> None:
         "--only-real-layers", action="store_true", help="only the engine's layers"
     )
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     t0 = time.perf_counter()
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, environment, require_committed, save  # noqa: E402
 from minillm.kernels.skinny_gemm import default_config, num_sms, skinny_linear  # noqa: E402
 
 # (model, projection) -> (N, K): out_features, in_features
@@ -131,6 +131,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit("benchmarks/decode_gemm.py times GPU kernels: no CUDA device found")
     device = torch.device("cuda")

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS, environment, save  # noqa: E402
+from benchmarks.common import RESULTS, environment, require_committed, save  # noqa: E402
 from minillm.kernels import paged_decode as pd  # noqa: E402
 from minillm.kernels import qk_norm_rope as qk  # noqa: E402
 from minillm.kernels import reshape_and_cache as rc  # noqa: E402
@@ -260,6 +260,7 @@ def main() -> None:
     parser.add_argument("--layer-modes", default="0,1,2")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     modes = [int(m) for m in args.modes.split(",")]
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(0)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from minillm.convert import resolve_model  # noqa: E402
 from minillm.hf import load_pretrained  # noqa: E402
 from minillm.merged_projections import merge_projections  # noqa: E402
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    require_committed()  # before measuring: stored runs are of committed code
     torch.set_num_threads(args.threads)
     folder = resolve_model("smollm2")
     model, tokenizer = fresh(folder)

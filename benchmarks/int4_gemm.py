@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, environment, require_committed, save  # noqa: E402
 from benchmarks.decode_gemm import LLAMA_8B_SHAPES  # noqa: E402
 from benchmarks.decode_gemm import SHAPES as GEMM_SHAPES  # noqa: E402
 from minillm.int4 import Int4Weight, quantize_rtn  # noqa: E402
@@ -437,6 +437,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CPU smoke test")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available() and not args.quick:
         sys.exit("benchmarks/int4_gemm.py times GPU kernels: no CUDA device found")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

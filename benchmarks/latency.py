@@ -51,7 +51,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, engine_settings, environment, save  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    copy_bandwidth,
+    engine_settings,
+    environment,
+    require_committed,
+    save,
+)
 from benchmarks.throughput import QWEN3_0_6B  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
 from minillm.registry import OPTIONS, load_plugins  # noqa: E402
@@ -484,6 +490,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     args.early_launch = [int(m) for m in args.early_launch.split(",") if m]
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit(

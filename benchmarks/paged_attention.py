@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, environment, require_committed, save  # noqa: E402
 from minillm.attention import paged_attention_ref  # noqa: E402
 from minillm.kernels.paged_decode import (  # noqa: E402
     DECODE_KERNEL_VERSION,
@@ -655,6 +655,7 @@ def main() -> None:
         help="folder for the JSON (default benchmarks/results)",
     )
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit(
             "benchmarks/paged_attention.py measures a GPU kernel: no CUDA device found"

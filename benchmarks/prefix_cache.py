@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import engine_settings, environment, save  # noqa: E402
+from benchmarks.common import engine_settings, environment, require_committed, save  # noqa: E402
 from benchmarks.throughput import random_checkpoint  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
@@ -160,6 +160,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit(
             "benchmarks/prefix_cache.py measures GPU throughput and TTFT: no CUDA "

@@ -39,6 +39,7 @@ from benchmarks.common import (  # noqa: E402
     KNOBS_BEFORE,
     engine_settings,
     environment,
+    require_committed,
     kernel_knobs,
     knobs_set,
     save,
@@ -177,6 +178,7 @@ def main() -> None:
     parser.add_argument("--name", default="profile_step")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit(
             "benchmarks/profile_step.py profiles the GPU engine: no CUDA device found"

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, environment, require_committed, save  # noqa: E402
 from benchmarks.decode_gemm import LLAMA_8B_SHAPES  # noqa: E402
 from benchmarks.decode_gemm import SHAPES as GEMM_SHAPES  # noqa: E402
 from minillm.kernels.w8a8 import int8_mm_config, int8_scaled_mm  # noqa: E402
@@ -250,6 +250,7 @@ def main() -> None:
         help="time int8_scaled_mm's knobs instead (M = 1 .. 4096)",
     )
     args = parser.parse_args()  # fmt: skip
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit("benchmarks/quant_gemm.py times GPU products: no CUDA device found")
     if args.int8_sweep:

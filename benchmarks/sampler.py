@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from minillm.kernels.sample import sample  # noqa: E402
 from minillm.request import Request  # noqa: E402
 from minillm.sampler import Sampler, stream_keys  # noqa: E402
@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--name", default="sampler", help="the results file's prefix")
     parser.add_argument("--out", type=Path, default=None, help="default: results/")
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit("benchmarks/sampler.py times a GPU kernel: no CUDA device found")
     if args.penalties:

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from minillm.structured.ir import GrammarError  # noqa: E402
 from minillm.structured.processor import (  # noqa: E402
     GrammarCompiler,
@@ -285,6 +285,7 @@ def main():
     parser.add_argument("--name", default="schema_coverage")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
 
     t0 = time.perf_counter()
     libs = Libraries(model_folder(args.model))

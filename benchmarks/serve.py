@@ -657,9 +657,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     import torch
 
-    from benchmarks.common import environment, save
+    from benchmarks.common import environment, require_committed, save
 
     args = parse(argv)
+    require_committed()  # before measuring: stored runs are of committed code
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --cpu for the tiny model on the CPU")
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from benchmarks.throughput import QWEN3_0_6B  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
 from minillm.engine import LLMEngine  # noqa: E402
@@ -254,6 +254,7 @@ def main() -> None:
     p.add_argument("--workloads", nargs="+", default=["repetitive", "open"])
     p.add_argument("--name", default="speculative_decode_rows", help="JSON's name")
     args = p.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     runners = dict(RUNNERS)
     if device == "cpu":  # the defaults there are chapter 7's: smoke-test the batch

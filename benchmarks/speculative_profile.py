@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from benchmarks.speculative import replay_ms, step_parts  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
 from minillm.engine import LLMEngine  # noqa: E402
@@ -373,6 +373,7 @@ def main() -> None:
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), help="of CONFIGS")
     p.add_argument("--ab", nargs="+", default=["previous products", "draft uncompiled"])
     args = p.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     load_plugins()
     out = args.out or Path("/tmp")
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, environment, require_committed, save  # noqa: E402
 from minillm.kernels import qk_norm_rope as qk  # noqa: E402
 from minillm.kernels.qk_norm_rope import qk_norm_rope_write  # noqa: E402
 
@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--name", default="step_kernels")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     g = torch.Generator(device="cuda").manual_seed(0)
     bandwidth = copy_bandwidth()
     rows = []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from minillm.structured import charset as cs  # noqa: E402
 from minillm.structured.fsm import determinize  # noqa: E402
 from minillm.structured.ir import Rep, lit, seq  # noqa: E402
@@ -37,6 +37,7 @@ def main():
     )
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     char = json_char(cs.ANY)
     determinize(char)  # warm the caches both paths share
     rows = []

@@ -58,7 +58,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import engine_settings, environment, save  # noqa: E402
+from benchmarks.common import engine_settings, environment, require_committed, save  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
 from minillm.structured.processor import (  # noqa: E402
@@ -293,6 +293,7 @@ def main() -> None:
         "--budget", type=float, default=None, help="no profile started after this (s)"
     )
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     started = time.monotonic()
     rng = random.Random(0)
     tmp = Path(tempfile.mkdtemp())

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from benchmarks.structured_output import SCHEMAS  # noqa: E402
 from minillm.structured.matcher import allowed_tokens  # noqa: E402
 from minillm.structured.processor import (  # noqa: E402
@@ -214,6 +214,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 rows, 64 steps")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if args.quick:
         args.batch, args.steps = 8, 64  # a schema needs up to 44 tokens to finish
     from minillm.convert import resolve_model

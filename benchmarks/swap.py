@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import engine_settings, environment, save  # noqa: E402
+from benchmarks.common import engine_settings, environment, require_committed, save  # noqa: E402
 from benchmarks.throughput import random_checkpoint  # noqa: E402
 from minillm.kv_cache import kv_cache_bytes_per_token  # noqa: E402
 from minillm.llm import LLM  # noqa: E402
@@ -605,6 +605,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     for key, value in PRESETS[(args.device, args.quick)].items():
         if getattr(args, key) is None:
             setattr(args, key, value)

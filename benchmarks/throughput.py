@@ -40,6 +40,7 @@ from benchmarks.common import (
     copy_bandwidth,
     engine_settings,
     environment,
+    require_committed,
     KNOBS_BEFORE,
     kernel_knobs,
     knobs_set,
@@ -395,6 +396,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit(
             "benchmarks/throughput.py measures GPU throughput: no CUDA device found"

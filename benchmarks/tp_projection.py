@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from benchmarks.decode_gemm import graph_us  # noqa: E402
 
 # hidden, intermediate, layers, query heads, KV heads, head_dim, vocab
@@ -103,6 +103,7 @@ def nccl_one_rank_us(numel: int, device, repeats: int = 200) -> float:
 
 
 def main() -> None:
+    require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit("benchmarks/tp_projection.py times GPU kernels: no CUDA device found")
     device = torch.device("cuda")

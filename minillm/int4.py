@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:194
+# %% chapters/12_int4_gemm.md:192
 """Weight-only INT4 (W4A16): the packed format, the reference product, the layer and
 the engine's "int4" quantization (chapter 12).
 
@@ -59,7 +59,7 @@ def unpack_int4(words: Tensor) -> Tensor:
     return c.reshape(KP * PACK, N).T.to(torch.uint8).contiguous()  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:276
+# %% chapters/12_int4_gemm.md:274
 @dataclass(frozen=True)
 class Int4Weight:
     """A (N, K) weight in 4 bits, in the kernel's layout: qweight (K // 8, N) int32
@@ -114,7 +114,7 @@ class Int4Weight:
         return ((codes.float() - zeros) * scales).to(dtype)
 
 
-# %% chapters/12_int4_gemm.md:388
+# %% chapters/12_int4_gemm.md:386
 def quantize_rtn(weight: Tensor, group_size: int = 128) -> Int4Weight:
     """Round-to-nearest 4-bit codes for weight (N, K), a scale and zero per group of
     group_size input channels; scales in weight's dtype.
@@ -145,7 +145,7 @@ def int4_linear_ref(x: Tensor, weight: Int4Weight, bias: Tensor | None = None):
     return F.linear(x, weight.dequantize(x.dtype), bias)
 
 
-# %% chapters/12_int4_gemm.md:455
+# %% chapters/12_int4_gemm.md:453
 class Int4Linear(nn.Module):
     """x @ W.T (+ bias) for a 4-bit W: the Triton kernel on CUDA, the reference
     elsewhere.
@@ -182,7 +182,7 @@ class Int4Linear(nn.Module):
         )
 
 
-# %% chapters/12_int4_gemm.md:502
+# %% chapters/12_int4_gemm.md:500
 PROJECTIONS = (
     *("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"),
     *("gate_proj", "up_proj", "gate_up_proj", "down_proj"),
@@ -208,7 +208,7 @@ def replace_linears(
     return replaced
 
 
-# %% chapters/12_int4_gemm.md:540
+# %% chapters/12_int4_gemm.md:538
 @engine_options
 @dataclass(frozen=True)
 class Int4Options:
@@ -219,8 +219,12 @@ class Int4Options:
     @staticmethod
     def check(config) -> None:
         g = config.int4_group_size
-        if not isinstance(g, int) or g < 16 or g % 16:
-            raise ValueError(f"int4_group_size must be a multiple of 16, got {g!r}")
+        if type(g) is not int or g < 16 or g % 16:  # a bool is not a group size
+            hint = "; per-channel (-1) is not supported" if g == -1 else ""
+            raise ValueError(
+                "int4_group_size must be a multiple of 16 (16, 32, 48, 64, ...) that "
+                f"divides the in_features of every projection, got {g!r}{hint}"
+            )
 
 
 def int4_layer(linear: nn.Linear, group_size: int) -> Int4Linear:

@@ -2,13 +2,14 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/17_vllm_comparison.md:740
+# %% chapters/17_vllm_comparison.md:752
 """A small load generator for OpenAI-compatible servers: time to first token and
 between tokens at a fixed concurrency, seen from the client (chapter 17). The same
 code drives minillm's server and vLLM's, as `vllm bench serve` drives vLLM's."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestTiming:
-    """One streamed request: when it was sent, when each chunk with text came back,
-    when the stream ended, and how many tokens the server says it generated."""
+    """One streamed request: when it was sent, when each chunk with a token came
+    back (text or not), when the stream ended, and how many tokens the server says
+    it generated. A stream that carried no token has no TTFT or TPOT: None."""
 
     start: float
     chunk_times: list[float] = field(default_factory=list)
@@ -26,19 +28,21 @@ class RequestTiming:
     completion_tokens: int = 0
 
     @property
-    def ttft(self) -> float:  # time to first token
-        return self.chunk_times[0] - self.start
+    def ttft(self) -> float | None:  # time to first token
+        return self.chunk_times[0] - self.start if self.chunk_times else None
 
     @property
     def itls(self) -> list[float]:  # the gaps between chunks
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
 
     @property
-    def tpot(self) -> float:  # time per output token after the first
+    def tpot(self) -> float | None:  # time per output token after the first
+        if not self.chunk_times:
+            return None
         return (self.end - self.chunk_times[0]) / max(self.completion_tokens - 1, 1)
 
 
-# %% chapters/17_vllm_comparison.md:782
+# %% chapters/17_vllm_comparison.md:801
 def stream_one(client, model: str, prompt, max_tokens: int) -> RequestTiming:
     """One streamed completion, timed. ignore_eos (vLLM's extra field, ours too):
     every request generates exactly max_tokens."""
@@ -53,7 +57,7 @@ def stream_one(client, model: str, prompt, max_tokens: int) -> RequestTiming:
         extra_body={"ignore_eos": True},
     )
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
+        if chunk.choices:  # a token, whatever its text; the usage chunk has none
             timing.chunk_times.append(time.perf_counter())
         if chunk.usage:
             timing.completion_tokens = chunk.usage.completion_tokens
@@ -61,9 +65,13 @@ def stream_one(client, model: str, prompt, max_tokens: int) -> RequestTiming:
     return timing
 
 
-# %% chapters/17_vllm_comparison.md:811
-def percentiles(values: list[float], scale: float = 1e3) -> dict[str, float]:
-    """Mean, median, p90 and p99 of values (seconds), in milliseconds."""
+# %% chapters/17_vllm_comparison.md:830
+def percentiles(values: list[float | None], scale: float = 1e3) -> dict[str, float]:
+    """Mean, median, p90 and p99 of values (seconds), in milliseconds. A None (a
+    stream without a token) is left out; with no values left, every figure is NaN."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return dict.fromkeys(("mean", "p50", "p90", "p99"), math.nan)
     q = (
         statistics.quantiles(values, n=100, method="inclusive")
         if len(values) > 1
@@ -78,7 +86,7 @@ def percentiles(values: list[float], scale: float = 1e3) -> dict[str, float]:
     }
 
 
-# %% chapters/17_vllm_comparison.md:829
+# %% chapters/17_vllm_comparison.md:852
 def run_load(
     base_url: str, model: str, prompts: list, max_tokens: int, concurrency: int
 ) -> dict:
@@ -93,17 +101,23 @@ def run_load(
             pool.map(lambda p: stream_one(client, model, p, max_tokens), prompts)
         )
     seconds = time.perf_counter() - start
+    return {
+        "summary": summarize(timings, seconds, concurrency),
+        "completion_tokens": [t.completion_tokens for t in timings],
+    }
+
+
+def summarize(timings: list[RequestTiming], seconds: float, concurrency: int) -> dict:
+    """What the clients saw: throughput, and TTFT, ITL and TPOT percentiles over the
+    requests that got a token (those that got none are counted, not timed)."""
     tokens = sum(t.completion_tokens for t in timings)
-    summary = {
+    return {
         "concurrency": concurrency,
-        "num_requests": len(prompts),
+        "num_requests": len(timings),
+        "requests_without_tokens": sum(t.ttft is None for t in timings),
         "seconds": seconds,
         "output_tokens_per_s": tokens / seconds,
         "ttft_ms": percentiles([t.ttft for t in timings]),
         "itl_ms": percentiles([x for t in timings for x in t.itls]),
         "tpot_ms": percentiles([t.tpot for t in timings]),
-    }
-    return {
-        "summary": summary,
-        "completion_tokens": [t.completion_tokens for t in timings],
     }

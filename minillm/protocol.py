@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:224
+# %% chapters/16_server.md:227
 """OpenAI-compatible request and response models for the server (chapter 16, "The
 server").
 
@@ -38,7 +38,7 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
-# %% chapters/16_server.md:266
+# %% chapters/16_server.md:269
 class ErrorInfo(BaseModel):
     message: str
     type: str  # "BadRequestError", "NotFoundError", "InternalServerError"
@@ -62,7 +62,7 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False  # a last chunk with empty choices and the usage
 
 
-# %% chapters/16_server.md:296
+# %% chapters/16_server.md:299
 class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat requests share."""
 
@@ -92,7 +92,7 @@ class SamplingRequest(OpenAIBaseModel):
     # vLLM's extra: StructuredOutputsParams' fields (json, regex, choice, ...)
     structured_outputs: dict[str, Any] | None = None
 
-    # %% chapters/16_server.md:335
+    # %% chapters/16_server.md:338
     def _check_supported(self) -> None:
         if self.logit_bias:
             raise InvalidRequestError("logit_bias is not supported", "logit_bias")
@@ -101,7 +101,7 @@ class SamplingRequest(OpenAIBaseModel):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
-    # %% chapters/16_server.md:353
+    # %% chapters/16_server.md:356
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None
     ) -> SamplingParams:
@@ -140,7 +140,7 @@ class SamplingRequest(OpenAIBaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# %% chapters/16_server.md:404
+# %% chapters/16_server.md:407
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
@@ -166,7 +166,7 @@ class CompletionRequest(SamplingRequest):
         return self._sampling_params(self.max_tokens, self.logprobs)
 
 
-# %% chapters/16_server.md:435
+# %% chapters/16_server.md:438
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -187,7 +187,7 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(parts)
 
 
-# %% chapters/16_server.md:462
+# %% chapters/16_server.md:465
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -212,7 +212,7 @@ class ChatCompletionRequest(SamplingRequest):
         )
 
 
-# %% chapters/16_server.md:495
+# %% chapters/16_server.md:498
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -246,7 +246,7 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:534
+# %% chapters/16_server.md:537
 class ChatCompletionLogProb(BaseModel):
     token: str
     logprob: float | None
@@ -283,7 +283,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-# %% chapters/16_server.md:577
+# %% chapters/16_server.md:580
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
@@ -306,7 +306,7 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:604
+# %% chapters/16_server.md:607
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -321,7 +321,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# %% chapters/16_server.md:624
+# %% chapters/16_server.md:627
 class TokenizeRequest(OpenAIBaseModel):
     """Either a prompt or chat messages (rendered with the chat template, as
     /v1/chat/completions does).

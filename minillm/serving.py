@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1614
+# %% chapters/16_server.md:1617
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
     from minillm.engine_core import EngineCoreClient
 
 
-# %% chapters/16_server.md:1666
+# %% chapters/16_server.md:1669
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -72,7 +72,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1696
+# %% chapters/16_server.md:1699
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -97,7 +97,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1731
+# %% chapters/16_server.md:1734
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -118,7 +118,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1761
+# %% chapters/16_server.md:1764
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -155,7 +155,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1806
+    # %% chapters/16_server.md:1809
     def render_chat(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
@@ -183,7 +183,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1841
+    # %% chapters/16_server.md:1844
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -213,7 +213,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1878
+    # %% chapters/16_server.md:1881
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -227,7 +227,7 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:1901
+    # %% chapters/16_server.md:1904
     def constrain(self, req: SamplingRequest, params: SamplingParams) -> SamplingParams:
         """params with the request's structured-output constraint (chapter 15)."""
         if req.structured_outputs is None and req.response_format is None:
@@ -254,7 +254,7 @@ class OpenAIServing:
         processors = [*params.logits_processors, processor]
         return replace(params, logits_processors=processors)
 
-    # %% chapters/16_server.md:1990
+    # %% chapters/16_server.md:1993
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -288,7 +288,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1939
+# %% chapters/16_server.md:1942
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -303,7 +303,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1961
+# %% chapters/16_server.md:1964
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

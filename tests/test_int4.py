@@ -167,6 +167,20 @@ def test_bad_group_size_is_an_error_that_changes_nothing():
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("group", [0, 8, 24, 40, 100, -1, True, 128.0, "128"])
+def test_group_sizes_the_kernels_cannot_run_are_refused_at_construction(group):
+    allowed = r"must be a multiple of 16 \(16, 32, 48, 64, ...\)"
+    with pytest.raises(ValueError, match=allowed):
+        EngineConfig(quantization="int4", int4_group_size=group)
+
+
+def test_the_engine_path_gives_the_same_clear_error(tiny):
+    with pytest.raises(ValueError, match=r"multiple of 16 \(16, 32, 48"):
+        LLM(device="cpu", quantization="int4", int4_group_size=40)
+    with pytest.raises(ValueError, match="per-channel"):
+        LLM(device="cpu", quantization="int4", int4_group_size=-1)
+
+
 @pytest.mark.parametrize("group", [32, 128])
 def test_int4_engine_equals_dense_engine_on_dequantized_weights(tiny, group):
     common = dict(device="cpu", dtype=torch.float32, num_kv_blocks=64, block_size=4)

@@ -63,6 +63,21 @@ def test_kernel_matches_reference(M, N, K, group, knobs):
     check(int4_matmul(x, w, **knobs), x, w)
 
 
+# every group size the engine accepts, a multiple of 16, runs through every kernel at
+# its default knobs: the tile along K is the largest power of two dividing the group
+# (48, 80, 96, 112 in tiles of 16; 192 in tiles of 64)
+@pytest.mark.parametrize("group", [*range(16, 257, 16), 384])
+def test_every_accepted_group_size_runs_through_the_kernels(group):
+    from minillm.config import EngineConfig
+
+    EngineConfig(quantization="int4", int4_group_size=group)  # accepted
+    x, w = make(3, 40, 2 * group, group, seed=group)
+    check(int4_matmul(x, w), x, w)
+    check(int4_matmul(x, w, fold=True, split_k=2), x, w)
+    check(int4_gemv(x, w), x, w)
+    assert torch.equal(dequantize_int4(w), w.dequantize().T)
+
+
 @pytest.mark.parametrize("fold", [True, False])
 def test_float16_and_its_magic_bits(fold):
     """fp16 codes as 1024 + c from their bits (the interpreter runs float16; bf16's
@@ -169,6 +184,16 @@ def test_int4_linear_picks_a_path_and_keeps_shapes():
 def test_llama_8b_shapes_in_bf16(M, N, K):
     x, w = make(M, N, K, 128, dtype=torch.bfloat16, seed=M)
     check(int4_linear(x, w), x, w)
+
+
+@on_gpu
+@pytest.mark.parametrize("M", [1, 3, 16, 64, FUSED_MAX_M + 1])
+@pytest.mark.parametrize("group", [48, 80, 96, 112, 192])
+def test_groups_that_are_not_powers_of_two_in_bf16(M, group):
+    x, w = make(M, 4096, 32 * group, group, dtype=torch.bfloat16, seed=group)
+    check(int4_linear(x, w), x, w)  # the path the engine takes for M rows
+    check(int4_matmul(x, w), x, w)  # the tl.dot kernel, folded from 64 rows on
+    check(int4_gemv(x, w), x, w)
 
 
 @on_gpu

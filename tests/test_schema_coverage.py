@@ -27,6 +27,8 @@ def test_schema_coverage_runs_end_to_end(tmp_path, monkeypatch):
     argv += ["--max-tokens", "24", "--time-limit", "20", "--out", str(tmp_path)]
     argv += ["--source", "Mini=me/mine@0123"]
     monkeypatch.setattr(sys, "argv", argv)
+    # a test run, not a result: stored even from a working tree with changes
+    monkeypatch.setenv("MINILLM_FORCE_STORE", "1")
     path = schema_coverage.main()
 
     record = json.loads(path.read_text())

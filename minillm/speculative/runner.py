@@ -401,7 +401,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2451
+    # %% chapters/14_speculative.md:2476
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 11's buckets whose tokens fit the step's budget, sharing chapter
@@ -439,7 +439,7 @@ class SpeculativeRunnerMixin:
         self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output, kv_cache_manager)
 
-    # %% chapters/14_speculative.md:2600
+    # %% chapters/14_speculative.md:2625
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3755
+# %% chapters/15_structured_output.md:3765
 """Token bitmasks on the device: 32 tokens per int32 word, applied to logits
 (chapter 15). The layout is xgrammar's and vLLM's."""
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3930
+# %% chapters/15_structured_output.md:3940
 """Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
 with caches, and the logits processor that masks the grammar rows (chapter 15).
 
@@ -38,7 +38,7 @@ from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-# %% chapters/15_structured_output.md:3967
+# %% chapters/15_structured_output.md:3977
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, named as vLLM names them
@@ -64,7 +64,7 @@ class StructuredOutputsParams:
             )
         self.kind = given[0]
 
-    # %% chapters/15_structured_output.md:3995
+    # %% chapters/15_structured_output.md:4005
     def rules(self) -> dict:
         """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
         options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
@@ -107,7 +107,7 @@ class StructuredOutputsParams:
         return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:4045
+# %% chapters/15_structured_output.md:4055
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -140,7 +140,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4084
+# %% chapters/15_structured_output.md:4094
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -208,7 +208,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4154
+    # %% chapters/15_structured_output.md:4164
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -226,7 +226,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4194
+    # %% chapters/15_structured_output.md:4204
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -273,7 +273,7 @@ class StructuredOutputLogitsProcessor:
         return apply
 
 
-# %% chapters/15_structured_output.md:4243
+# %% chapters/15_structured_output.md:4253
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -283,7 +283,7 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4262
+# %% chapters/15_structured_output.md:4272
 def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     """[p.next_token_mask(ids) for each row], the common case inlined."""
     masks = []
@@ -314,14 +314,14 @@ def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     return masks
 
 
-# %% chapters/15_structured_output.md:4294
+# %% chapters/15_structured_output.md:4304
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4329
+# %% chapters/15_structured_output.md:4339
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -359,7 +359,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4403
+# %% chapters/15_structured_output.md:4413
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -389,7 +389,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:4958
+# %% chapters/15_structured_output.md:4970
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1811
+# %% chapters/15_structured_output.md:1821
 """JSON Schema before compiling: keywords, $ref, allOf merges and oneOf disjointness
 (chapter 15)."""
 
@@ -94,7 +94,7 @@ UNSUPPORTED = {
 }
 
 
-# %% chapters/15_structured_output.md:1904
+# %% chapters/15_structured_output.md:1914
 class SchemaError(GrammarError):
     """A schema minillm cannot compile exactly; the message names the keyword and
     where it is (a JSON pointer)."""
@@ -124,7 +124,7 @@ def resolve_ref(root: dict, ref: str, path: str):
     return node
 
 
-# %% chapters/15_structured_output.md:1940
+# %% chapters/15_structured_output.md:1950
 def types_of(schema: dict) -> list[str]:
     """The types a schema admits: its `type`, else those its keywords imply, else
     all."""
@@ -166,7 +166,7 @@ def canonical(value) -> str:
     return json.dumps(norm(value), sort_keys=True)
 
 
-# %% chapters/15_structured_output.md:1983
+# %% chapters/15_structured_output.md:1993
 def normalize(schema: dict) -> dict:
     """Draft 4's boolean exclusiveMinimum/Maximum as later drafts' numbers; const as a
     one-value enum (so that merging and filtering see one keyword)."""
@@ -200,7 +200,7 @@ def both(a, b):
     return {"allOf": [a, b]}
 
 
-# %% chapters/15_structured_output.md:2025
+# %% chapters/15_structured_output.md:2035
 def _merge_key(key: str, va, vb, path: str):
     if key in LOWER:
         return max(va, vb)
@@ -233,7 +233,7 @@ def _merge_key(key: str, va, vb, path: str):
     raise SchemaError(f"allOf: the branches disagree on {key!r}", path, key)
 
 
-# %% chapters/15_structured_output.md:2059
+# %% chapters/15_structured_output.md:2069
 def merge(a: dict, b: dict, path: str):
     """allOf of two schemas (their $refs resolved, allOf flattened) as one schema,
     or False when no value can satisfy both."""
@@ -268,7 +268,7 @@ def value_types(value) -> set[str]:
     )
 
 
-# %% chapters/15_structured_output.md:2100
+# %% chapters/15_structured_output.md:2110
 def disjoint(a, b, resolve, strict: bool = False) -> bool:
     """Whether no value can satisfy both schemas, proven from their types, enums or a
     required property whose schemas are disjoint; False when unsure."""
