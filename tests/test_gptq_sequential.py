@@ -60,6 +60,7 @@ def test_each_layer_is_quantized_against_the_quantized_prefixs_inputs(
     codes, stats = seq
     params = dict(model.named_parameters())
     float_stats = capture(model, windows)
+    gptq_err = rtn_err = 0.0
     for i in range(1, len(model.model.layers)):
         prefix = copy.deepcopy(model)  # layers < i quantized, the rest float
         apply.fake_quantize_layers(
@@ -73,8 +74,11 @@ def test_each_layer_is_quantized_against_the_quantized_prefixs_inputs(
             w = params[f"{name}.weight"].detach()
             ref = gptq_quantize(w, h, 4, 64, act_order=True)
             assert all(torch.equal(a, b) for a, b in zip(codes[name], ref))
-            rtn = output_error(w, fake_quantize(w, 4, 64), h)
-            assert output_error(w, dequantize_groups(*codes[name]), h) < rtn
+            rtn_err += output_error(w, fake_quantize(w, 4, 64), h)
+            gptq_err += output_error(w, dequantize_groups(*codes[name]), h)
+    # below RTN summed over the projections, as chapter 13 argues (not a theorem for
+    # each matrix: GPTQ rounds greedily)
+    assert gptq_err < rtn_err
 
 
 def test_the_model_is_unchanged_also_when_gptq_fails_midway(tiny, windows, monkeypatch):

@@ -47,14 +47,15 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     folder = Path(argv[0])
-    chapters = [Path(p) for p in argv[1:]] or sorted((ROOT / "chapters").glob("*.md"))
+    chapters = [Path(p).resolve() for p in argv[1:]]
+    chapters = chapters or sorted((ROOT / "chapters").glob("*.md"))
     problems = 0
     for chapter in chapters:
         keys_file = folder / f"{chapter.stem}.keys"
         glued = set(keys_file.read_text().split()) if keys_file.is_file() else set()
         for number, key in missing(chapter, glued):
             problems += 1
-            print(f"{chapter.relative_to(ROOT)}:{number}: glue key {key!r} is used in "
+            print(f"{chapter.relative_to(ROOT) if chapter.is_relative_to(ROOT) else chapter}:{number}: glue key {key!r} is used in "
                   "the prose but no cell glued it")  # fmt: skip
     if problems:
         print(f"check_glue: {problems} glue key(s) used but never glued")

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1111
+# %% chapters/13_quantization.md:1157
 """Quantizing a whole model: scaling groups, the passes of each method, and the
 modules that replace nn.Linear (chapter 13)."""
 
@@ -46,7 +46,7 @@ def _div_norm(norm: nn.Module) -> Callable[[Tensor], None]:
     return lambda s: norm.weight.div_(s.to(norm.weight))
 
 
-# %% chapters/13_quantization.md:1156
+# %% chapters/13_quantization.md:1202
 def scaling_groups(model: nn.Module) -> list[ScalingGroup]:
     """Per decoder layer: (q, k, v) after the first norm; o after v where every
     query head has its own v head; (gate, up) after the second norm; down after up.
@@ -87,7 +87,7 @@ def apply_scales(model: nn.Module, group: ScalingGroup, s: Tensor) -> None:
         group.fold(s)
 
 
-# %% chapters/13_quantization.md:1726
+# %% chapters/13_quantization.md:1793
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
@@ -126,7 +126,7 @@ def int4_codes(
     return out
 
 
-# %% chapters/13_quantization.md:1773
+# %% chapters/13_quantization.md:1840
 def int4_layers(model: nn.Module, codes: dict[str, Codes]) -> list[str]:
     """Replace each projection named in codes by chapter 12's Int4Linear."""
 

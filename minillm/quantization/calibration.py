@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:236
+# %% chapters/13_quantization.md:245
 """Calibration: the statistics of every projection's inputs (chapter 13).
 
 capture() runs a model on calibration token windows and records, at the input of
@@ -36,21 +36,33 @@ def decoder_linears(model: nn.Module) -> dict[str, nn.Linear]:
     }
 
 
+def split_tokens(tokenizer: Tokenizer, split: str) -> Tensor:
+    """The token ids [num_tokens] of one split ("train" or "held_out") of the
+    course corpus."""
+    train, held_out = split_corpus(read_corpus())
+    return token_stream(tokenizer, {"train": train, "held_out": held_out}[split])
+
+
+def window_starts(num_tokens: int, num_samples: int, seq_len: int) -> list[int]:
+    """Where num_samples windows of seq_len tokens start, spread evenly over a
+    stream of num_tokens (the first at 0, the last at the end)."""
+    starts = torch.linspace(0, num_tokens - seq_len, num_samples).long().tolist()
+    if num_tokens < seq_len or len(set(starts)) < num_samples:
+        raise ValueError(f"{num_tokens} tokens are too few for this set")
+    return starts
+
+
 def token_windows(
     tokenizer: Tokenizer, split: str, num_samples: int, seq_len: int
 ) -> Tensor:
     """num_samples windows [num_samples, seq_len] spread evenly over one split
     ("train" or "held_out") of the course corpus."""
-    train, held_out = split_corpus(read_corpus())
-    docs = {"train": train, "held_out": held_out}[split]
-    ids = token_stream(tokenizer, docs)  # (num_tokens,)
-    starts = torch.linspace(0, len(ids) - seq_len, num_samples).long()
-    if len(ids) < seq_len or len(set(starts.tolist())) < num_samples:
-        raise ValueError(f"the {split} split has too few tokens for this set")
-    return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
+    ids = split_tokens(tokenizer, split)  # (num_tokens,)
+    starts = window_starts(len(ids), num_samples, seq_len)
+    return torch.stack([ids[s : s + seq_len] for s in starts])
 
 
-# %% chapters/13_quantization.md:291
+# %% chapters/13_quantization.md:312
 @dataclass
 class LinearStats:
     """Sums over the calibration tokens of one projection input of width k."""
@@ -79,7 +91,7 @@ class LinearStats:
         return self.abs_sum / max(self.num_tokens, 1)
 
 
-# %% chapters/13_quantization.md:325
+# %% chapters/13_quantization.md:346
 @contextmanager
 def recording(linears: dict[str, nn.Linear]):
     """While the with-block runs, record the input statistics of linears (by name)

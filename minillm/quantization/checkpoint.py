@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:2150
+# %% chapters/13_quantization.md:2230
 """Export 4-bit codes in the GPTQ or AWQ checkpoint layout (qweight, qzeros,
 scales; quantization_config in config.json) and load such a checkpoint back into
 chapter 12's Int4Linear (chapter 13)."""
@@ -41,15 +41,23 @@ def unpack_columns(words: Tensor, order: list[int] | None = None) -> Tensor:
     return v.reshape(r, m * 8)
 
 
-# %% chapters/13_quantization.md:2194
+# %% chapters/13_quantization.md:2274
+SYM_ZERO = 8  # the zero point that "sym": true promises for every 4-bit group
+
+
 def to_layout(codes: Tensor, scales: Tensor, zeros: Tensor, fmt: str) -> dict:
     """The checkpoint tensors of one projection (codes [N, K], scales, zeros [N, G])."""
     n, k = codes.shape
     g = k // scales.shape[1]
-    z = zeros.round().to(torch.int64).T  # (G, N)
+    if not torch.equal(zeros, zeros.round()) or zeros.min() < 0 or zeros.max() > 15:
+        raise ValueError("zero points must be integers in 0..15")
+    z = zeros.to(torch.int64).T  # (G, N)
     if fmt == "gptq":
         if (z == 0).any():
-            raise ValueError("GPTQ's layout stores zero - 1: a zero point of 0 breaks")
+            raise ValueError(
+                "GPTQ's layout stores zero - 1: a zero point of 0 cannot be stored "
+                "(quantize with sym=True, or export AWQ)"
+            )
         return {"qweight": pack_int4(codes), "qzeros": pack_columns(z - 1),
                 "scales": scales.T.half().contiguous(),
                 "g_idx": torch.arange(k, dtype=torch.int32) // g}  # fmt: skip
@@ -60,17 +68,26 @@ def to_layout(codes: Tensor, scales: Tensor, zeros: Tensor, fmt: str) -> dict:
     raise ValueError(f"unknown checkpoint format {fmt!r} (gptq or awq)")
 
 
-def from_layout(t: dict, fmt: str) -> tuple[Tensor, Tensor, Tensor]:
-    """(codes [N, K], scales, zeros [N, G]) from one projection's tensors."""
+def is_symmetric(codes: dict) -> bool:
+    """Whether every zero point of every projection is SYM_ZERO: the only codes
+    that a GPTQ folder may label "sym": true."""
+    return all(bool((z == SYM_ZERO).all()) for _, _, z in codes.values())
+
+
+def from_layout(t: dict, fmt: str, sym: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """(codes [N, K], scales, zeros [N, G]) from one projection's tensors; a GPTQ
+    folder labelled sym has zero points SYM_ZERO whatever qzeros holds (as vLLM
+    reads it)."""
     if fmt == "gptq":
         codes, zeros = unpack_int4(t["qweight"]), unpack_columns(t["qzeros"]) + 1
+        zeros = torch.full_like(zeros, SYM_ZERO) if sym else zeros
     else:
         codes = unpack_columns(t["qweight"], AWQ_ORDER).T.contiguous()
         zeros = unpack_columns(t["qzeros"], AWQ_ORDER)
     return codes, t["scales"].float().T.contiguous(), zeros.float().T.contiguous()
 
 
-# %% chapters/13_quantization.md:2229
+# %% chapters/13_quantization.md:2326
 def export_quantized(
     model: CausalLM, codes: dict, folder: str | Path, fmt: str, source=None
 ) -> None:
@@ -92,7 +109,7 @@ def export_quantized(
     config = config_to_hf(model.config, torch.float16)
     config["quantization_config"] = {"gptq": {
         "quant_method": "gptq", "bits": 4, "group_size": g, "desc_act": False,
-        "sym": True, "checkpoint_format": "gptq"}, "awq": {
+        "sym": is_symmetric(codes), "checkpoint_format": "gptq"}, "awq": {
         "quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True,
         "version": "gemm"}}[fmt]  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -100,13 +117,14 @@ def export_quantized(
         shutil.copy(path, folder / path.name)  # tokenizer.json, its config
 
 
-# %% chapters/13_quantization.md:2260
+# %% chapters/13_quantization.md:2357
 def load_quantized_checkpoint(folder: str | Path) -> CausalLM:
     """A CausalLM whose projections are Int4Linear, from a GPTQ or AWQ folder."""
     folder = Path(folder)
     hf = json.loads((folder / "config.json").read_text())
-    fmt = hf.get("quantization_config", {}).get("quant_method")
-    if fmt not in ("gptq", "awq") or hf["quantization_config"].get("bits") != 4:
+    quant = hf.get("quantization_config", {})
+    fmt, sym = quant.get("quant_method"), bool(quant.get("sym", False))
+    if fmt not in ("gptq", "awq") or quant.get("bits") != 4:
         raise ValueError(f"{folder}: not a 4-bit GPTQ or AWQ checkpoint")
     state = load_file(str(folder / "model.safetensors"))
     model = CausalLM(config_from_hf(hf))
@@ -116,7 +134,7 @@ def load_quantized_checkpoint(folder: str | Path) -> CausalLM:
             return None
         t = {k: state.pop(f"{name}.{k}") for k in ("qweight", "qzeros", "scales")}
         state.pop(f"{name}.g_idx", None)
-        codes, scales, zeros = from_layout(t, fmt)
+        codes, scales, zeros = from_layout(t, fmt, sym)
         g = codes.shape[1] // scales.shape[1]
         return Int4Linear.from_weight(Int4Weight.from_codes(codes, scales, zeros, g))
 

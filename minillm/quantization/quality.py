@@ -2,18 +2,21 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:2352
-"""The quality table: held-out perplexity and greedy agreement of each quantization
-method against the unquantized model (chapter 13). Cached in
-$MINILLM_CACHE/quantized/; `python -m minillm.quantization.quality smollm2` prints
-it."""
+# %% chapters/13_quantization.md:2477
+"""The quality table: held-out perplexity, with bootstrap intervals over the
+windows, and greedy agreement of each quantization method against the unquantized
+model (chapter 13). Cached in $MINILLM_CACHE/quantized/ under a key that hashes the
+weights, the sizes and the code the rows run; `python -m
+minillm.quantization.quality smollm2 ...` computes a table (command() says what)."""
 
 from __future__ import annotations
 
 import argparse
 import fcntl
 import hashlib
+import inspect
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -22,34 +25,83 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import minillm
 from minillm.convert import resolve_model
 from minillm.hf import load_pretrained
 from minillm.merged_projections import merge_projections
 from minillm.quantization import apply
-from minillm.quantization.calibration import capture, token_windows
+from minillm.quantization.calibration import capture, split_tokens, token_windows
+from minillm.quantization.calibration import window_starts
 from minillm.quantization.rotation import rotate_residual
 from minillm.tiny import default_cache_dir, tiny_model_path
 
-QUALITY_VERSION = 3  # 2: the sequential GPTQ rows; 3: the rotated rows
+QUALITY_VERSION = 4  # 2: sequential GPTQ; 3: rotations; 4: strided windows, bootstrap
 
 
+# %% chapters/13_quantization.md:2520
 @torch.no_grad()
-def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
-    """(perplexity, top-1 next-token ids [num_windows, seq_len - 1]) on windows."""
-    nll, count, top1 = 0.0, 0, []
+def window_nll(
+    model: nn.Module, windows: Tensor, score_last: int | None = None,
+    batch_size: int = 4,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(mean next-token cross-entropy of each window [W], float64, and the top-1
+    predictions [W, scored]) on windows [W, T], scoring the last score_last next
+    tokens of each (None: all T - 1)."""
+    keep = windows.shape[1] - 1 if score_last is None else score_last
+    nll, top1 = [], []
     for batch in windows.split(batch_size):
         positions = torch.arange(batch.shape[1]).expand_as(batch)
-        logits = model.compute_logits(model(batch, positions))[:, :-1]  # (B, T-1, V)
-        targets = batch[:, 1:]
-        nll += float(
-            F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        hidden = model(batch, positions)[:, -keep - 1 : -1]  # (B, keep, hidden)
+        logits = model.compute_logits(hidden)  # (B, keep, V)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), batch[:, -keep:].flatten(), reduction="none"
         )
-        count += targets.numel()
+        nll.append(loss.view(len(batch), keep).double().mean(dim=1))  # (B,)
         top1.append(logits.argmax(dim=-1))
-    return float(torch.exp(torch.tensor(nll / count))), torch.cat(top1)
+    return torch.cat(nll), torch.cat(top1)
 
 
-# %% chapters/13_quantization.md:2408
+def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
+    """(perplexity, top-1 next-token ids [W, T - 1]) on windows [W, T]."""
+    nll, top1 = window_nll(model, windows, batch_size=batch_size)
+    return float(nll.mean().exp()), top1
+
+
+# %% chapters/13_quantization.md:2555
+RESAMPLES, LEVEL, SEED = 2000, 0.95, 0  # every interval's bootstrap
+
+
+def resampled_means(values: Tensor, resamples: int = RESAMPLES, seed: int = SEED):
+    """Means of values [W] over W windows drawn with replacement, resamples times
+    [resamples]; one seed, one set of draws."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(values), (resamples, len(values)), generator=g)
+    return values.double()[idx].mean(dim=1)
+
+
+def interval(samples: Tensor, level: float = LEVEL) -> tuple[float, float]:
+    """The central `level` share of samples (a percentile interval)."""
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.quantile(samples.double(), q).tolist()
+    return lo, hi
+
+
+def ppl_interval(nll: Tensor) -> tuple[float, float]:
+    """The bootstrap interval of the perplexity exp(mean nll) over windows."""
+    lo, hi = interval(resampled_means(nll))
+    return math.exp(lo), math.exp(hi)
+
+
+def ppl_ratio(table: dict, a: str, b: str) -> tuple[float, float, float]:
+    """Row a's perplexity over row b's, and the interval of that ratio, the two
+    rows resampled on the same windows."""
+    rows = {r["label"]: r for r in table["rows"]}
+    diff = torch.tensor(rows[a]["window_nll"]) - torch.tensor(rows[b]["window_nll"])
+    lo, hi = interval(resampled_means(diff))
+    return math.exp(float(diff.double().mean())), math.exp(lo), math.exp(hi)
+
+
+# %% chapters/13_quantization.md:2598
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -103,44 +155,94 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:2467
-def quality_table(
-    name: str, calib: tuple[int, int] = (32, 256), held_out: tuple[int, int] = (8, 256),
-    group_size: int = 128, stored: str | Path | None = None,
-) -> dict:  # fmt: skip
-    """{"rows": [{label, ppl, agreement, seconds}], ...} for the model called name;
-    from the cache, else from a table of the same key stored in the folder stored
-    (the repository's benchmarks/results), else computed."""
+# %% chapters/13_quantization.md:2662
+# The modules whose code the table's rows run (checkpoint and methods: export and
+# engine only); of minillm.int4 the rows call replace_linears alone.
+TABLE_MODULES = ("rtn", "calibration", "gptq", "sequential", "rotation", "awq",
+                 "apply", "w8a8", "fp8", "quality")  # fmt: skip
+SMOLLM2_TABLE = {"calib": (32, 256), "held_out": (64, 256), "group_size": 64}
+
+
+def sources_hash(package: Path | None = None) -> str:
+    """sha256 of the code the rows run: TABLE_MODULES, kernels/w8a8.py and
+    int4.replace_linears, without the tangler's origin lines."""
+    from minillm.int4 import replace_linears
+
+    package = package or Path(minillm.__file__).resolve().parent
+    paths = [package / "quantization" / f"{m}.py" for m in TABLE_MODULES]
+    h = hashlib.sha256()
+    for path in [*paths, package / "kernels" / "w8a8.py"]:
+        lines = path.read_text().splitlines(keepends=True)
+        h.update("".join(x for x in lines if not x.startswith("# %% ")).encode())
+    h.update(inspect.getsource(replace_linears).encode())
+    return h.hexdigest()
+
+
+def quality_key(name: str, calib, held_out, group_size: int) -> tuple[str, Path]:
+    """(the table's key, the model's folder) for the model called name."""
     folder = tiny_model_path(progress=False) if name == "tiny" else resolve_model(name)
     weights = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-    spec = [QUALITY_VERSION, weights, calib, held_out, group_size]
-    key = hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:16]
+    spec = [QUALITY_VERSION, weights, calib, held_out, group_size, sources_hash()]
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:16], folder
+
+
+def command(name: str, calib, held_out, group_size: int) -> str:
+    """The shell command that computes (and prints) this table."""
+    return (f"python -m minillm.quantization.quality {name} --group-size "
+            f"{group_size} --calib {calib[0]} {calib[1]} --held-out {held_out[0]} "
+            f"{held_out[1]}")  # fmt: skip
+
+
+# %% chapters/13_quantization.md:2709
+def quality_table(
+    name: str, calib: tuple[int, int] = (32, 256),
+    held_out: tuple[int, int] = (64, 256), group_size: int = 128,
+    stored: str | Path | None = None, compute: bool = True,
+) -> dict:  # fmt: skip
+    """{"rows": [{label, ppl, ppl_interval, window_nll, agreement, seconds}], ...}
+    for the model called name: from the cache, else from a table of the same key in
+    the folder stored (the repository's benchmarks/results), else computed (with
+    compute=False: a FileNotFoundError that says how to compute it)."""
+    key, folder = quality_key(name, calib, held_out, group_size)
     path = default_cache_dir() / "quantized" / f"quality-{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{path}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits for the first
+        if path.is_file():
+            return json.loads(path.read_text()) | {"source": "cache", "key": key}
         copy = Path(stored) / path.name if stored else None
-        if not path.is_file() and copy is not None and copy.is_file():
+        if copy is not None and copy.is_file():
             table = json.loads(copy.read_text())
             return table | {"source": f"stored {copy.name}", "key": key}
-        if not path.is_file():
-            table = build_table(name, folder, calib, held_out, group_size)
-            path.write_text(json.dumps(table, indent=1) + "\n")
-            return table | {"source": "computed now", "key": key}
-    return json.loads(path.read_text()) | {"source": "cache", "key": key}
+        if not compute:
+            raise FileNotFoundError(
+                f"no quality table {path.name} for these weights, sizes and code in "
+                f"the cache or in {stored}: compute it with `"
+                f"{command(name, calib, held_out, group_size)} --store {stored}` "
+                "and delete the stale quality-*.json there"
+            )
+        table = build_table(name, folder, calib, held_out, group_size)
+        path.write_text(json.dumps(table, indent=1) + "\n")
+    return table | {"source": "computed now", "key": key}
 
 
+# %% chapters/13_quantization.md:2746
 def build_table(name, folder, calib, held_out, group_size) -> dict:
     model, tokenizer = load_pretrained(folder)
     merge_projections(model)  # same results per row, fewer and larger products
-    windows = token_windows(tokenizer, "held_out", *held_out)
+    ids = split_tokens(tokenizer, "held_out")  # (num_tokens,)
+    starts = window_starts(len(ids), *held_out)
+    windows = torch.stack([ids[s : s + held_out[1]] for s in starts])
+    scored = min(b - a for a, b in zip(starts, starts[1:]))  # disjoint
     t0 = time.perf_counter()
     calib_windows = token_windows(tokenizer, "train", *calib)
     stats = capture(model, calib_windows)
     env = {"torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
            "date": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
     table = {"model": name, "environment": env, "calib": calib,
-             "held_out": held_out, "rows": [],
+             "held_out": held_out, "held_out_tokens": len(ids),
+             "scored_per_window": scored, "rows": [],
+             "bootstrap": {"resamples": RESAMPLES, "level": LEVEL, "seed": SEED},
              "calibration_s": time.perf_counter() - t0}  # fmt: skip
     reference = None
     for label, method, settings in configurations(group_size):
@@ -148,33 +250,35 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
         model, _ = load_pretrained(folder)  # fresh weights for each row
         merge_projections(model)
         quantize_for_table(model, method, settings, stats, calib_windows)
-        ppl, top1 = evaluate(model, windows)
+        nll, top1 = window_nll(model, windows, scored)
         reference = top1 if reference is None else reference
-        agreement = float((top1 == reference).float().mean())
-        table["rows"].append({"label": label, "ppl": ppl, "agreement": agreement,
-                              "seconds": time.perf_counter() - t0})  # fmt: skip
+        table["rows"].append({
+            "label": label, "ppl": math.exp(float(nll.mean())),
+            "ppl_interval": ppl_interval(nll), "window_nll": nll.tolist(),
+            "agreement": float((top1 == reference).float().mean()),
+            "seconds": time.perf_counter() - t0})  # fmt: skip
     return table
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="print the quality table of a model")
+    p = argparse.ArgumentParser(description="compute and print a quality table")
     p.add_argument("model", help='"tiny", "smollm2", or a model folder')
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--calib", type=int, nargs=2, default=(32, 256))
-    p.add_argument("--held-out", type=int, nargs=2, default=(8, 256))
+    p.add_argument("--held-out", type=int, nargs=2, default=(64, 256))
     p.add_argument("--store", type=Path, help="also copy the table into this folder")
     args = p.parse_args(argv)
     sizes = dict(calib=tuple(args.calib), held_out=tuple(args.held_out))
     table = quality_table(args.model, group_size=args.group_size, **sizes)
     if args.store:
-        key = table["key"]
-        shutil.copy(
-            default_cache_dir() / "quantized" / f"quality-{key}.json", args.store
-        )
+        path = default_cache_dir() / "quantized" / f"quality-{table['key']}.json"
+        shutil.copy(path, args.store)
     for row in table["rows"]:
-        print(f"{row['label']:36} ppl {row['ppl']:8.3f}  agree {row['agreement']:.1%}")
+        lo, hi = row["ppl_interval"]
+        print(f"{row['label']:48} ppl {row['ppl']:8.3f} [{lo:8.3f}, {hi:8.3f}]  "
+              f"agree {row['agreement']:.1%}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2540
+# %% chapters/13_quantization.md:2800
 if __name__ == "__main__":
     main()

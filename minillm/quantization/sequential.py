@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:668
+# %% chapters/13_quantization.md:709
 """Sequential GPTQ (chapter 13): each decoder layer's Hessians from the inputs that
 the already quantized layers before it produce, as GPTQ's reference code and
 AutoGPTQ calibrate."""
