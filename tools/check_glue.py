@@ -53,10 +53,11 @@ def main(argv: list[str]) -> int:
     for chapter in chapters:
         keys_file = folder / f"{chapter.stem}.keys"
         glued = set(keys_file.read_text().split()) if keys_file.is_file() else set()
+        name = chapter.relative_to(ROOT) if chapter.is_relative_to(ROOT) else chapter
         for number, key in missing(chapter, glued):
             problems += 1
-            print(f"{chapter.relative_to(ROOT) if chapter.is_relative_to(ROOT) else chapter}:{number}: glue key {key!r} is used in "
-                  "the prose but no cell glued it")  # fmt: skip
+            print(f"{name}:{number}: glue key {key!r} is used in the prose but no "
+                  "cell glued it")  # fmt: skip
     if problems:
         print(f"check_glue: {problems} glue key(s) used but never glued")
     return 1 if problems else 0
