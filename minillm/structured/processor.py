@@ -389,7 +389,7 @@ def structured_outputs_from_response_format(
     return StructuredOutputsParams(**fields) if fields else None
 
 
-# %% chapters/15_structured_output.md:5000
+# %% chapters/15_structured_output.md:5002
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
