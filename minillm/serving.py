@@ -254,7 +254,7 @@ class OpenAIServing:
         processors = [*params.logits_processors, processor]
         return replace(params, logits_processors=processors)
 
-    # %% chapters/16_server.md:1993
+    # %% chapters/16_server.md:1997
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -264,8 +264,8 @@ class OpenAIServing:
                 continue
             text = c.text[state.chars :]
             logprobs = c.logprobs[state.tokens :] if c.logprobs is not None else None
-            if not text and not logprobs and not c.finished:
-                continue
+            if not text and len(c.token_ids) == state.tokens and not c.finished:
+                continue  # no new token (a step of a chunked prompt)
             # where the new tokens start, counted as the non-streamed logprobs count
             offset = state.token_chars
             state.token_chars += sum(

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2301
+# %% chapters/16_server.md:2305
 """`/v1/chat/completions` (chapter 16, "The endpoints"): messages through the chat
 template, one answer or a stream of deltas out. vLLM's counterpart:
 vllm/entrypoints/openai/chat_completion/serving.py.
@@ -34,7 +34,7 @@ from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2337
+# %% chapters/16_server.md:2341
 class OpenAIServingChat(OpenAIServing):
     """The chat completions endpoint."""
 
@@ -59,7 +59,7 @@ class OpenAIServingChat(OpenAIServing):
             ]
         )
 
-    # %% chapters/16_server.md:2370
+    # %% chapters/16_server.md:2374
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
@@ -95,7 +95,7 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2413
+    # %% chapters/16_server.md:2417
     async def _stream_chat(
         self,
         req: ChatCompletionRequest,
@@ -141,7 +141,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2467
+    # %% chapters/16_server.md:2471
     def _chat_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> ChatCompletionResponseStreamChoice:

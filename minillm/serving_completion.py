@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2038
+# %% chapters/16_server.md:2042
 """`/v1/completions` (chapter 16, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -30,7 +30,7 @@ from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2074
+# %% chapters/16_server.md:2078
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -52,7 +52,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:2108
+    # %% chapters/16_server.md:2112
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -79,7 +79,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:2143
+    # %% chapters/16_server.md:2147
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -113,7 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2220
+    # %% chapters/16_server.md:2224
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -160,7 +160,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2275
+    # %% chapters/16_server.md:2279
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
@@ -175,7 +175,7 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
 
-# %% chapters/16_server.md:2193
+# %% chapters/16_server.md:2197
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 

@@ -998,3 +998,26 @@ def test_bad_schema_is_an_openai_400(client, live, body, words):
     err = e.value.response.json()["error"]
     assert err["param"] == "response_format" and words in err["message"]
     assert e.value.status_code == 400
+
+
+def test_a_token_whose_text_is_not_whole_yet_is_streamed_as_an_empty_piece():
+    """The first token of a streamed choice is sent when it arrives, even when it
+    holds only the first bytes of a character (no text yet), as vLLM sends it: a
+    client's time to first token must not wait for the next token."""
+    from minillm.outputs import CompletionOutput, RequestOutput
+    from minillm.serving import OpenAIServing
+
+    serving = OpenAIServing.__new__(OpenAIServing)  # _new_pieces reads no state
+    states = {}
+
+    def pieces(text, tokens, finish=None):
+        out = RequestOutput("r", "p", [1], [CompletionOutput(0, text, tokens, finish)],
+                            finish is not None)  # fmt: skip
+        return list(serving._new_pieces(out, states, 0))
+
+    first = pieces("", [7])  # a token, no text yet
+    assert [p.text for p in first] == [""]
+    assert pieces("", [7]) == []  # nothing new: nothing sent
+    assert [p.text for p in pieces("é", [7, 8])] == ["é"]
+    last = pieces("é", [7, 8], finish="length")
+    assert [(p.text, p.finish_reason) for p in last] == [("", "length")]
