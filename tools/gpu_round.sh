@@ -9,9 +9,10 @@
 # With names, only those jobs run (in the file's order): one list split over calls.
 # JOBS_FILE: one job a line, "NAME SECONDS COMMAND..." ('#' lines skipped); a command
 # writes its JSON under $R (results) and its output goes to logs/NAME.log. Wheels in
-# .whl/ (see the device README) are installed first when present. MINILLM_CODE_COMMIT is
-# taken from the environment, or from a file CODE_COMMIT next to the jobs file, so the
-# stored results name the commit that ran even where the copy's .git is stale.
+# .whl/ (see the device README) are installed first when present. MINILLM_CODE_COMMIT and
+# MINILLM_CODE_SHA256 are taken from the environment, or from files CODE_COMMIT and
+# CODE_SHA256 next to the jobs file, so the stored results name the commit that ran
+# (and benchmarks refuse code that is not it) even where the copy's .git is stale.
 set -u
 jobs_file=$1
 shift
@@ -25,6 +26,12 @@ fi
 commit_file=$(dirname "$jobs_file")/CODE_COMMIT
 if [ -z "${MINILLM_CODE_COMMIT:-}" ] && [ -f "$commit_file" ]; then
     export MINILLM_CODE_COMMIT=$(cat "$commit_file")
+fi
+# the copy's .git may be stale: the code hash of that commit (python -m benchmarks.common
+# prints both on a clean tree) lets benchmarks/common.py check the copy is that commit
+sha_file=$(dirname "$jobs_file")/CODE_SHA256
+if [ -z "${MINILLM_CODE_SHA256:-}" ] && [ -f "$sha_file" ]; then
+    export MINILLM_CODE_SHA256=$(cat "$sha_file")
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} TOKENIZERS_PARALLELISM=false
 work=$(mktemp -d)
