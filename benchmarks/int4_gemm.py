@@ -25,7 +25,8 @@ the same run.
 
 --sweep: a grid of the fused kernel's knobs on Llama-3.1-8B's down_proj and
 gate_up_proj at M = 1, 16, 64, 256 (where default_config's knobs come from).
---gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1.
+--gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1 (stored by
+chapter 12 as `--gemv-sweep --no-products --name int4_gemm_gemv_sweep`).
 --models, --rows: time only these models' shapes and these row counts.
 
 --decode: batch-1 decode time per output token through LLMEngine with CUDA graphs
@@ -436,6 +437,7 @@ def main() -> None:
     parser.add_argument("--no-products", action="store_true")
     parser.add_argument("--quick", action="store_true", help="CPU smoke test")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--name", default="int4_gemm", help="results name")
     args = parser.parse_args()
     require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available() and not args.quick:
@@ -471,7 +473,8 @@ def main() -> None:
     if args.quick:
         print("quick run: nothing saved")
         return
-    path = save("int4_gemm", record, args.out or Path(__file__).parent / "results")
+    record["benchmark"] = args.name
+    path = save(args.name, record, args.out or Path(__file__).parent / "results")
     print(f"wrote {path}")
 
 
