@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1055
+# %% chapters/07_engine.md:1062
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -31,7 +31,8 @@ from minillm.model_runner import reclaim_gpu_memory
 from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
 from minillm.registry import EXECUTOR_HOOKS, PART_CHECKS, QUANTIZATION_METHODS
-from minillm.registry import REGISTRIES, RUNNER_EXTENSIONS, SAMPLERS, SCHEDULERS
+from minillm.registry import REGISTRIES, REQUEST_HOOKS, RUNNER_EXTENSIONS, SAMPLERS
+from minillm.registry import SCHEDULERS
 from minillm.request import Request, RequestStatus
 from minillm.sampler import Sampler, SampleLogprobs
 from minillm.sampling_params import SamplingParams
@@ -39,7 +40,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1100
+# %% chapters/07_engine.md:1108
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -58,7 +59,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1129
+# %% chapters/07_engine.md:1137
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -100,7 +101,7 @@ class LLMEngine:
         self.is_shut_down = False
         LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
 
-    # %% chapters/07_engine.md:1179
+    # %% chapters/07_engine.md:1187
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -117,7 +118,7 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1208
+    # %% chapters/07_engine.md:1216
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -147,7 +148,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1245
+    # %% chapters/07_engine.md:1253
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -171,7 +172,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1277
+    # %% chapters/07_engine.md:1285
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -201,7 +202,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1340
+    # %% chapters/07_engine.md:1348
     def add_request(
         self,
         request_id: str,
@@ -214,6 +215,8 @@ class LLMEngine:
         """
         self._check_open()
         params = params or SamplingParams()
+        for hook in REQUEST_HOOKS:  # later chapters' fields (structured_outputs)
+            params = hook(self, params)
         n = params.n
         child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
         for rid in dict.fromkeys([request_id, *child_ids]):
@@ -239,7 +242,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1383
+    # %% chapters/07_engine.md:1393
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -261,7 +264,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1415
+    # %% chapters/07_engine.md:1425
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -282,7 +285,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1445
+    # %% chapters/07_engine.md:1455
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -310,7 +313,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1480
+    # %% chapters/07_engine.md:1490
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -339,7 +342,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1523
+    # %% chapters/07_engine.md:1533
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -378,7 +381,7 @@ class LLMEngine:
             seq.metrics,
         )
 
-    # %% chapters/07_engine.md:1604
+    # %% chapters/07_engine.md:1614
     def kv_cache_bytes(self) -> int:
         k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
         return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
@@ -403,7 +406,7 @@ class LLMEngine:
             raise RuntimeError("this engine was shut down: build a new one")
 
 
-# %% chapters/07_engine.md:1316
+# %% chapters/07_engine.md:1324
 @dataclass
 class _Sequence:
     request: Request
@@ -426,7 +429,7 @@ class _Parent:
     children: list[str] = field(default_factory=list)
 
 
-# %% chapters/07_engine.md:1580
+# %% chapters/07_engine.md:1590
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
 
 

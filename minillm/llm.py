@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1691
+# %% chapters/07_engine.md:1701
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def prompt_of(prompt: str | list[int] | dict) -> str | list[int]:
     return prompt
 
 
-# %% chapters/07_engine.md:1734
+# %% chapters/07_engine.md:1744
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -80,7 +80,7 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:1783
+    # %% chapters/07_engine.md:1793
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
@@ -118,7 +118,7 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:1827
+    # %% chapters/07_engine.md:1837
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
@@ -141,7 +141,7 @@ class LLM:
         bar.close()
         return [finished[i] for i in ids]
 
-    # %% chapters/07_engine.md:1857
+    # %% chapters/07_engine.md:1867
     def shutdown(self) -> None:
         """Give the engine's memory back now (idempotent); generate refuses after."""
         self.engine.shutdown()

@@ -161,3 +161,6 @@ RUNNER_EXTENSIONS: list[Callable] = []
 # hook(config, parts) -> a class that stands in for the model runner, or None (keep
 # it): chapter 18's runs the runner in one worker process per tensor-parallel rank
 EXECUTOR_HOOKS: list[Callable] = []
+# hook(engine, params) -> params, in order, as a request is added: a later chapter's
+# reading of a field this chapter only carries (chapter 15's structured_outputs)
+REQUEST_HOOKS: list[Callable] = []
