@@ -32,9 +32,11 @@ $(STAMP): pyproject.toml constraints.txt tools/setup_env.sh
 
 tangle: $(STAMP)
 	$(PYTHON) tools/tangle.py
+	$(PYTHON) tools/engine_map.py
 
 check: $(STAMP)
 	$(PYTHON) tools/tangle.py --check
+	$(PYTHON) tools/engine_map.py --check
 
 # The code is formatted by ruff (88 columns: what the book's code column shows) and linted;
 # the chapters' cells through tools/ruff_chapters.py, which reports chapter lines.

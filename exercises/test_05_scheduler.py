@@ -114,8 +114,34 @@ def test_prefill_cap():
         assert_exact(scheduler, outputs, prompt_lens, output_lens)
 
 
+def test_priority_queue_is_a_heap_in_urgency_order():
+    """5.2: PriorityRequestQueue pops in (priority, arrival_time) order, whatever the
+    order of appends and removals, as the sorted list did."""
+    import minillm.scheduler as scheduler_module
+
+    queue_cls = getattr(scheduler_module, "PriorityRequestQueue", None)
+    if queue_cls is None:
+        pytest.skip(
+            "exercise 5.2: minillm.scheduler.PriorityRequestQueue does not exist"
+        )
+    rng, queue, model = random.Random(0), queue_cls(), []
+    for i in range(400):
+        if model and rng.random() < 0.3:
+            gone = rng.choice(model)
+            queue.remove(gone)
+            model.remove(gone)
+        else:
+            r = Request(f"q{i}", [1], priority=rng.randint(0, 3), arrival_time=i)
+            queue.append(r)
+            model.append(r)
+        model.sort(key=lambda r: (r.priority, r.arrival_time))
+        assert len(queue) == len(model) and (not model or queue[0] is model[0])
+    assert [queue.popleft() for _ in range(len(model))] == model
+
+
 def test_priority():
-    """5.2: admission by (priority, arrival_time); the least urgent is preempted."""
+    """5.2: admission by (priority, arrival_time); the least urgent is preempted (the
+    chapter's sorted queue passes; the heap must too)."""
     needs_field(Request, "priority", "5.2")
     needs_field(SchedulerConfig, "policy", "5.2")
     config = SchedulerConfig(

@@ -15,6 +15,7 @@ module                   chapter
 async_llm                chapters/16_server.md
 async_scheduling         chapters/11_cuda_graph.md
 attention                chapters/04_paged_attention.md
+beam_search              chapters/07_engine.md
 block_pool               chapters/03_block_allocator.md
 compilation              chapters/11_cuda_graph.md
 config                   chapters/07_engine.md
@@ -35,6 +36,7 @@ kv_cache_manager         chapters/05_scheduler.md
 llm                      chapters/07_engine.md
 loadgen                  chapters/17_vllm_comparison.md
 logits_processors        chapters/06_sampler.md
+logprobs                 chapters/07_engine.md
 merged_projections       chapters/11_cuda_graph.md
 metrics                  chapters/16_server.md
 model                    chapters/01_model.md
@@ -75,6 +77,7 @@ PLUGINS = (
     "minillm.int4",
     "minillm.quantization.methods",
     "minillm.speculative.runner",
+    "minillm.structured.processor",
     "minillm.parallel.executor",
 )
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:878
+# %% chapters/07_engine.md:1046
 """The engine's configuration (chapter 7, "The configuration")."""
 
 from __future__ import annotations
@@ -27,16 +27,26 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_bytes: int = 1 << 30  # on a CPU: this many bytes of KV cache
     seed: int = 0
+    # "fcfs" or "priority" (chapter 5): which waiting request goes first, who is
+    # preempted
+    scheduling_policy: str = "fcfs"
+    # the most logprobs (and prompt_logprobs) a request may ask for; -1: no cap
+    max_logprobs: int = 20
     # the declared options (the seam) that were given, as (name, value) pairs
     options: tuple[tuple[str, Any], ...] = ()
 
-    # %% chapters/07_engine.md:914
+    # %% chapters/07_engine.md:1087
     def __init__(self, options=(), **kwargs):
         load_plugins()  # every declared option is known from here on
         given = dict(options)
         for f in fields(self):
             if f.name != "options":
                 object.__setattr__(self, f.name, kwargs.pop(f.name, f.default))
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got "
+                f"{self.scheduling_policy!r}"
+            )
         unknown = sorted(set(kwargs) - set(OPTIONS))
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:241
+# %% chapters/07_engine.md:316
 """Incremental detokenization with stop strings (chapter 7, "Text, a piece at a time").
 
 vLLM: vllm/v1/engine/detokenizer.py (the offsets) and vllm/v1/core/sched/utils.py
@@ -30,6 +30,7 @@ class IncrementalDetokenizer:
         self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams
     ):
         self.tokenizer = tokenizer
+        self.detokenize = params.detokenize  # False: no text at all (vLLM's too)
         self.skip_special_tokens = params.skip_special_tokens
         self.stop = [s for s in params.stop or [] if s]
         self.include_stop = params.include_stop_str_in_output
@@ -42,13 +43,13 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    # %% chapters/07_engine.md:290
+    # %% chapters/07_engine.md:366
     def update(self, new_token_ids: list[int]) -> str | None:
         """Add tokens; returns the stop string that matched, if one did (text is then
         cut).
         """
         start = len(self.output_text)
-        for token_id in new_token_ids:
+        for token_id in new_token_ids if self.detokenize else ():
             self.tokens.append(token_id)
             before = self._decode(self.tokens[self.prefix_offset : self.read_offset])
             after = self._decode(self.tokens[self.prefix_offset :])
@@ -58,7 +59,7 @@ class IncrementalDetokenizer:
                 self.read_offset = len(self.tokens)
         return self._find_stop(start)
 
-    # %% chapters/07_engine.md:317
+    # %% chapters/07_engine.md:393
     def _find_stop(self, new_text_start: int) -> str | None:
         for stop in self.stop:
             at = self.output_text.find(stop, max(0, new_text_start - len(stop) + 1))

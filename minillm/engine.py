@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1062
+# %% chapters/07_engine.md:1240
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -14,6 +14,7 @@ single-process on purpose: the server (chapter 16) wraps it, it does not change 
 
 from __future__ import annotations
 
+import copy
 import time
 import weakref
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
 from minillm.kv_cache import PagedKVCache, num_blocks_for_memory, reshape_and_cache
 from minillm.kv_cache_manager import KVCacheManager
+from minillm.logprobs import LogprobsOnePosition, PromptLogprobs, position_logprobs
 from minillm.model import CausalLM
 from minillm.model_runner import ModelRunner, ModelRunnerOutput, profile_num_blocks
 from minillm.model_runner import reclaim_gpu_memory
@@ -34,13 +36,13 @@ from minillm.registry import EXECUTOR_HOOKS, PART_CHECKS, QUANTIZATION_METHODS
 from minillm.registry import REGISTRIES, REQUEST_HOOKS, RUNNER_EXTENSIONS, SAMPLERS
 from minillm.registry import SCHEDULERS
 from minillm.request import Request, RequestStatus
-from minillm.sampler import Sampler, SampleLogprobs
-from minillm.sampling_params import SamplingParams
+from minillm.sampler import Sampler
+from minillm.sampling_params import SamplingParams, SamplingParamsError
 from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1108
+# %% chapters/07_engine.md:1288
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -59,7 +61,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1137
+# %% chapters/07_engine.md:1317
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -101,7 +103,7 @@ class LLMEngine:
         self.is_shut_down = False
         LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
 
-    # %% chapters/07_engine.md:1187
+    # %% chapters/07_engine.md:1367
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -118,7 +120,7 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1216
+    # %% chapters/07_engine.md:1396
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -141,6 +143,7 @@ class LLMEngine:
             config.max_num_batched_tokens,
             self.max_model_len,
             config.enable_chunked_prefill,
+            config.scheduling_policy,
         )
         make_scheduler = SCHEDULERS[parts["preemption_mode"]]
         self.scheduler = make_scheduler(
@@ -148,7 +151,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1253
+    # %% chapters/07_engine.md:1434
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -172,22 +175,27 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1285
+    # %% chapters/07_engine.md:1466
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
         """(prompt token ids, max_tokens) for a valid request; ValueError otherwise."""
-        if self.tokenizer is None and (isinstance(prompt, str) or params.stop):
+        if self.tokenizer is None and (
+            isinstance(prompt, str) or params.stop or params.bad_words
+        ):
             raise ValueError(
                 "this engine has no tokenizer (skip_tokenizer_init): pass token ids, "
-                "and no stop strings"
+                "and no stop strings or bad_words"
             )
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
         if any(not 0 <= t < self.vocab_size for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if params.bad_words:  # vLLM: the words as token sequences, both spellings
+            params.update_from_tokenizer(self.tokenizer)
         params.verify_token_ids(self.vocab_size)
+        self._check_max_logprobs(params)
         room, context = self.max_model_len - len(ids), self.max_model_len
         if room < 1:
             raise ValueError(
@@ -202,19 +210,33 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1348
+    # %% chapters/07_engine.md:1543
     def add_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | dict,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        *,
+        priority: int = 0,
     ) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or
-        parameters.
+        parameters. prompt: text, token ids, or vLLM's TextPrompt / TokensPrompt dict
+        (a TokensPrompt's "prompt" is the text it came from). priority: lower goes
+        first under scheduling_policy="priority" (chapter 5).
         """
         self._check_open()
-        params = params or SamplingParams()
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        text = prompt if isinstance(prompt, str) else None
+        if isinstance(prompt, dict):
+            text = prompt.get("prompt")
+            prompt = prompt.get("prompt_token_ids", text)
+        if prompt is None:
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        # a copy: checking resolves fields (bad words to token ids, logprobs=-1 to
+        # the vocabulary), and the caller's params may serve other requests
+        params = copy.copy(params or SamplingParams())
         for hook in REQUEST_HOOKS:  # later chapters' fields (structured_outputs)
             params = hook(self, params)
         n = params.n
@@ -224,12 +246,11 @@ class LLMEngine:
                 raise ValueError(f"request id {rid!r} is already in use")
         prompt_ids, max_tokens = self._check_request(prompt, params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
-        text = prompt if isinstance(prompt, str) else None
         parent = _Parent(request_id, text, prompt_ids)
         for i, child_id in enumerate(child_ids):
             seed = None if params.seed is None else params.seed + i
             child = replace(params, n=1, max_tokens=max_tokens, seed=seed)
-            request = Request(child_id, prompt_ids, child, arrival)
+            request = Request(child_id, prompt_ids, child, arrival, priority=priority)
             detokenizer = None
             if self.tokenizer:
                 detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, child)
@@ -242,7 +263,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1393
+    # %% chapters/07_engine.md:1601
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -264,13 +285,17 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1425
+    # %% chapters/07_engine.md:1636
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
         request, params = seq.request, seq.request.sampling_params
         last = request.output_token_ids[-1]
         if not params.ignore_eos and last in self.eos_token_ids:
+            # vLLM: the tokenizer's EOS has no stop_reason; the model's other EOS
+            # ids (its generation config) act as stop tokens and name themselves
+            primary = self.tokenizer.eos_token_id if self.tokenizer else None
+            seq.stop_reason = None if last == primary else last
             return RequestStatus.FINISHED_STOPPED
         if last in (params.stop_token_ids or ()):
             seq.stop_reason = last
@@ -285,7 +310,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1455
+    # %% chapters/07_engine.md:1670
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -313,7 +338,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1490
+    # %% chapters/07_engine.md:1705
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -323,13 +348,16 @@ class LLMEngine:
         )
         now = time.monotonic()
         touched: dict[str, None] = {}
+        self._add_prompt_logprobs(result)
         for request in updated:
             seq = self.sequences[request.request_id]
             new_tokens = result.sampled_token_ids[request.request_id]
             seq.metrics.first_token_time = seq.metrics.first_token_time or now
             seq.metrics.last_token_time = now
             if seq.logprobs is not None:
-                seq.logprobs.append(result.logprobs[request.request_id])
+                lp = result.logprobs[request.request_id]
+                seq.logprobs.append(position_logprobs(lp, self._decoder(request)))
+                seq.cumulative_logprob += lp.logprob
             detok = seq.detokenizer
             stop_string = detok.update(new_tokens) if detok else None
             status = self._check_stop(seq, stop_string)
@@ -342,7 +370,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1533
+    # %% chapters/07_engine.md:1751
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -354,6 +382,7 @@ class LLMEngine:
             completions,
             done,
             completions[0].metrics,
+            self._prompt_logprobs_out(parent),
         )
         if done:
             del self.parents[parent_id]
@@ -369,7 +398,7 @@ class LLMEngine:
         if request.sampling_params.output_kind == "delta":  # after the last output
             tokens, chars, lps = seq.shown
             seq.shown = (request.num_output_tokens, len(text), len(logprobs or ()))
-        cumulative = None if logprobs is None else sum(lp.logprob for lp in logprobs)
+        cumulative = None if logprobs is None else seq.cumulative_logprob
         return CompletionOutput(
             seq.index,
             text[chars:],
@@ -381,7 +410,44 @@ class LLMEngine:
             seq.metrics,
         )
 
-    # %% chapters/07_engine.md:1614
+    # %% chapters/07_engine.md:1803
+    def _check_max_logprobs(self, params: SamplingParams) -> None:
+        """vLLM's max_logprobs cap (its default 20; -1: none), if the configuration
+        has the option."""
+        limit = getattr(self.config, "max_logprobs", -1)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if limit != -1 and asked is not None and asked > limit:
+                raise SamplingParamsError(name, asked, f"at most max_logprobs={limit}")
+
+    def _decoder(self, request: Request):
+        """token id -> its text (None without a tokenizer or with detokenize off)."""
+        if self.tokenizer is None or not request.sampling_params.detokenize:
+            return lambda token_id: None
+        return lambda token_id: self.tokenizer.decode([token_id], False)
+
+    def _add_prompt_logprobs(self, result: ModelRunnerOutput) -> None:
+        for request_id, (start, rows) in result.prompt_logprobs.items():
+            seq = self.sequences.get(request_id)
+            if seq is None:
+                continue
+            parent = self.parents[seq.parent_id]
+            scored = parent.prompt_logprobs = parent.prompt_logprobs or [None]
+            decode = self._decoder(seq.request)
+            for position, lp in enumerate(rows, start=start):
+                if position == len(scored):
+                    scored.append(position_logprobs(lp, decode))
+
+    def _prompt_logprobs_out(self, parent: _Parent) -> PromptLogprobs | None:
+        params = self.sequences[parent.children[0]].request.sampling_params
+        if params.prompt_logprobs is None:
+            return None
+        if params.output_kind == "delta":
+            shown, parent.prompt_logprobs_shown = parent.prompt_logprobs_shown, True
+            return [] if shown else list(parent.prompt_logprobs or [None])
+        return list(parent.prompt_logprobs or [None])
+
+    # %% chapters/07_engine.md:1882
     def kv_cache_bytes(self) -> int:
         k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
         return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
@@ -406,7 +472,7 @@ class LLMEngine:
             raise RuntimeError("this engine was shut down: build a new one")
 
 
-# %% chapters/07_engine.md:1324
+# %% chapters/07_engine.md:1514
 @dataclass
 class _Sequence:
     request: Request
@@ -415,10 +481,12 @@ class _Sequence:
     # None when the engine runs without a tokenizer
     detokenizer: IncrementalDetokenizer | None
     metrics: RequestMetrics
-    logprobs: list[SampleLogprobs] | None
+    # one {token id: Logprob} per output token (vLLM's shape), if asked for
+    logprobs: list[LogprobsOnePosition] | None
     stop_reason: int | str | None = None
     # tokens, characters and logprobs its outputs have shown (output_kind="delta")
     shown: tuple[int, int, int] = (0, 0, 0)
+    cumulative_logprob: float = 0.0  # the sampled tokens' logprobs, summed
 
 
 @dataclass
@@ -427,9 +495,12 @@ class _Parent:
     prompt: str | None
     prompt_token_ids: list[int]
     children: list[str] = field(default_factory=list)
+    # [None, {token id: Logprob}, ...] as the prompt's chunks are scored
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs_shown: bool = False  # output_kind="delta": sent once
 
 
-# %% chapters/07_engine.md:1590
+# %% chapters/07_engine.md:1858
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
 
 

@@ -63,6 +63,8 @@ def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
         and all(hasattr(type(p), "apply_batch") for p in processors)
         and params.allowed_token_ids is None
         and not params.banned_token_ids
+        and not params.logit_bias
+        and not params.bad_words_token_ids
         and params.repetition_penalty == 1
         and params.frequency_penalty == 0
         and params.presence_penalty == 0
@@ -76,7 +78,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:554
+# %% chapters/11_cuda_graph.md:556
 # run the LM head at every row count at start-up (False: the stalls come back)
 WARM_LM_HEAD = True
 
@@ -92,7 +94,7 @@ def warm_lm_head(model: CausalLM, max_rows: int) -> None:
         model.lm_head(hidden[:rows])
 
 
-# %% chapters/11_cuda_graph.md:571
+# %% chapters/11_cuda_graph.md:573
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -146,7 +148,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:630
+    # %% chapters/11_cuda_graph.md:632
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -177,7 +179,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:671
+    # %% chapters/11_cuda_graph.md:673
     def forward(
         self,
         output: SchedulerOutput,
@@ -215,7 +217,7 @@ class GPUModelRunner(ModelRunner):
             return graphs
         return None
 
-    # %% chapters/11_cuda_graph.md:717
+    # %% chapters/11_cuda_graph.md:719
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -232,7 +234,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2335
+    # %% chapters/11_cuda_graph.md:2337
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -271,7 +273,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2517
+    # %% chapters/11_cuda_graph.md:2519
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -304,7 +306,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2593
+    # %% chapters/11_cuda_graph.md:2601
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -315,8 +317,8 @@ class GPUModelRunner(ModelRunner):
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
-        if not self.all_draw_ahead(chosen):
-            return None
+        if not self.all_draw_ahead(chosen) or self.wants_prompt_logprobs(output):
+            return None  # prompt logprobs: chapter 7's sample() computes them
         previous, self.previous = self.previous, None
         masks = None  # the batch-level processors' device halves, once prepared
         if not self.overlap_masks:  # the reference: masks first, then the forward
@@ -369,6 +371,8 @@ class GPUModelRunner(ModelRunner):
         if it asks."""
         if not self.fused_sampling:
             return is_plain_greedy(params, batch_processors=True)
+        if params.logit_bias or params.bad_words_token_ids:  # chapter 6's sampler
+            return False
         raw = self.sampler.logprobs_mode == "raw_logprobs"
         processors = params.logits_processors
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
@@ -419,7 +423,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3312
+    # %% chapters/11_cuda_graph.md:3322
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -481,7 +485,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3948
+    # %% chapters/11_cuda_graph.md:3958
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -502,7 +506,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3892
+# %% chapters/11_cuda_graph.md:3902
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -550,5 +554,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3976
+# %% chapters/11_cuda_graph.md:3986
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

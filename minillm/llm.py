@@ -2,52 +2,52 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1701
+# %% chapters/07_engine.md:1969
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from minillm.beam_search import BeamSearchOutput, run_beam_search
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
 from minillm.hf import load_model, load_pretrained
 from minillm.outputs import RequestOutput
-from minillm.sampling_params import SamplingParams
+from minillm.sampling_params import BeamSearchParams, SamplingParams
 from minillm.tiny import tiny_model
+from minillm.tokenizer import Tokenizer
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def prompt_of(prompt: str | list[int] | dict) -> str | list[int]:
-    """A prompt as the engine takes it: text or token ids, also in the dict forms
-    of vLLM's `TextPrompt` and `TokensPrompt` ({"prompt": ...}, {"prompt_token_ids":
-    ...}), so that code written for `vllm.LLM` runs here unchanged (chapter 17)."""
-    if isinstance(prompt, dict):
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        if "prompt" not in prompt:
-            raise ValueError(
-                f"a prompt dict needs 'prompt' or 'prompt_token_ids': {prompt}"
-            )
-        return prompt["prompt"]
+def prompt_of(prompt: str | list[int] | dict) -> str | list[int] | dict:
+    """A prompt as the engine takes it: text, token ids, or the dict forms of vLLM's
+    `TextPrompt` and `TokensPrompt` ({"prompt": ...}, {"prompt_token_ids": ...}), so
+    that code written for `vllm.LLM` runs here unchanged (chapter 17)."""
+    if isinstance(prompt, dict) and not {"prompt", "prompt_token_ids"} & set(prompt):
+        raise ValueError(
+            f"a prompt dict needs 'prompt' or 'prompt_token_ids': {prompt}"
+        )
     return prompt
 
 
-# %% chapters/07_engine.md:1744
+# %% chapters/07_engine.md:2013
 class LLM:
     """Load a model and generate for batches of prompts.
 
     model: None for the course's tiny model, or the path of a local Hugging Face folder
     (Llama, Qwen2, Qwen3). Keyword arguments are EngineConfig's (block_size,
-    max_num_seqs, num_kv_blocks, prefix_cache_impl, ...).
+    max_num_seqs, num_kv_blocks, prefix_cache_impl, scheduling_policy, ...).
     skip_tokenizer_init: run without a tokenizer (prompts are token ids, outputs have no
     text), as vLLM's option of that name; benchmarks with random weights use it.
     """
@@ -59,6 +59,7 @@ class LLM:
         device: str | None = None,
         dtype: torch.dtype | str | None = None,
         skip_tokenizer_init: bool = False,
+        chat_template: str | Path | None = None,
         **engine_kwargs,
     ):
         config = EngineConfig(**engine_kwargs)  # a bad keyword fails before loading
@@ -70,6 +71,7 @@ class LLM:
                 raise ValueError(f"dtype {dtype!r}: not a torch dtype name or 'auto'")
             dtype = named
         dtype = dtype or (torch.bfloat16 if on_gpu else torch.float32)
+        self.chat_template = load_chat_template(chat_template)
         if model is None:
             net, tokenizer = tiny_model(device=device, dtype=dtype, progress=False)
         elif skip_tokenizer_init:
@@ -80,12 +82,15 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:1793
+    # %% chapters/07_engine.md:2067
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        lora_request: None = None,
+        priority: int | list[int] | None = None,
     ) -> list[RequestOutput]:
         """Outputs for prompts (strings, token-id lists, or vLLM's prompt dicts), in
         the prompts' order."""
@@ -94,13 +99,26 @@ class LLM:
         ):
             prompts = [prompts]
         prompts = [prompt_of(p) for p in prompts]
+        _no_lora(lora_request)
+        return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
+
+    # %% chapters/07_engine.md:2093
+    def _add(self, prompts: list, sampling_params, priority) -> list[str]:
+        """Submit every prompt (all or none); their request ids."""
         params = sampling_params
-        if not isinstance(params, list):
+        if not isinstance(params, (list, tuple)):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(
                 f"{len(prompts)} prompts but {len(params)} sampling params"
             )
+        priorities = priority if isinstance(priority, (list, tuple)) else None
+        if priorities is not None and len(priorities) != len(prompts):
+            raise ValueError(
+                f"The lengths of prompts ({len(prompts)}) and priority "
+                f"({len(priorities)}) must be the same."
+            )
+        priorities = priorities or [priority or 0] * len(prompts)
         # an offline batch wants each request once, finished: nothing is built for it
         # step by step
         params = [
@@ -108,17 +126,17 @@ class LLM:
         ]
         ids = []
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, rank in zip(prompts, params, priorities):
                 request_id = str(self._counter)
                 self._counter += 1
-                self.engine.add_request(request_id, prompt, p)
+                self.engine.add_request(request_id, prompt, p, priority=rank)
                 ids.append(request_id)
         except ValueError:
             self.engine.abort_request(ids)  # a bad prompt leaves nothing half-submitted
             raise
-        return self._run(ids, use_tqdm)
+        return ids
 
-    # %% chapters/07_engine.md:1837
+    # %% chapters/07_engine.md:2133
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
@@ -141,7 +159,76 @@ class LLM:
         bar.close()
         return [finished[i] for i in ids]
 
-    # %% chapters/07_engine.md:1867
+    # %% chapters/07_engine.md:2299
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: None = None,
+        priority: int | list[int] | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        tokenization_kwargs: dict | None = None,
+        mm_processor_kwargs: None = None,
+    ) -> list[RequestOutput]:
+        """Generate the next turn of a conversation, or of each of a list of them."""
+        _no_lora(lora_request)
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
+        if mm_processor_kwargs is not None:
+            raise ValueError("mm_processor_kwargs: minillm has no multimodal models")
+        if chat_template_content_format not in ("auto", "string", "openai"):
+            raise ValueError(
+                "chat_template_content_format must be 'auto', 'string' or 'openai', "
+                f"got {chat_template_content_format!r}"
+            )
+        tok_kwargs = {"add_special_tokens": False, **(tokenization_kwargs or {})}
+        if set(tok_kwargs) != {"add_special_tokens"}:
+            raise ValueError("tokenization_kwargs: only add_special_tokens is known")
+        single = not messages or not isinstance(messages[0], list)
+        prompts = []
+        for conversation in [messages] if single else messages:
+            text = render_chat(
+                self.tokenizer,
+                conversation,
+                chat_template or self.chat_template,
+                add_generation_prompt,
+                continue_final_message,
+                tools,
+                "openai" if chat_template_content_format == "openai" else "string",
+                **(chat_template_kwargs or {}),
+            )
+            ids = self.tokenizer.encode(text, **tok_kwargs)
+            prompts.append({"prompt_token_ids": ids, "prompt": text})
+        return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
+
+    # %% chapters/07_engine.md:2378
+    def get_tokenizer(self) -> Tokenizer | None:
+        return self.tokenizer
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine, under vLLM's name (`self.engine` is the same object)."""
+        return self.engine
+
+    def encode(self, *args, **kwargs):
+        raise _pooling("encode")
+
+    def embed(self, *args, **kwargs):
+        raise _pooling("embed")
+
+    def classify(self, *args, **kwargs):
+        raise _pooling("classify")
+
+    def score(self, *args, **kwargs):
+        raise _pooling("score")
+
+    # %% chapters/07_engine.md:2404
     def shutdown(self) -> None:
         """Give the engine's memory back now (idempotent); generate refuses after."""
         self.engine.shutdown()
@@ -151,3 +238,186 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+    # %% chapters/07_engine.md:2775
+    def beam_search(
+        self,
+        prompts: list[str | list[int] | dict],
+        params: BeamSearchParams,
+        lora_request: None = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """The best params.beam_width sequences of each prompt, best first."""
+        _no_lora(lora_request)
+        if params.structured_outputs is not None:
+            raise ValueError("structured_outputs: not supported with beam search")
+        prompts = [self._token_prompt(prompt_of(p)) for p in prompts]
+        longest = max((len(p["prompt_token_ids"]) for p in prompts), default=0)
+        if longest + params.max_tokens > self.engine.max_model_len:
+            raise ValueError(
+                f"max_tokens={params.max_tokens} does not fit: a prompt has {longest} "
+                f"tokens and the context is {self.engine.max_model_len}"
+            )
+        step_params = SamplingParams(
+            logprobs=2 * params.beam_width,
+            max_tokens=1,
+            temperature=params.temperature,
+            detokenize=False,  # the candidates' text is never read
+        )
+
+        def next_logprobs(sequences: list[list[int]]) -> list[dict]:
+            requests = [{"prompt_token_ids": s} for s in sequences]
+            outputs = self._run(self._add(requests, step_params, None), False)
+            return [o.outputs[0].logprobs[0] for o in outputs]
+
+        eos = self.tokenizer.eos_token_id if self.tokenizer else None
+        limit = concurrency_limit or max(len(prompts), 1)
+        outputs = []
+        for start in tqdm(range(0, len(prompts), limit), disable=not use_tqdm):
+            batch = prompts[start : start + limit]
+            outputs += run_beam_search(batch, params, next_logprobs, eos)
+        for seq in (s for out in outputs for s in out.sequences):
+            if self.tokenizer:
+                skip = params.skip_special_tokens
+                seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=skip)
+        return outputs
+
+    # %% chapters/07_engine.md:2825
+    def _token_prompt(self, prompt: str | list[int] | dict) -> dict:
+        """A TokensPrompt dict: text is encoded as generate encodes it."""
+        if isinstance(prompt, dict):
+            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer: pass token ids")
+            return {"prompt_token_ids": self.tokenizer.encode(prompt), "prompt": prompt}
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return {"prompt_token_ids": list(prompt)}
+
+
+# %% chapters/07_engine.md:2186
+def load_chat_template(template: str | Path | None) -> str | None:
+    """A template given as Jinja text, or as the path of a file holding it."""
+    if template is None or any(c in str(template) for c in "{}\n"):
+        return None if template is None else str(template)
+    if not Path(template).is_file():
+        raise ValueError(f"chat_template {str(template)!r}: no such file")
+    return Path(template).read_text()
+
+
+def _compile(template: str):
+    import jinja2.ext
+    import jinja2.sandbox
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            x,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def _message(message: dict, content_format: str) -> dict:
+    """A message as the template reads it: text content as one string (vLLM's
+    "string" format) or as a list of text parts ("openai")."""
+    content = message.get("content")
+    if isinstance(content, list):
+        if any(part.get("type", "text") != "text" for part in content):
+            raise ValueError("chat: only text content is supported (no images)")
+        content = "\n".join(part["text"] for part in content)
+    if content_format == "openai" and isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    return {**message, "content": content}
+
+
+# %% chapters/07_engine.md:2235
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker
+
+
+def render_chat(
+    tokenizer: Tokenizer,
+    conversation: list[dict],
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    tools: list[dict] | None = None,
+    content_format: str = "string",
+    **kwargs,
+) -> str:
+    """The prompt text of one conversation, as transformers' apply_chat_template(...,
+    tokenize=False) renders it; kwargs (documents, enable_thinking, ...) go to the
+    template."""
+    template = chat_template or tokenizer.chat_template
+    if not template:
+        raise ValueError(
+            "this tokenizer has no chat template, and as of transformers v4.44 a "
+            "default one is no longer allowed: pass chat_template= (to LLM or chat)"
+        )
+    if add_generation_prompt and continue_final_message:
+        raise ValueError(
+            "continue_final_message and add_generation_prompt are not compatible: "
+            "pass add_generation_prompt=False to continue the final message"
+        )
+    if not conversation or any(not isinstance(m, dict) for m in conversation):
+        raise ValueError("a conversation is a non-empty list of message dicts")
+    if continue_final_message:  # tag the end of the last message
+        final = _message(conversation[-1], "string")["content"] or ""
+        conversation = [*conversation[:-1], {**conversation[-1]}]
+        conversation[-1]["content"] = final + CONTINUE_TAG
+    messages = [_message(m, content_format) for m in conversation]
+    if any(not isinstance(t, dict) for t in tools or ()):
+        raise ValueError("tools: each tool is a JSON-schema dict")
+    try:
+        text = _compile(template).render(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
+            **kwargs,
+        )
+    except Exception as e:  # jinja2's TemplateError and what the template raises
+        raise ValueError(f"the chat template failed: {e}") from e
+    return _cut_at_tag(text) if continue_final_message else text
+
+
+def _cut_at_tag(text: str) -> str:
+    """The text before the tag (and before the spaces a template put there)."""
+    if CONTINUE_TAG.strip() not in text:
+        raise ValueError("the chat template drops the final message")
+    at = text.rindex(CONTINUE_TAG.strip())
+    return text[:at] if text[at:].startswith(CONTINUE_TAG) else text[:at].rstrip()
+
+
+# %% chapters/07_engine.md:2358
+class PoolingNotSupportedError(NotImplementedError, ValueError):
+    """A pooling entry point (encode, embed, classify, score) on this engine."""
+
+
+def _no_lora(lora_request) -> None:
+    if lora_request is not None:
+        raise ValueError("lora_request: minillm has no LoRA adapters")
+
+
+def _pooling(name: str) -> PoolingNotSupportedError:
+    return PoolingNotSupportedError(
+        f"LLM.{name}() is only supported for pooling models: in vLLM, a model loaded "
+        "with runner='pooling' (an embedding, classification or scoring model) "
+        "returns PoolingRequestOutput from its hidden states. minillm teaches "
+        "generative models only: use generate, chat or beam_search"
+    )

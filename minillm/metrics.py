@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:719
+# %% chapters/16_server.md:785
 """Prometheus metrics of the server, named like vLLM's with a `minillm:` prefix (chapter
 16).
 
@@ -58,7 +58,7 @@ TOKEN_LATENCY_BUCKETS = [
 ]
 
 
-# %% chapters/16_server.md:785
+# %% chapters/16_server.md:851
 class EngineMetrics:
     """The server's Prometheus metrics, in their own registry, for one served model."""
 
@@ -79,7 +79,7 @@ class EngineMetrics:
         )
         return metric.labels(self.model_name)
 
-    # %% chapters/16_server.md:812
+    # %% chapters/16_server.md:878
     def _add_latency_histograms(self) -> None:
         requests, tokens = REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
         self.time_to_first_token = self._labelled(
@@ -107,7 +107,7 @@ class EngineMetrics:
             buckets=requests,
         )
 
-    # %% chapters/16_server.md:849
+    # %% chapters/16_server.md:915
     def _add_gauges_and_counters(self) -> None:
         self.num_requests_running = self._labelled(
             Gauge, "num_requests_running", "Requests in the running queue."
@@ -144,7 +144,7 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self._request_success.labels(self.model_name, reason)
 
-    # %% chapters/16_server.md:895
+    # %% chapters/16_server.md:961
     def record_step(
         self,
         outputs: list[RequestOutput],
@@ -166,7 +166,7 @@ class EngineMetrics:
         self.generation_tokens.inc(num_new)
         self.update_gauges(engine)
 
-    # %% chapters/16_server.md:930
+    # %% chapters/16_server.md:996
     def _observe(
         self, completion, seen: dict[int, tuple[int, float | None]], delta: bool
     ) -> int:
@@ -192,7 +192,7 @@ class EngineMetrics:
             seen[completion.index] = (num_now, None)  # None: counted as finished
         return max(num_new, 0)
 
-    # %% chapters/16_server.md:966
+    # %% chapters/16_server.md:1032
     def record_abort(
         self, request_id: str, num_completions: int, engine: LLMEngine | EngineStats
     ) -> None:
@@ -221,7 +221,7 @@ class EngineMetrics:
         if stats.spec_stats is not None:  # chapter 14
             self.update_spec_decoding(stats.spec_stats)
 
-    # %% chapters/16_server.md:1006
+    # %% chapters/16_server.md:1072
     def update_spec_decoding(self, stats) -> None:
         if not hasattr(self, "_spec_counters"):
             self._spec_seen = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}

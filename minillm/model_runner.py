@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:383
+# %% chapters/07_engine.md:484
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
 vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 11 builds ours for GPUs
@@ -12,7 +12,7 @@ vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 11 builds ours for GPUs
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from minillm.kv_cache import num_blocks_for_memory
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.model import CausalLM, build_attention_metadata
 from minillm.request import Request
-from minillm.sampler import Sampler, SampleLogprobs
+from minillm.sampler import Sampler, SampleLogprobs, gather_logprobs
 from minillm.sampling_metadata import SamplingMetadata
 from minillm.scheduler import SchedulerOutput
 
@@ -33,9 +33,14 @@ from minillm.scheduler import SchedulerOutput
 class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, SampleLogprobs]
+    # request id -> (the first prompt position scored, one SampleLogprobs per
+    # position from there): the step's prompt logprobs (SamplingParams.prompt_logprobs)
+    prompt_logprobs: dict[str, tuple[int, list[SampleLogprobs]]] = field(
+        default_factory=dict
+    )
 
 
-# %% chapters/07_engine.md:421
+# %% chapters/07_engine.md:527
 class ModelRunner:
     """Runs one scheduled step: builds the flat batch, runs the model over the paged
     cache, samples.
@@ -55,7 +60,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.eos_token_ids = eos_token_ids
 
-    # %% chapters/07_engine.md:452
+    # %% chapters/07_engine.md:558
     # None: the cache lives on the model's device; chapter 18's executor says "meta"
     # (its workers hold the cache, the engine keeps only the shape)
     kv_cache_device: str | None = None
@@ -75,7 +80,7 @@ class ModelRunner:
     def remove_request(self, request_id: str) -> None:
         """A request is finished or aborted."""
 
-    # %% chapters/07_engine.md:480
+    # %% chapters/07_engine.md:586
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -103,7 +108,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return hidden, metadata
 
-    # %% chapters/07_engine.md:519
+    # %% chapters/07_engine.md:625
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -111,15 +116,16 @@ class ModelRunner:
         (num_seqs,) their last rows.
         """
         requests = output.scheduled_requests
+        prompt = self.prompt_logprobs(output, hidden, last)
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         if not sampling:
-            return ModelRunnerOutput({}, {})
+            return ModelRunnerOutput({}, {}, prompt)
         # (num_sampling, vocab)
         logits = self.model.compute_logits(hidden[last[sampling]])
         chosen = [requests[i] for i in sampling]
         token_ids, logprobs = self.sample_tokens(chosen, logits)
         sampled = {r.request_id: [t] for r, t in zip(chosen, token_ids)}
-        return ModelRunnerOutput(sampled, logprobs)
+        return ModelRunnerOutput(sampled, logprobs, prompt)
 
     def sample_tokens(
         self, chosen: list[Request], logits: Tensor
@@ -141,8 +147,52 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return out.sampled_token_ids.tolist(), logprobs
 
+    # %% chapters/07_engine.md:696
+    def wants_prompt_logprobs(self, output: SchedulerOutput) -> bool:
+        return any(
+            prompt_rows(r, output.num_scheduled_tokens[r.request_id])
+            for r in output.scheduled_requests
+        )
 
-# %% chapters/07_engine.md:579
+    def prompt_logprobs(self, output: SchedulerOutput, hidden: Tensor, last: Tensor):
+        """request id -> (first position, [SampleLogprobs per prompt token]) for the
+        chunks that score prompt tokens; hidden: (num_tokens, hidden)."""
+        result = {}
+        if not self.wants_prompt_logprobs(output):
+            return result
+        ends = last.tolist()  # each request's last row in hidden
+        for r, end in zip(output.scheduled_requests, ends):
+            num = output.num_scheduled_tokens[r.request_id]
+            rows, start = prompt_rows(r, num), r.num_computed_tokens
+            if not rows:
+                continue
+            first, k = end - num + 1, r.sampling_params.prompt_logprobs
+            scored = []
+            for at in range(0, rows, PROMPT_LOGPROBS_ROWS):
+                n = min(PROMPT_LOGPROBS_ROWS, rows - at)
+                logits = self.model.compute_logits(hidden[first + at : first + at + n])
+                logprobs = logits.float().log_softmax(dim=-1)  # (n, vocab)
+                ids = r.prompt_token_ids[start + at + 1 : start + at + 1 + n]
+                targets = torch.tensor(ids, device=logprobs.device)
+                scored += gather_logprobs(logprobs, k, targets).tolists([k] * n)
+            result[r.request_id] = (start + 1, scored)
+        return result
+
+
+# %% chapters/07_engine.md:682
+PROMPT_LOGPROBS_ROWS = 256  # rows of vocabulary-wide logits computed at once
+
+
+def prompt_rows(request: Request, num_scheduled: int) -> int:
+    """How many of the chunk's rows predict a prompt token (0 unless the request
+    asks for prompt logprobs)."""
+    if request.sampling_params.prompt_logprobs is None:
+        return 0
+    start = request.num_computed_tokens
+    return max(0, min(start + num_scheduled, request.num_prompt_tokens - 1) - start)
+
+
+# %% chapters/07_engine.md:747
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:142
+# %% chapters/07_engine.md:200
 """What the engine returns: requests' outputs and their timings (chapter 7).
 
 Shaped like vLLM's vllm/outputs.py: a RequestOutput is one prompt and its n
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.sampler import SampleLogprobs
+from minillm.logprobs import PromptLogprobs, SampleLogprobs
 
 
 @dataclass
@@ -37,7 +37,17 @@ class RequestMetrics:
         return self.first_scheduled_time - self.arrival_time
 
 
-# %% chapters/07_engine.md:182
+# %% chapters/07_engine.md:244
+class _CallableBool(int):
+    """True or False that also answers a call with itself."""
+
+    def __call__(self) -> bool:
+        return bool(self)
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -46,14 +56,15 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop", "length", "abort", or None while running
     # the stop token id or stop string that ended it, if any
     stop_reason: int | str | None = None
-    # one per token, when SamplingParams.logprobs is set
-    logprobs: list[SampleLogprobs] | None = None
-    cumulative_logprob: float | None = None
+    # one {token id: Logprob} per token, when SamplingParams.logprobs is set
+    logprobs: SampleLogprobs | None = None
+    cumulative_logprob: float | None = None  # the sampled tokens' logprobs, summed
     metrics: RequestMetrics | None = None
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason is not None
+        """A bool that may also be called: vLLM's is a method, `c.finished()`."""
+        return _CallableBool(self.finish_reason is not None)
 
     @property
     def time_per_output_token(self) -> float | None:
@@ -71,3 +82,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    # [None, {token id: Logprob}, ...], when SamplingParams.prompt_logprobs is set
+    prompt_logprobs: PromptLogprobs | None = None

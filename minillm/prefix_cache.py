@@ -194,8 +194,10 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             )
         return hashes
 
-    # %% chapters/08_prefix_cache.md:593
+    # %% chapters/08_prefix_cache.md:596
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        if getattr(request.sampling_params, "prompt_logprobs", None) is not None:
+            return [], 0  # every prompt position must be run to score it (vLLM too)
         bs, hashes = self.block_size, self.block_hashes(request)
         computed: list[KVCacheBlock] = []
         parent = None
@@ -215,7 +217,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.prefix_cache_hits += len(computed) * bs
         return computed, len(computed) * bs
 
-    # %% chapters/08_prefix_cache.md:626
+    # %% chapters/08_prefix_cache.md:631
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         num_full = num_computed_tokens // self.block_size
         num_cached = self.num_cached_block.get(request.request_id, 0)
@@ -238,5 +240,5 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.req_to_block_hashes.pop(request.request_id, None)
 
 
-# %% chapters/08_prefix_cache.md:1427
+# %% chapters/08_prefix_cache.md:1434
 KV_CACHE_MANAGERS.register("hash")(PrefixCachingKVCacheManager)

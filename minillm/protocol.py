@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from minillm.sampling_params import SamplingParams
 
@@ -166,11 +166,13 @@ class CompletionRequest(SamplingRequest):
         return self._sampling_params(self.max_tokens, self.logprobs)
 
 
-# %% chapters/16_server.md:438
+# %% chapters/16_server.md:440
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a "tool" message: the call it answers
 
     def text(self) -> str:
         """The content as one string; a list of parts must hold only text parts."""
@@ -187,7 +189,28 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(parts)
 
 
-# %% chapters/16_server.md:465
+# %% chapters/16_server.md:471
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of type object
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+# %% chapters/16_server.md:498
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -196,6 +219,12 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
     # vLLM's extra: end the prompt where the assistant's turn begins
     add_generation_prompt: bool = True
+    # functions the model may call ("Tool calls" below); tool_choice None: "auto"
+    # when tools are given, else "none", as OpenAI defaults it
+    tools: list[ChatCompletionToolsParam] | None = None
+    # "none", "auto", "required", or {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
 
     def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
@@ -211,8 +240,69 @@ class ChatCompletionRequest(SamplingRequest):
             max_tokens, (self.top_logprobs or 0) if self.logprobs else None
         )
 
+    # %% chapters/16_server.md:2638
+    def checked_tool_choice(self) -> str | ChatCompletionNamedToolChoiceParam | None:
+        """tool_choice with OpenAI's default filled in ("auto" with tools): None for
+        "none"; InvalidRequestError names a bad field."""
+        if self.tools is not None and not self.tools:
+            raise InvalidRequestError("tools must not be an empty list", "tools")
+        names = [t.function.name for t in self.tools or []]
+        for i, tool in enumerate(self.tools or []):
+            _parameters(tool, i)
+            if names.index(tool.function.name) != i:
+                raise InvalidRequestError("two tools share a name", f"tools.{i}")
+        choice = self.tool_choice or ("auto" if self.tools else "none")
+        if isinstance(choice, dict):  # a named function: its fields, checked here
+            try:
+                choice = ChatCompletionNamedToolChoiceParam.model_validate(choice)
+            except ValidationError as e:
+                error = e.errors()[0]
+                where = ".".join(["tool_choice", *map(str, error["loc"])])
+                raise InvalidRequestError(f"{where}: {error['msg']}", where) from None
+        if choice == "none":
+            return None
+        if not self.tools:
+            raise InvalidRequestError("tool_choice needs tools", "tool_choice")
+        if isinstance(choice, str) and choice not in ("auto", "required"):
+            raise InvalidRequestError(
+                'tool_choice must be "none", "auto", "required" or {"type": '
+                f'"function", "function": {{"name": ...}}}}, got {choice!r}',
+                "tool_choice",
+            )
+        if not isinstance(choice, str) and choice.function.name not in names:
+            raise InvalidRequestError(
+                f"tool_choice names {choice.function.name!r}, which is not in tools",
+                "tool_choice.function.name",
+            )
+        return choice
 
-# %% chapters/16_server.md:498
+    # %% chapters/16_server.md:2675
+    def tool_call_schema(self) -> dict | None:
+        """The JSON Schema that a forced call ("required" or a named function) puts
+        on the output, as vLLM's get_json_schema_from_tools builds it; else None."""
+        choice = self.checked_tool_choice()
+        if choice is None or choice == "auto":
+            return None
+        tools = {t.function.name: _parameters(t, i) for i, t in enumerate(self.tools)}
+        if choice != "required":
+            return tools[choice.function.name]
+        branches, defs = [], {}
+        for name, params in tools.items():
+            params = dict(params)  # its $defs move to the root, where refs point
+            for key, value in params.pop("$defs", {}).items():
+                if defs.setdefault(key, value) != value:
+                    raise InvalidRequestError(f"two tools define $defs/{key}", "tools")
+            properties = {"name": {"type": "string", "enum": [name]}}
+            branches.append({"properties": {**properties, "parameters": params},
+                             "required": ["name", "parameters"]})  # fmt: skip
+        items = {"type": "object", "anyOf": branches}
+        schema = {"type": "array", "minItems": 1, "items": items}
+        if self.parallel_tool_calls is False:
+            schema["maxItems"] = 1
+        return {**schema, "$defs": defs} if defs else schema
+
+
+# %% chapters/16_server.md:538
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -246,7 +336,7 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:537
+# %% chapters/16_server.md:577
 class ChatCompletionLogProb(BaseModel):
     token: str
     logprob: float | None
@@ -261,16 +351,28 @@ class ChatCompletionLogProbs(BaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # the arguments as JSON text, as OpenAI sends them
+
+
+class ToolCall(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-tool"))
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     stop_reason: int | str | None = None
 
 
@@ -283,17 +385,30 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-# %% chapters/16_server.md:580
+# %% chapters/16_server.md:632
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None  # in a call's first chunk
+    arguments: str | None = None  # the next piece of the JSON text
+
+
+class DeltaToolCall(BaseModel):
+    index: int  # the call's place in the message's tool_calls
+    id: str | None = None  # in a call's first chunk, with type
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionResponseStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
     logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     stop_reason: int | str | None = None
 
 
@@ -306,7 +421,7 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:607
+# %% chapters/16_server.md:672
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -321,7 +436,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# %% chapters/16_server.md:627
+# %% chapters/16_server.md:692
 class TokenizeRequest(OpenAIBaseModel):
     """Either a prompt or chat messages (rendered with the chat template, as
     /v1/chat/completions does).
@@ -333,6 +448,7 @@ class TokenizeRequest(OpenAIBaseModel):
     # for a prompt; chat templates place their own special tokens
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: list[ChatCompletionToolsParam] | None = None  # for the chat template
 
 
 class TokenizeResponse(BaseModel):
@@ -348,3 +464,17 @@ class DetokenizeRequest(OpenAIBaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+# %% chapters/16_server.md:2623
+def _parameters(tool: ChatCompletionToolsParam, i: int) -> dict:
+    """A tool's parameters schema; none or {}: a call without arguments."""
+    params = tool.function.parameters
+    if not params:
+        return {"type": "object", "properties": {}}
+    if params.get("type") != "object":
+        raise InvalidRequestError(
+            f"a tool's parameters must be a JSON Schema of type object, got type "
+            f"{params.get('type')!r}", f"tools.{i}.function.parameters"
+        )  # fmt: skip
+    return params

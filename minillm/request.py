@@ -62,6 +62,8 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     # prefix caching (chapter 8) shares cached blocks only between equal salts
     cache_salt: str | None = None
+    # lower is more urgent; only SchedulerConfig(policy="priority") reads it
+    priority: int = 0
 
     def __post_init__(self):
         if not self.prompt_token_ids:
@@ -70,7 +72,7 @@ class Request:
             )
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
 
-    # %% chapters/05_scheduler.md:236
+    # %% chapters/05_scheduler.md:238
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1936
+# %% chapters/06_sampler.md:2354
 """The sampler's oracle: one request at a time, each rule as its definition (chapter 6,
 "The sampler").
 
@@ -32,7 +32,7 @@ def _softmax(v: list[float]) -> list[float]:
     return [a / total for a in e]
 
 
-# %% chapters/06_sampler.md:1971
+# %% chapters/06_sampler.md:2389
 def reference_logits(
     logits: Sequence[float],
     params: SamplingParams,
@@ -57,6 +57,7 @@ def reference_logits(
             set() if params.ignore_eos else set(eos_token_ids)
         )
     x = [neg_inf if t in forbidden else v for t, v in enumerate(x)]
+    x = _reference_bad_words_and_bias(x, params, list(output_token_ids))
     seen, counts = (
         set(prompt_token_ids) | set(output_token_ids),
         Counter(output_token_ids),
@@ -71,7 +72,22 @@ def reference_logits(
     return x
 
 
-# %% chapters/06_sampler.md:2018
+# %% chapters/06_sampler.md:2433
+def _reference_bad_words_and_bias(
+    x: list[float], params: SamplingParams, output_token_ids: list[int]
+) -> list[float]:
+    x = list(x)
+    for word in params.bad_words_token_ids or []:
+        *prefix, last = word
+        n = len(prefix)
+        if n <= len(output_token_ids) and output_token_ids[-n:] == prefix or n == 0:
+            x[last] = float("-inf")
+    for token, bias in (params.logit_bias or {}).items():
+        x[token] += bias
+    return x
+
+
+# %% chapters/06_sampler.md:2456
 def reference_probs(
     logits: Sequence[float],
     params: SamplingParams,
@@ -108,7 +124,7 @@ def reference_probs(
     return _softmax(x)
 
 
-# %% chapters/06_sampler.md:2066
+# %% chapters/06_sampler.md:2504
 def _lowbias32(x: int) -> int:
     x ^= x >> 16
     x = (x * 0x7FEB352D) % 2**32
@@ -128,7 +144,7 @@ def reference_noise(seed: int, position: int, token: int) -> float:
     return -math.log(((bits >> 9) + 0.5) / 2**23)
 
 
-# %% chapters/06_sampler.md:2351
+# %% chapters/06_sampler.md:2797
 def chi2_sf(x: float, dof: int) -> float:
     """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma
     Q(dof / 2, x / 2).
@@ -162,7 +178,7 @@ def chi2_sf(x: float, dof: int) -> float:
     return math.exp(log_prefactor) * h
 
 
-# %% chapters/06_sampler.md:2401
+# %% chapters/06_sampler.md:2847
 def chi_square_test(
     counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0
 ) -> tuple[float, int, float]:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:777
+# %% chapters/06_sampler.md:1113
 """A batch's sampling parameters as tensors (chapter 6, "A batch of requests").
 
 vLLM: vllm/v1/sample/metadata.py. `SamplingMetadata.from_requests` turns the requests'
@@ -13,7 +13,7 @@ SamplingParams into per-row tensors once per step; the logits processors
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ from torch import Tensor
 from minillm.sampling_params import LogitsProcessor, SamplingParams, SamplingType
 
 
-# %% chapters/06_sampler.md:803
+# %% chapters/06_sampler.md:1139
 def int64_seed(seed: int) -> int:
     """A Python int seed as the signed 64-bit word with the same low 64 bits."""
     return (seed + 2**63) % 2**64 - 2**63
@@ -40,7 +40,7 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:833
+# %% chapters/06_sampler.md:1169
 @dataclass
 class SamplingMetadata:
     """What the sampler needs to know about the requests of one batch; row i is request
@@ -77,12 +77,16 @@ class SamplingMetadata:
     # per row: None, or how many top logprobs it asked for
     num_logprobs: list[int | None]
     max_num_logprobs: int | None  # the largest of num_logprobs; None when no row asked
+    # (num_seqs, vocab) float32 added to the logits (logit_bias); None: no row has one
+    logit_bias: Tensor | None = None
+    # row -> its bad words as token sequences (SamplingParams.bad_words_token_ids)
+    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1028
+    # %% chapters/06_sampler.md:1395
     @classmethod
     def from_requests(
         cls,
@@ -108,10 +112,11 @@ class SamplingMetadata:
                 params, prompt_token_ids, output_token_ids, vocab_size, device
             ),
             **_constraint_fields(params, vocab_size, eos_token_ids, device),
+            **_bias_fields(params, vocab_size, device),
         )
 
 
-# %% chapters/06_sampler.md:894
+# %% chapters/06_sampler.md:1234
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
@@ -152,7 +157,7 @@ def _sampling_fields(
     )
 
 
-# %% chapters/06_sampler.md:946
+# %% chapters/06_sampler.md:1286
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -180,7 +185,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:981
+# %% chapters/06_sampler.md:1321
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,
@@ -220,3 +225,22 @@ def _constraint_fields(
             if p.logits_processors
         },
     )
+
+
+# %% chapters/06_sampler.md:1371
+def _bias_fields(
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
+) -> dict:
+    """logit_bias as one tensor, bad words per row."""
+    bias = None
+    if any(p.logit_bias for p in params):
+        bias = torch.zeros(len(params), vocab_size, device=device)  # (num_seqs, vocab)
+        for row, p in enumerate(params):
+            for token, value in (p.logit_bias or {}).items():
+                bias[row, token] = value
+    bad_words = {
+        row: [list(w) for w in p.bad_words_token_ids]
+        for row, p in enumerate(params)
+        if p.bad_words_token_ids
+    }
+    return dict(logit_bias=bias, bad_words_token_ids=bad_words)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:389
+# %% chapters/06_sampler.md:391
 """Sampling parameters of one request (chapter 6, "The sampler").
 
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
@@ -15,11 +15,13 @@ that end a request (max_tokens, stop, ...).
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import IntEnum
+from dataclasses import dataclass, field, fields
+from enum import Enum, IntEnum
 
 from torch import Tensor
 
@@ -32,7 +34,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
-# %% chapters/06_sampler.md:431
+# %% chapters/06_sampler.md:435
 class SamplingType(IntEnum):
     GREEDY = 0  # argmax: no random numbers at all
     RANDOM = 1  # a fresh key from the engine's shared generator each step
@@ -52,7 +54,97 @@ class SamplingParamsError(ValueError):
         return type(self), (self.field, self.value, self.allowed)
 
 
-# %% chapters/06_sampler.md:455
+class UnknownParameterError(SamplingParamsError, TypeError):
+    """A keyword SamplingParams does not take. Also a TypeError: what Python (and
+    vLLM, for a name it does not know) raises for an unknown keyword."""
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r}: {self.allowed}"
+
+
+class RequestOutputKind(Enum):  # vLLM's names for output_kind's three values
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+# %% chapters/06_sampler.md:479
+STRUCTURED_KINDS = (
+    "json",
+    "regex",
+    "choice",
+    "grammar",
+    "json_object",
+    "structural_tag",
+)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One constraint on the output (chapter 15 compiles it): exactly one of json (a
+    JSON Schema, dict or string), regex, choice, grammar, json_object,
+    structural_tag; the other fields tune it. vLLM's fields and defaults."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in STRUCTURED_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise SamplingParamsError(
+                "structured_outputs",
+                given or "none",
+                "exactly one of " + ", ".join(STRUCTURED_KINDS),
+            )
+
+    @property
+    def kind(self) -> str:
+        """The name of the one constraint given ("json", "regex", ...)."""
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) is not None)
+
+
+# %% chapters/06_sampler.md:522
+@dataclass
+class BeamSearchParams:
+    """Settings of `LLM.beam_search` (vLLM's fields and defaults)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        flags = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+        temp = self.temperature
+        checks = [
+            ("beam_width", _is_int(self.beam_width) and self.beam_width >= 1, ">= 1"),
+            ("max_tokens", _is_int(self.max_tokens) and self.max_tokens >= 1, ">= 1"),
+            ("temperature", _is_real(temp) and temp >= 0, ">= 0"),
+            ("length_penalty", _is_real(self.length_penalty), "a finite number"),
+            (
+                "structured_outputs",
+                self.structured_outputs is None
+                or isinstance(self.structured_outputs, StructuredOutputsParams),
+                "None or a StructuredOutputsParams",
+            ),
+        ] + [(f, isinstance(getattr(self, f), bool), "True or False") for f in flags]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise SamplingParamsError(name, getattr(self, name), allowed)
+
+
+# %% chapters/06_sampler.md:560
 @dataclass
 class SamplingParams:
     """How to choose the tokens of one request. Names and defaults follow vLLM (and so
@@ -65,7 +157,7 @@ class SamplingParams:
     """
 
     n: int = 1  # completions per prompt (the engine runs n sequences)
-    temperature: float = 1.0  # >= 0; 0 is greedy
+    temperature: float = 1.0  # in [0, 2]; 0 is greedy
     top_p: float = 1.0  # (0, 1]: the smallest top set holding this much mass
     top_k: int = 0  # >= 0: keep the k most likely tokens; 0 is off
     min_p: float = 0.0  # [0, 1]: keep tokens with p >= min_p * p_max
@@ -78,17 +170,28 @@ class SamplingParams:
     stop: list[str] | str | None = None  # strings that end the output (engine)
     stop_token_ids: list[int] | None = None  # tokens that end the output (engine)
     ignore_eos: bool = False  # EOS neither ends the output nor is masked
-    include_stop_str_in_output: bool = False
+    include_stop_str_in_output: bool = False  # keep the stop string in the text
     skip_special_tokens: bool = True  # for detokenization (chapter 7)
+    spaces_between_special_tokens: bool = True  # for detokenization (chapter 7)
+    detokenize: bool = True  # False: token ids only, no text (and no stop strings)
     logprobs: int | None = None  # None, or how many top logprobs to return per token
+    prompt_logprobs: int | None = None  # the same for each prompt token (chapter 7)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    bad_words: list[str] | None = None  # words the output may not complete
     allowed_token_ids: list[int] | None = None  # None, or the only tokens allowed
     banned_token_ids: list[int] | None = None  # tokens that may never be sampled
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
+    # a constraint on the output's form (chapter 15 turns it into a logits processor)
+    structured_outputs: StructuredOutputsParams | None = None
     # "cumulative": each output holds everything so far; "delta": only what is new
     # since the request's last output; "final_only": one output, when it ends
+    # (vLLM's RequestOutputKind members are accepted too)
     output_kind: str = "cumulative"
+    # token sequences whose last token may not complete them; update_from_tokenizer
+    # (the engine) adds bad_words' sequences here
+    bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
-    # %% chapters/06_sampler.md:501
+    # %% chapters/06_sampler.md:617
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -102,7 +205,15 @@ class SamplingParams:
             [self.stop] if isinstance(self.stop, str) else as_list(self.stop or [])
         )
         self.stop_token_ids = as_list(self.stop_token_ids or [])
+        self.bad_words = as_list(self.bad_words or [])
         self.banned_token_ids = as_list(self.banned_token_ids or [])
+        if isinstance(self.output_kind, RequestOutputKind):
+            self.output_kind = self.output_kind.name.lower()
+        self.seed = None if self.seed == -1 else self.seed  # vLLM's "no seed"
+        for name in ("logprobs", "prompt_logprobs"):  # vLLM: True means 1
+            if getattr(self, name) is True:
+                setattr(self, name, 1)
+        self.logit_bias = _int_keys(self.logit_bias)
         self.logits_processors = as_list(self.logits_processors or [])
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = as_list(self.allowed_token_ids)
@@ -119,28 +230,110 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    # %% chapters/06_sampler.md:540
+    # %% chapters/06_sampler.md:664
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
             return SamplingType.GREEDY
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
 
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's method; the engine's checks may write to a request's
+        parameters, a clone keeps the caller's as they were)."""
+        return copy.deepcopy(self)
+
     def verify_token_ids(self, vocab_size: int) -> None:
         """Raise SamplingParamsError if a token id is outside [0, vocab_size) or
-        logprobs > vocab_size.
+        logprobs > vocab_size; then resolve logprobs = -1 (all tokens) to vocab_size.
         """
-        for field in ("stop_token_ids", "allowed_token_ids", "banned_token_ids"):
-            ids = getattr(self, field) or []
+        named = ("stop_token_ids", "allowed_token_ids", "banned_token_ids")
+        bad_words = [t for w in self.bad_words_token_ids or [] for t in w]
+        for field_name in (*named, "logit_bias", "bad_words_token_ids"):
+            ids = list(getattr(self, field_name) or [])
+            ids = bad_words if field_name == "bad_words_token_ids" else ids
             if any(t >= vocab_size for t in ids):
-                raise SamplingParamsError(field, ids, f"token ids in [0, {vocab_size})")
-        if self.logprobs is not None and self.logprobs > vocab_size:
-            raise SamplingParamsError(
-                "logprobs", self.logprobs, f"at most the vocabulary size {vocab_size}"
-            )
+                raise SamplingParamsError(
+                    field_name, ids, f"token ids in [0, {vocab_size})"
+                )
+        for name in ("logprobs", "prompt_logprobs"):
+            if (getattr(self, name) or 0) > vocab_size:
+                raise SamplingParamsError(
+                    name, getattr(self, name), f"at most the vocabulary {vocab_size}"
+                )
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) == -1:
+                setattr(self, name, vocab_size)
+
+    # %% chapters/06_sampler.md:708
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Set the bad words' token sequences (SamplingParamsError if one is empty)."""
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            for prefix in ("", " "):
+                ids = tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False)
+                if not ids and not prefix:
+                    raise SamplingParamsError(
+                        "bad_words", self.bad_words, "words that have tokens"
+                    )
+                if not prefix or (
+                    ids
+                    and ids[0] != sequences[-1][0]
+                    and len(ids) == len(sequences[-1])
+                ):
+                    sequences.append(ids)
+        given = self.bad_words_token_ids or []
+        self.bad_words_token_ids = sequences + [s for s in given if s not in sequences]
 
 
-# %% chapters/06_sampler.md:568
+# %% chapters/06_sampler.md:740
+# vLLM 0.32's SamplingParams fields minillm does not implement -> the values that
+# ask for nothing (accepted and dropped); any other value is refused
+VLLM_ONLY_FIELDS: dict[str, tuple] = {
+    "watermarking": (None, False),
+    "prompt_logprob_token_ids": (None,),
+    "prompt_logprob_start": (None,),
+    "logprob_token_ids": (None,),
+    "flat_logprobs": (False,),
+    "stream_interval": (None, 1),
+    "skip_clone": (False, True),  # minillm copies parameters per request anyway
+    "extra_args": (None, {}),
+    "skip_reading_prefix_cache": (None,),
+    "thinking_token_budget": (None, -1),
+    "repetition_detection": (None,),
+    "routed_experts_prompt_start": (0,),
+    "trace_decode_token_ids": (None,),
+}
+
+
+def _asks_nothing(value, harmless: tuple) -> bool:
+    return any(value is h or (type(value) is type(h) and value == h) for h in harmless)
+
+
+def _refuse_unknown_keywords(cls: type) -> type:
+    """Wrap cls.__init__: an unknown keyword, or a vLLM-only one set to do
+    something, raises UnknownParameterError naming it."""
+    init, names = cls.__init__, {f.name for f in fields(cls)}
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        for key in [k for k in kwargs if k not in names]:
+            value = kwargs.pop(key)
+            if key not in VLLM_ONLY_FIELDS:
+                why = f"{cls.__name__} has no such field"
+                raise UnknownParameterError(key, value, why)
+            if not _asks_nothing(value, VLLM_ONLY_FIELDS[key]):
+                why = "a vLLM field minillm does not implement; leave it unset"
+                raise UnknownParameterError(key, value, why)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+SamplingParams = _refuse_unknown_keywords(SamplingParams)
+
+
+# %% chapters/06_sampler.md:794
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -153,15 +346,25 @@ def _is_token_ids(v) -> bool:
     return isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v)
 
 
-# %% chapters/06_sampler.md:585
+def _int_keys(bias):
+    """logit_bias with keys such as "42" (JSON's) as ints; anything else as given."""
+    if not isinstance(bias, dict):
+        return bias
+    try:
+        return {int(t) if isinstance(t, str) else t: b for t, b in bias.items()}
+    except ValueError:  # a key that is not a number: _verify_args names the field
+        return bias
+
+
+# %% chapters/06_sampler.md:821
 def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
     return [
         ("n", _is_int(p.n) and p.n >= 1, "an integer >= 1"),
         (
             "temperature",
-            _is_real(p.temperature) and p.temperature >= 0,
-            "a number >= 0 (0 is greedy)",
+            _is_real(p.temperature) and 0 <= p.temperature <= 2,
+            "a number in [0, 2] (0 is greedy)",
         ),
         ("top_p", _is_real(p.top_p) and 0 < p.top_p <= 1, "in (0, 1] (1 is off)"),
         (
@@ -188,7 +391,7 @@ def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:624
+# %% chapters/06_sampler.md:860
 def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
     return [
@@ -207,8 +410,14 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
         ),
         (
             "logprobs",
-            p.logprobs is None or (_is_int(p.logprobs) and p.logprobs >= 0),
-            "None or an integer >= 0",
+            p.logprobs is None or (_is_int(p.logprobs) and p.logprobs >= -1),
+            "None, an integer >= 0, or -1 (all tokens)",
+        ),
+        (
+            "prompt_logprobs",
+            p.prompt_logprobs is None
+            or (_is_int(p.prompt_logprobs) and p.prompt_logprobs >= -1),
+            "None, an integer >= 0, or -1 (all tokens)",
         ),
         (
             "output_kind",
@@ -218,7 +427,7 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:657
+# %% chapters/06_sampler.md:899
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for stop strings, token-id lists, processors, flags."""
     return [
@@ -226,6 +435,36 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
             "stop",
             isinstance(p.stop, list) and all(isinstance(s, str) and s for s in p.stop),
             "a string or a list of non-empty strings",
+        ),
+        (
+            "stop",
+            not p.stop or p.detokenize is not False,
+            "empty when detokenize is False (stop strings are found in the text)",
+        ),
+        (
+            "bad_words",
+            isinstance(p.bad_words, list)
+            and all(isinstance(w, str) and w.strip() for w in p.bad_words),
+            "a list of non-empty strings",
+        ),
+        (
+            "logit_bias",
+            p.logit_bias is None
+            or (
+                isinstance(p.logit_bias, dict)
+                and all(_is_int(t) and t >= 0 for t in p.logit_bias)
+                and all(_is_real(b) and -100 <= b <= 100 for b in p.logit_bias.values())
+            ),
+            "None or a dict of token id (>= 0) -> bias in [-100, 100]",
+        ),
+        (
+            "bad_words_token_ids",
+            p.bad_words_token_ids is None
+            or (
+                isinstance(p.bad_words_token_ids, list)
+                and all(_is_token_ids(w) and w for w in p.bad_words_token_ids)
+            ),
+            "None or a list of non-empty lists of token ids",
         ),
         (
             "stop_token_ids",
@@ -249,13 +488,25 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
             and all(callable(f) for f in p.logits_processors),
             "a list of callables (output_token_ids, logits) -> logits",
         ),
+        (
+            "structured_outputs",
+            p.structured_outputs is None
+            or isinstance(p.structured_outputs, StructuredOutputsParams),
+            "None or a StructuredOutputsParams",
+        ),
     ] + [
         (name, isinstance(getattr(p, name), bool), "True or False")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+        for name in (
+            "ignore_eos",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "detokenize",
+        )
     ]
 
 
-# %% chapters/06_sampler.md:699
+# %% chapters/06_sampler.md:983
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).
@@ -263,6 +514,6 @@ def _verify_args(params: SamplingParams) -> None:
     checks = (
         _distribution_checks(params) + _length_checks(params) + _list_checks(params)
     )
-    for field, ok, allowed in checks:
+    for name, ok, allowed in checks:
         if not ok:
-            raise SamplingParamsError(field, getattr(params, field), allowed)
+            raise SamplingParamsError(name, getattr(params, name), allowed)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:478
+# %% chapters/05_scheduler.md:480
 """Continuous batching with a token budget, chunked prefill and preemption (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. The design is vLLM v1's
@@ -19,15 +19,20 @@ from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from minillm.request import Request, RequestStatus
 
 
-# %% chapters/05_scheduler.md:502
+# %% chapters/05_scheduler.md:505
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # or "priority": see "Priority scheduling" below
 
     def __post_init__(self):
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"policy must be 'fcfs' or 'priority', got {self.policy!r}"
+            )
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len) < 1:
             raise ValueError(
                 "max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1"
@@ -49,7 +54,7 @@ class SchedulerConfig:
             )
 
 
-# %% chapters/05_scheduler.md:541
+# %% chapters/05_scheduler.md:549
 @dataclass
 class SchedulerOutput:
     scheduled_requests: list[Request]  # batch order
@@ -76,13 +81,14 @@ class SchedulerOutput:
         )
 
 
-# %% chapters/05_scheduler.md:579
+# %% chapters/05_scheduler.md:587
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (continuous batching).
 
-    Invariants: every request is in exactly one of waiting (FIFO) and running (admission
-    order) until it finishes; a step never exceeds max_num_batched_tokens tokens or
-    max_num_seqs requests; a running request holds blocks for all its computed tokens.
+    Invariants: every request is in exactly one of waiting (FIFO, or by priority) and
+    running (admission order) until it finishes; a step never exceeds
+    max_num_batched_tokens tokens or max_num_seqs requests; a running request holds
+    blocks for all its computed tokens.
     """
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
@@ -102,7 +108,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
 
-    # %% chapters/05_scheduler.md:616
+    # %% chapters/05_scheduler.md:625
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -113,7 +119,7 @@ class Scheduler:
                 "must be left to generate"
             )
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._add_waiting(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -121,7 +127,7 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    # %% chapters/05_scheduler.md:663
+    # %% chapters/05_scheduler.md:672
     def schedule(self) -> SchedulerOutput:
         """This step's batch: running requests first, then waiting ones, as far as the
         token budget, the seats and the cache go.
@@ -138,7 +144,7 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    # %% chapters/05_scheduler.md:695
+    # %% chapters/05_scheduler.md:704
     def _schedule_running(
         self, budget: int, scheduled: dict[str, int], preempted: list[str]
     ) -> int:
@@ -156,7 +162,7 @@ class Scheduler:
                     self.kv_cache_manager.allocate_slots(request, num_new)
                     break
                 except NoFreeBlocksError:
-                    victim = self.running[-1]  # the most recently admitted
+                    victim = self._victim()  # FCFS: the most recently admitted
                     self._preempt(victim)
                     preempted.append(victim.request_id)
                     budget += scheduled.pop(victim.request_id, 0)
@@ -167,7 +173,7 @@ class Scheduler:
                 budget -= num_new
         return budget
 
-    # %% chapters/05_scheduler.md:739
+    # %% chapters/05_scheduler.md:748
     def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
         """Pass 2: admit waiting requests, first come first served."""
         while (
@@ -196,7 +202,7 @@ class Scheduler:
             scheduled[request.request_id] = num_new
             budget -= num_new
 
-    # %% chapters/05_scheduler.md:782
+    # %% chapters/05_scheduler.md:791
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's cache and queue it to run again
         first.
@@ -209,9 +215,9 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self._add_waiting(request, front=True)
 
-    # %% chapters/05_scheduler.md:809
+    # %% chapters/05_scheduler.md:818
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
@@ -237,7 +243,7 @@ class Scheduler:
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         return updated
 
-    # %% chapters/05_scheduler.md:844
+    # %% chapters/05_scheduler.md:853
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -262,8 +268,30 @@ class Scheduler:
             request.num_output_placeholders = 0
             self.finished_req_ids.add(request_id)
 
+    # %% chapters/05_scheduler.md:1159
+    def _add_waiting(self, request: Request, front: bool = False) -> None:
+        """Queue request: FCFS at the back (a preempted one at the front); priority
+        in (priority, arrival_time) order."""
+        if self.config.policy == "priority":
+            key = _urgency(request)
+            i = next(
+                (i for i, r in enumerate(self.waiting) if key < _urgency(r)),
+                len(self.waiting),
+            )
+            self.waiting.insert(i, request)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
 
-# %% chapters/05_scheduler.md:650
+    def _victim(self) -> Request:
+        """Who is preempted when the cache is short."""
+        if self.config.policy == "priority":
+            return max(self.running, key=_urgency)  # the least urgent
+        return self.running[-1]  # the most recently admitted
+
+
+# %% chapters/05_scheduler.md:659
 def _tokens_to_go(request: Request) -> int:
     """Tokens of request not yet computed; a placeholder (chapter 11) and a proposed
     token (chapter 14) count as one each."""
@@ -273,3 +301,9 @@ def _tokens_to_go(request: Request) -> int:
         + len(request.spec_token_ids)
         - request.num_computed_tokens
     )
+
+
+# %% chapters/05_scheduler.md:1184
+def _urgency(request: Request) -> tuple[int, float]:
+    """Sort key of priority scheduling: smaller is served first."""
+    return request.priority, request.arrival_time

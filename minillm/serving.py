@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1617
+# %% chapters/16_server.md:1683
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -43,14 +43,14 @@ from minillm.protocol import (
     TokenizeResponse,
     UsageInfo,
 )
-from minillm.sampler import SampleLogprobs
-from minillm.sampling_params import SamplingParams
+from minillm.logprobs import SampleLogprobs, sampled_logprob
+from minillm.sampling_params import SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:  # the section "The engine in a process of its own"
     from minillm.engine_core import EngineCoreClient
 
 
-# %% chapters/16_server.md:1669
+# %% chapters/16_server.md:1735
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -72,7 +72,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1699
+# %% chapters/16_server.md:1765
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -97,7 +97,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1734
+# %% chapters/16_server.md:1800
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -118,7 +118,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1764
+# %% chapters/16_server.md:1830
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -155,21 +155,27 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1809
+    # %% chapters/16_server.md:1875
     def render_chat(
-        self, messages: list[ChatMessage], add_generation_prompt: bool = True
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[int]:
-        """Chat messages -> prompt token ids, through the chat template."""
+        """Chat messages (and the tools offered) -> prompt token ids, through the
+        chat template."""
+        extra = ("name", "tool_calls", "tool_call_id")  # passed on when given
         try:
             text = self._template.render(
                 messages=[
                     {
                         "role": m.role,
                         "content": m.text(),
-                        **({"name": m.name} if m.name else {}),
+                        **{k: getattr(m, k) for k in extra if getattr(m, k)},
                     }
                     for m in messages
                 ],
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.tokenizer.bos_token or "",
                 eos_token=self.tokenizer.eos_token or "",
@@ -183,7 +189,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1844
+    # %% chapters/16_server.md:1916
     def list_models(self) -> ModelList:
         return ModelList(
             data=[
@@ -205,7 +211,11 @@ class OpenAIServing:
                     req.prompt, add_special_tokens=req.add_special_tokens
                 )
                 if req.prompt is not None
-                else self.render_chat(req.messages, req.add_generation_prompt)
+                else self.render_chat(
+                    req.messages,
+                    req.add_generation_prompt,
+                    [t.model_dump() for t in req.tools] if req.tools else None,
+                )
             )
         except ValueError as e:
             raise bad_request(e) from e
@@ -213,7 +223,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1881
+    # %% chapters/16_server.md:1957
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -227,34 +237,38 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:1904
-    def constrain(self, req: SamplingRequest, params: SamplingParams) -> SamplingParams:
-        """params with the request's structured-output constraint (chapter 15)."""
-        if req.structured_outputs is None and req.response_format is None:
+    # %% chapters/16_server.md:1984
+    def constrain(
+        self,
+        req: SamplingRequest,
+        params: SamplingParams,
+        tools: StructuredOutputsParams | None = None,
+    ) -> SamplingParams:
+        """params with the request's structured-output constraint (chapter 15):
+        tools (a forced tool call's), else response_format or structured_outputs."""
+        if all(c is None for c in (tools, req.structured_outputs, req.response_format)):
             return params
         # chapter 15's modules, imported by the first request that needs them
         from minillm.structured.ir import GrammarError
         from minillm.structured.processor import (
-            compiler_for,
+            constrain,
             structured_outputs_from_response_format,
         )
 
         field = "response_format" if req.response_format else "structured_outputs"
+        field = "tools" if tools is not None else field
         try:
-            so = structured_outputs_from_response_format(
+            so = tools or structured_outputs_from_response_format(
                 req.structured_outputs, req.response_format
             )
             if so is None:
                 return params
-            processor = so.logits_processor(
-                compiler_for(self.tokenizer), params.max_tokens
-            )
-        except GrammarError as e:
-            raise InvalidRequestError(str(e), field) from e
-        processors = [*params.logits_processors, processor]
-        return replace(params, logits_processors=processors)
+            return constrain(replace(params, structured_outputs=so), self.tokenizer)
+        except (GrammarError, ValueError) as e:
+            message = str(e).removeprefix("structured_outputs: ")
+            raise InvalidRequestError(message, field) from e
 
-    # %% chapters/16_server.md:1997
+    # %% chapters/16_server.md:2081
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -269,7 +283,7 @@ class OpenAIServing:
             # where the new tokens start, counted as the non-streamed logprobs count
             offset = state.token_chars
             state.token_chars += sum(
-                len(self.token_text(lp.token_id)) for lp in logprobs or ()
+                len(self.token_text(sampled_logprob(p)[0])) for p in logprobs or ()
             )
             state.chars, state.tokens = len(c.text), len(c.token_ids)
             state.finished = c.finished
@@ -288,7 +302,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:1942
+# %% chapters/16_server.md:2026
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -303,7 +317,7 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:1964
+# %% chapters/16_server.md:2048
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""
@@ -319,7 +333,7 @@ class StreamPiece(NamedTuple):
 
     index: int  # the choice's index in the response
     text: str  # the text not sent yet
-    logprobs: list[SampleLogprobs] | None  # the new tokens' logprobs
+    logprobs: SampleLogprobs | None  # the new tokens' logprobs
     finish_reason: str | None
     stop_reason: int | str | None
     offset: int  # characters of token text before the new tokens (text_offset)

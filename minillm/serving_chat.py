@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2305
+# %% chapters/16_server.md:2392
 """`/v1/chat/completions` (chapter 16, "The endpoints"): messages through the chat
 template, one answer or a stream of deltas out. vLLM's counterpart:
 vllm/entrypoints/openai/chat_completion/serving.py.
@@ -10,9 +10,12 @@ vllm/entrypoints/openai/chat_completion/serving.py.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 from minillm.async_llm import RequestStream
 from minillm.protocol import (
@@ -26,23 +29,28 @@ from minillm.protocol import (
     ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    InvalidRequestError,
+    ToolCall,
     random_id,
 )
-from minillm.sampler import SampleLogprobs
+from minillm.logprobs import Logprob, SampleLogprobs, sampled_logprob, top_logprobs
+from minillm.sampling_params import StructuredOutputsParams
 from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream_error
 
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2341
+# %% chapters/16_server.md:2436
 class OpenAIServingChat(OpenAIServing):
     """The chat completions endpoint."""
 
     def chat_logprobs(
-        self, logprobs: list[SampleLogprobs], num: int
+        self, logprobs: SampleLogprobs, num: int
     ) -> ChatCompletionLogProbs:
-        def entry(token_id: int, logprob: float, cls=ChatCompletionLogProb, **extra):
-            token = self.token_text(token_id)
+        def entry(token_id: int, lp: Logprob, cls=ChatCompletionLogProb, **extra):
+            token, logprob = self.token_text(token_id), lp.logprob
             return cls(
                 token=token, logprob=logprob, bytes=list(token.encode("utf-8")), **extra
             )
@@ -50,29 +58,33 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionLogProbs(
             content=[
                 entry(
-                    lp.token_id,
-                    lp.logprob,
+                    *sampled_logprob(position),
                     ChatCompletionLogProbsContent,
-                    top_logprobs=[entry(t, v) for t, v in lp.top_logprobs[:num]],
+                    top_logprobs=[entry(t, v) for t, v in top_logprobs(position, num)],
                 )
-                for lp in logprobs
+                for position in logprobs
             ]
         )
 
-    # %% chapters/16_server.md:2374
+    # %% chapters/16_server.md:2468
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
         self.check_model(req.model)
         try:
-            params = self.constrain(req, req.to_sampling_params())
-            prompt_ids = self.render_chat(req.messages, req.add_generation_prompt)
+            forced = self.forced_tool_call(req)  # None, or "Tool calls" below
+            constraint = None if forced is None else forced.constraint
+            params = self.constrain(req, req.to_sampling_params(), constraint)
+            tools = [t.model_dump() for t in req.tools] if req.tools else None
+            prompt_ids = self.render_chat(
+                req.messages, req.add_generation_prompt, tools
+            )
             request_id = random_id("chatcmpl")
             stream = await self.llm.generate([(request_id, prompt_ids, params)])
         except ValueError as e:
             raise bad_request(e) from e
         if req.stream:
-            return self._stream_chat(req, request_id, stream, params.logprobs)
+            return self._stream_chat(req, request_id, stream, params.logprobs, forced)
         try:
             async for output in stream:
                 pass
@@ -81,8 +93,7 @@ class OpenAIServingChat(OpenAIServing):
         choices = [
             ChatCompletionResponseChoice(
                 index=c.index,
-                message=AssistantMessage(content=c.text),
-                finish_reason=c.finish_reason,
+                **answer(c.text, c.finish_reason, forced),  # message, finish_reason
                 stop_reason=c.stop_reason,
                 logprobs=None
                 if c.logprobs is None
@@ -95,15 +106,16 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2417
+    # %% chapters/16_server.md:2515
     async def _stream_chat(
         self,
         req: ChatCompletionRequest,
         request_id: str,
         stream: RequestStream,
         num_logprobs: int | None,
+        forced: ForcedToolCall | None = None,
     ) -> AsyncIterator[str]:
-        created, states, output = int(time.time()), {}, None
+        created, states, output, texts = int(time.time()), {}, None, {}
 
         def chunk(choices: list[ChatCompletionResponseStreamChoice], usage=None):
             return sse(
@@ -125,11 +137,14 @@ class OpenAIServingChat(OpenAIServing):
                 ]
             )
             async for output in stream:
-                events = [
-                    chunk([self._chat_choice(piece, num_logprobs)])
+                choices = [
+                    self._chat_choice(piece, num_logprobs)
+                    if forced is None
+                    else forced.stream_choice(piece, texts)  # "Tool calls" below
                     for output in [output, *stream.ready()]  # all that is queued
                     for piece in self._new_pieces(output, states, 0)
                 ]
+                events = [chunk([c]) for c in choices if c is not None]
                 if events:
                     yield "".join(events)  # one write to the socket
             if req.include_usage and output is not None:
@@ -141,7 +156,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2471
+    # %% chapters/16_server.md:2573
     def _chat_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> ChatCompletionResponseStreamChoice:
@@ -154,3 +169,90 @@ class OpenAIServingChat(OpenAIServing):
             if piece.logprobs is None
             else self.chat_logprobs(piece.logprobs, num_logprobs),
         )
+
+    # %% chapters/16_server.md:2721
+    def forced_tool_call(self, req: ChatCompletionRequest) -> ForcedToolCall | None:
+        choice, schema = req.checked_tool_choice(), req.tool_call_schema()
+        if choice == "auto":
+            raise InvalidRequestError(
+                f'tool_choice "auto" needs a parser for the tool-call format of '
+                f"{self.model_name}, and it has none (its chat template defines "
+                'no tool calls); use tool_choice "required" or a named function '
+                '({"type": "function", "function": {"name": ...}}), which '
+                "structured output enforces", "tool_choice"
+            )  # fmt: skip
+        if schema is None:
+            return None
+        if req.response_format is not None or req.structured_outputs is not None:
+            raise InvalidRequestError(
+                "use either tools with a forced tool_choice or response_format / "
+                "structured_outputs, not both", "tool_choice"
+            )  # fmt: skip
+        if req.stream and req.logprobs:
+            raise InvalidRequestError(
+                "logprobs are not streamed with tool calls", "logprobs"
+            )
+        name = None if choice == "required" else choice.function.name
+        return ForcedToolCall(StructuredOutputsParams(json=schema), name)
+
+
+# %% chapters/16_server.md:2711
+class ForcedToolCall(NamedTuple):
+    """A tool_choice that forces a call: the output's schema, and the function's
+    name (None for "required": the output names its functions)."""
+
+    constraint: StructuredOutputsParams
+    name: str | None
+
+    # %% chapters/16_server.md:2793
+    def stream_choice(self, piece: StreamPiece, texts: dict[int, str]):
+        """A piece of a streamed forced call as a choice, or None (nothing yet)."""
+        first = piece.index not in texts
+        texts[piece.index] = texts.get(piece.index, "") + piece.text
+        if self.name is not None:  # the text is the arguments: send it as it comes
+            call = DeltaToolCall(index=0, function={"arguments": piece.text})
+            if first:
+                call.id, call.type = random_id("chatcmpl-tool"), "function"
+                call.function.name = self.name
+            delta, reason = DeltaMessage(tool_calls=[call]), piece.finish_reason
+        elif piece.finish_reason is None:
+            return None
+        else:  # "required": the calls, whole, once the text is complete
+            done = answer(texts[piece.index], piece.finish_reason, self)
+            calls = [
+                DeltaToolCall(index=k, **call.model_dump())  # id, type, function
+                for k, call in enumerate(done["message"].tool_calls)
+            ]
+            content = None if calls else done["message"].content
+            delta = DeltaMessage(content=content, tool_calls=calls or None)
+            reason = done["finish_reason"]
+        return ChatCompletionResponseStreamChoice(
+            index=piece.index, delta=delta, finish_reason=reason,
+            stop_reason=piece.stop_reason,
+        )  # fmt: skip
+
+
+# %% chapters/16_server.md:2756
+def tool_calls_in(text: str, name: str | None) -> list[ToolCall] | None:
+    """The calls in a forced call's output; None if it does not hold them."""
+    if name is not None:  # the named function's arguments
+        return [ToolCall(function=FunctionCall(name=name, arguments=text))]
+    try:
+        calls = [(c["name"], c["parameters"]) for c in json.loads(text)]
+    except (ValueError, TypeError, KeyError):
+        return None
+    dump = functools.partial(json.dumps, ensure_ascii=False)  # as vLLM writes them
+    return [
+        ToolCall(function=FunctionCall(name=n, arguments=dump(a))) for n, a in calls
+    ]
+
+
+def answer(text: str, finish_reason, forced: ForcedToolCall | None) -> dict:
+    """A choice's message and finish_reason: the text, or the calls it holds."""
+    calls = None if forced is None else tool_calls_in(text, forced.name)
+    message = AssistantMessage(content=text if calls is None else "")
+    if calls is not None:
+        message.tool_calls = calls
+        if forced.name is None and finish_reason == "stop":
+            finish_reason = "tool_calls"
+    return {"message": message, "finish_reason": finish_reason}

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2042
+# %% chapters/16_server.md:2126
 """`/v1/completions` (chapter 16, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -24,26 +24,29 @@ from minillm.protocol import (
     CompletionResponseChoice,
     random_id,
 )
-from minillm.sampler import SampleLogprobs
+from minillm.logprobs import SampleLogprobs, sampled_logprob, top_logprobs
 from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream_error
 
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2078
+# %% chapters/16_server.md:2162
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
     def completion_logprobs(
-        self, logprobs: list[SampleLogprobs], num: int, offset: int
+        self, logprobs: SampleLogprobs, num: int, offset: int
     ) -> CompletionLogProbs:
         """OpenAI's completions logprobs for these tokens; offset: characters of text
         before the first.
         """
         result = CompletionLogProbs()
-        for lp in logprobs:
-            token = self.token_text(lp.token_id)
-            top = {self.token_text(t): v for t, v in lp.top_logprobs[:num]}
+        for position in logprobs:
+            token_id, lp = sampled_logprob(position)
+            token = self.token_text(token_id)
+            top = {
+                self.token_text(t): v.logprob for t, v in top_logprobs(position, num)
+            }
             top.setdefault(token, lp.logprob)
             result.tokens.append(token)
             result.token_logprobs.append(lp.logprob)
@@ -52,7 +55,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:2112
+    # %% chapters/16_server.md:2199
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -79,7 +82,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:2147
+    # %% chapters/16_server.md:2234
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -113,7 +116,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2224
+    # %% chapters/16_server.md:2311
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -160,7 +163,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2279
+    # %% chapters/16_server.md:2366
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
@@ -175,7 +178,7 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
 
-# %% chapters/16_server.md:2197
+# %% chapters/16_server.md:2284
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 

@@ -233,15 +233,17 @@ class SwapScheduler(Scheduler):
         else:
             waiting, self.waiting = self.waiting, deque()
             output = super().schedule()
-            # requests preempted by recompute this step stay in front
-            self.waiting.extend(waiting)
+            # requests preempted by recompute this step stay in front (under
+            # scheduling_policy="priority", each goes back to its place in order)
+            for request in waiting:
+                self._add_waiting(request)
         output.blocks_to_swap_in, output.blocks_to_swap_out = (
             self._swap_in_pairs,
             self._swap_out_pairs,
         )
         return output
 
-    # %% chapters/09_swap.md:571
+    # %% chapters/09_swap.md:573
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -257,7 +259,7 @@ class SwapScheduler(Scheduler):
         super().finish_requests(request_ids, status)
 
 
-# %% chapters/09_swap.md:599
+# %% chapters/09_swap.md:601
 @engine_options
 @dataclass(frozen=True)
 class SwapOptions:
@@ -276,7 +278,7 @@ class SwapOptions:
             )
 
 
-# %% chapters/09_swap.md:629
+# %% chapters/09_swap.md:631
 class EngineSwapScheduler(SwapScheduler):
     """A SwapScheduler that carries out the block copies of each step it schedules."""
 

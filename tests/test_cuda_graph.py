@@ -14,6 +14,7 @@ from hf_models import MODELS, SHAPE
 from minillm.cuda_graph import default_capture_sizes
 from minillm.config import EngineConfig
 from minillm.llm import LLM
+from minillm.logprobs import sampled_logprob, top_logprobs
 from minillm.sampling_params import SamplingParams
 
 transformers.logging.set_verbosity_error()
@@ -138,10 +139,10 @@ def test_persistent_batch_samples_like_chapter7_runner(tiny, device):
         la, lb = a.outputs[0].logprobs, b.outputs[0].logprobs
         assert (la is None) == (lb is None)
         if la is not None:
-            assert [lp.logprob for lp in la] == pytest.approx([lp.logprob for lp in lb])
-            assert [lp.top_logprobs for lp in la][0][0][0] == [
-                lp.top_logprobs for lp in lb
-            ][0][0][0]
+            assert [sampled_logprob(p)[1].logprob for p in la] == pytest.approx(
+                [sampled_logprob(p)[1].logprob for p in lb]
+            )
+            assert top_logprobs(la[0], 1)[0][0] == top_logprobs(lb[0], 1)[0][0]
 
 
 @pytest.mark.parametrize(
@@ -599,9 +600,12 @@ def test_async_scheduling_logprobs_run_ahead(tiny):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert (a.outputs[0].logprobs is None) == (b.outputs[0].logprobs is None)
         for x, y in zip(a.outputs[0].logprobs or [], b.outputs[0].logprobs or []):
-            assert (x.token_id, x.rank) == (y.token_id, y.rank)
-            assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
-            assert [t for t, _ in x.top_logprobs] == [t for t, _ in y.top_logprobs]
+            (xt, xl), (yt, yl) = sampled_logprob(x), sampled_logprob(y)
+            assert (xt, xl.rank) == (yt, yl.rank)
+            assert xl.logprob == pytest.approx(yl.logprob, abs=1e-5)
+            assert [t for t, _ in top_logprobs(x, len(x))] == [
+                t for t, _ in top_logprobs(y, len(y))
+            ]
 
 
 def test_async_scheduling_unseeded_rows_run_ahead(tiny):

@@ -16,6 +16,7 @@ from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
 from minillm.engine import LIVE_ENGINES, LLMEngine
 from minillm.llm import LLM
+from minillm.logprobs import sampled_logprob, top_logprobs
 from minillm.model import generate
 from minillm.sampling_params import SamplingParams, SamplingParamsError
 
@@ -279,11 +280,11 @@ def test_n_completions_are_indexed_and_seeded_distinctly(tiny_llm):
     for c in out.outputs:
         assert len(c.logprobs) == len(c.token_ids)
         assert all(
-            len(lp.top_logprobs) == 2 and lp.token_id == t
-            for lp, t in zip(c.logprobs, c.token_ids)
+            len(top_logprobs(pos, 2)) == 2 and next(iter(pos)) == t
+            for pos, t in zip(c.logprobs, c.token_ids)
         )
         assert c.cumulative_logprob == pytest.approx(
-            sum(lp.logprob for lp in c.logprobs)
+            sum(pos[t].logprob for pos, t in zip(c.logprobs, c.token_ids))
         )
 
 
@@ -299,7 +300,7 @@ def run_steps(engine, prompt, params) -> list:
                     c.token_ids, c.text = tokens + c.token_ids, text + c.text
                     c.logprobs = lps + c.logprobs
                 seen[c.index] = (c.token_ids, c.text, c.logprobs)
-                logprobs = [(lp.token_id, lp.logprob) for lp in c.logprobs]
+                logprobs = [sampled_logprob(pos) for pos in c.logprobs]
                 steps.append((c.index, c.token_ids, c.text, c.finish_reason))
                 steps.append((logprobs, c.cumulative_logprob, out.finished))
     return steps

@@ -125,6 +125,7 @@ def test_deltas_rebuild_what_async_llm_gives_and_a_dead_process_fails_callers():
         ("stop", 'The "while" statement', SamplingParams(max_tokens=40, stop=["."])),
         ("n2", [5, 6, 7], SamplingParams(n=2, seed=3, max_tokens=12, logprobs=3)),
         ("eos", "x", SamplingParams(temperature=0, max_tokens=30, min_tokens=2)),
+        ("prompt", PROMPT, SamplingParams(max_tokens=3, prompt_logprobs=2)),
     ]
 
     async def in_thread():
@@ -174,6 +175,11 @@ def test_deltas_rebuild_what_async_llm_gives_and_a_dead_process_fails_callers():
                 y.cumulative_logprob
             )
     assert len(got[1].outputs) == 2
+    # the prompt's logprobs cross the process boundary too
+    assert got[3].prompt_logprobs is not None
+    assert len(got[3].prompt_logprobs) == len(got[3].prompt_token_ids)
+    assert got[3].prompt_logprobs == expected[3].prompt_logprobs
+    assert all(o.prompt_logprobs is None for o in got[:3])
 
 
 async def _every_output(llm, requests):

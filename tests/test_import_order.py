@@ -101,6 +101,8 @@ def test_every_module_that_registers_parts_is_a_plugin():
     registering = {
         module for reg in registry.REGISTRIES for module in reg.registered_by.values()
     } | {owner for owner in registry.OWNERS.values() if owner != registry.__name__}
+    hooks = [*registry.RUNNER_EXTENSIONS, *registry.EXECUTOR_HOOKS]
+    registering |= {hook.__module__ for hook in [*hooks, *registry.REQUEST_HOOKS]}
     assert registering == set(minillm.PLUGINS), (
         "a module registers parts or declares options but has no `#| plugin` cell, "
         "or a plugin registers nothing"

@@ -120,7 +120,7 @@ def test_tiny_positive_temperature_is_raised_with_a_warning():
         (dict(max_tokens=0), "max_tokens"),
         (dict(min_tokens=-1), "min_tokens"),
         (dict(min_tokens=5, max_tokens=4), "min_tokens"),
-        (dict(logprobs=-1), "logprobs"),
+        (dict(logprobs=-2), "logprobs"),  # -1 is vLLM's "all tokens"
         (dict(stop=[""]), "stop"),
         (dict(stop=5), "stop"),
         (dict(stop_token_ids=[-1]), "stop_token_ids"),
@@ -177,12 +177,12 @@ def test_metadata_seeds_and_positions():
         SamplingParams(seed=2**64 + 5),
         SamplingParams(temperature=0, seed=9),  # greedy: draws nothing
         SamplingParams(),
-        SamplingParams(seed=-1),
+        SamplingParams(seed=-2),  # (-1 is vLLM's "no seed")
         SamplingParams(seed=2**63),
     ]
     md = metadata(params, 32, outputs=[[1, 2, 3], [], [4], [5, 5], []])
     assert md.seeded.tolist() == [True, False, False, True, True]
-    assert md.seeds.tolist() == [5, 0, 0, -1, -(2**63)]  # the low 64 bits, signed
+    assert md.seeds.tolist() == [5, 0, 0, -2, -(2**63)]  # the low 64 bits, signed
     assert md.seeds.dtype == md.positions.dtype == torch.int64
     assert md.positions.tolist() == [3, 0, 1, 2, 0]
 

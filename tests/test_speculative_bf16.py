@@ -34,6 +34,7 @@ import torch
 
 import minillm.speculative.runner as spec_runner
 from minillm.llm import LLM
+from minillm.logprobs import top_logprobs
 from minillm.sampling_params import SamplingParams
 from minillm.speculative.workloads import held_out_prompts
 from minillm.tiny import tiny_model
@@ -128,7 +129,8 @@ def compare_with_plain(plain, spec, log: VerificationLog) -> dict:
         first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         rows = log.rows[s_out.request_id]
         for position in range(len(a) if first is None else first + 1):
-            (t0, lp0), (t1, lp1) = p_out.outputs[0].logprobs[position].top_logprobs
+            top = top_logprobs(p_out.outputs[0].logprobs[position], 2)
+            (t0, lp0), (t1, lp1) = [(t, lp.logprob) for t, lp in top]
             row = rows[position]
             scale = ulp(max(abs(float(row[t0])), abs(float(row[t1]))))
             spec_gap = float(row[t0] - row[t1])

@@ -307,6 +307,8 @@ def test_batch_bitmask_equals_per_row_processors(compiler):
         allowed_token_ids_mask=None,
         banned_token_ids={},
         min_tokens={},
+        bad_words_token_ids={},
+        logit_bias=None,
     )
     got = apply_token_constraints(logits.clone(), md)
     assert torch.equal(got, expected)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1898
+# %% chapters/11_cuda_graph.md:1900
 """Chapter 6's sampler as one Triton kernel for the fast path (chapter 11,
 "Sampling on the device").
 
@@ -31,7 +31,7 @@ PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 BLOCK = 8192  # tokens of a row per loop step: 16 a thread, with 16 warps
 
 
-# %% chapters/11_cuda_graph.md:1928
+# %% chapters/11_cuda_graph.md:1930
 @triton.jit
 def _exp(x, PRECISE: tl.constexpr):
     if PRECISE:  # correctly rounded, as PyTorch's; tl.exp is an approximation
@@ -68,7 +68,7 @@ def _noise(seed, pos, tokens, PRECISE: tl.constexpr):
     return -_log(uniform, PRECISE)
 
 
-# %% chapters/11_cuda_graph.md:1970
+# %% chapters/11_cuda_graph.md:1972
 @triton.jit
 def _load(row_ptr, offs, n, t, RAW_KEYS: tl.constexpr, PRECISE: tl.constexpr):
     """A block of the row: its logits / t (float32) and their order keys."""
@@ -107,7 +107,7 @@ def _live(
     return e, live
 
 
-# %% chapters/11_cuda_graph.md:2019
+# %% chapters/11_cuda_graph.md:2021
 @triton.jit
 def _row_stats(
     row_ptr, V, t, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
@@ -172,7 +172,7 @@ def _top_k_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2085
+# %% chapters/11_cuda_graph.md:2087
 @triton.jit
 def _top_p_key(
     row_ptr,
@@ -215,7 +215,7 @@ def _top_p_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2139
+# %% chapters/11_cuda_graph.md:2141
 @triton.jit
 def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
            HAS_MIN_P: tl.constexpr):  # fmt: skip
@@ -238,7 +238,7 @@ def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
     return tl.where(up, e, 0.0)
 
 
-# %% chapters/11_cuda_graph.md:2165
+# %% chapters/11_cuda_graph.md:2167
 @triton.jit
 def _sample_kernel(
     logits_ptr,
@@ -293,7 +293,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/11_cuda_graph.md:2224
+# %% chapters/11_cuda_graph.md:2226
 def sample(
     logits: Tensor,
     temperature: Tensor,

@@ -2,9 +2,10 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3940
-"""Structured output in the engine: vLLM's StructuredOutputsParams, a compiler
-with caches, and the logits processor that masks the grammar rows (chapter 15).
+# %% chapters/15_structured_output.md:3944
+"""Structured output in the engine: vLLM's StructuredOutputsParams compiled into a
+logits processor, a compiler with caches, and the hook that applies a request's
+`structured_outputs` (chapter 15).
 
 The processor plugs into chapter 6's seam, `SamplingParams.logits_processors`; its
 `apply_batch` (chapter 6's door for batch-level processors, and chapter 11's
@@ -19,12 +20,16 @@ import hashlib
 import json
 import pickle
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from minillm import sampling_params
+from minillm.registry import REQUEST_HOOKS
+from minillm.sampling_params import STRUCTURED_KINDS as KINDS
+from minillm.sampling_params import SamplingParams
 from minillm.structured.bitmask import apply_token_bitmask_inplace
 from minillm.structured.budget import finish_budget
 from minillm.structured.charset import utf8
@@ -35,79 +40,64 @@ from minillm.structured.matcher import CompiledGrammar, GrammarMatcher, set_bits
 from minillm.structured.regex import regex_expr
 from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 
-KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+# %% chapters/15_structured_output.md:3984
+def grammar_rules(so: sampling_params.StructuredOutputsParams) -> dict:
+    """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
+    options = JsonOptions(not so.disable_any_whitespace, so.whitespace_pattern)
+    if so.kind in ("json", "json_object"):
+        schema = {"type": "object"} if so.kind == "json_object" else so.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"json: the schema is not valid JSON ({e})")
+        return SchemaCompiler(schema, options).rules()
+    if so.kind == "regex":
+        return {"root": regex_expr(so.regex, utf8, search=False)}
+    if so.kind == "choice":
+        if not so.choice or not all(isinstance(c, str) for c in so.choice):
+            raise GrammarError("choice must be a non-empty list of strings")
+        return {"root": alt(*(lit(c) for c in so.choice))}
+    raise GrammarError(
+        f"{so.kind} is not supported by minillm's structured output "
+        "(json, json_object, regex and choice are)"
+    )
 
 
-# %% chapters/15_structured_output.md:3977
-@dataclass
-class StructuredOutputsParams:
-    """One constraint on a request's output, named as vLLM names them
-    (vllm/sampling_params.py): exactly one of json (a JSON Schema, dict or string),
-    regex, choice, grammar, json_object, structural_tag."""
+def constraint_key(so: sampling_params.StructuredOutputsParams) -> str:
+    """What the compiled grammar depends on, as a string (the compiler's cache key)."""
+    keys = (*KINDS, "disable_any_whitespace", "whitespace_pattern")
+    return json.dumps({k: getattr(so, k) for k in keys}, sort_keys=True)
 
-    json: str | dict | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False  # minillm never adds them anyway
-    whitespace_pattern: str | None = None
-    structural_tag: str | None = None
 
-    def __post_init__(self):
-        given = [k for k in KINDS if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise GrammarError(
-                "structured outputs take exactly one of json, regex, choice, grammar, "
-                f"json_object, structural_tag; got {given or 'none'}"
-            )
-        self.kind = given[0]
+def logits_processor(so, compiler, max_tokens: int | None = None):
+    """The processor to put in SamplingParams.logits_processors, for a
+    GrammarCompiler or a tokenizer. max_tokens (the request's): leave room to
+    finish the document within it."""
+    if not hasattr(compiler, "compile"):  # a tokenizer
+        compiler = compiler_for(compiler)
+    compiled = compiler.compile(so)
+    source = (so, compiler.fingerprint)  # what it pickles as ("Sent elsewhere")
+    return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
-    # %% chapters/15_structured_output.md:4005
+
+# %% chapters/15_structured_output.md:4026
+class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
+    """Chapter 6's constraint (vLLM's fields) with this chapter's functions as
+    methods; chapter 6's own instances compile the same way."""
+
     def rules(self) -> dict:
-        """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
-        options = JsonOptions(not self.disable_any_whitespace, self.whitespace_pattern)
-        if self.kind in ("json", "json_object"):
-            schema = {"type": "object"} if self.kind == "json_object" else self.json
-            if isinstance(schema, str):
-                try:
-                    schema = json.loads(schema)
-                except json.JSONDecodeError as e:
-                    raise GrammarError(
-                        f"json: the schema is not valid JSON ({e})"
-                    ) from None
-            return SchemaCompiler(schema, options).rules()
-        if self.kind == "regex":
-            return {"root": regex_expr(self.regex, utf8, search=False)}
-        if self.kind == "choice":
-            if not self.choice or not all(isinstance(c, str) for c in self.choice):
-                raise GrammarError("choice must be a non-empty list of strings")
-            return {"root": alt(*(lit(c) for c in self.choice))}
-        raise GrammarError(
-            f"{self.kind} is not supported by minillm's structured output "
-            "(json, json_object, regex and choice are)"
-        )
+        return grammar_rules(self)
 
     def key(self) -> str:
-        fields = {
-            k: getattr(self, k)
-            for k in (*KINDS, "disable_any_whitespace", "whitespace_pattern")
-        }
-        return json.dumps(fields, sort_keys=True)
+        return constraint_key(self)
 
     def logits_processor(self, compiler, max_tokens: int | None = None):
-        """The processor to put in SamplingParams.logits_processors, for a
-        GrammarCompiler or a tokenizer. max_tokens (the request's): leave room to
-        finish the document within it."""
-        if not hasattr(compiler, "compile"):  # a tokenizer
-            compiler = compiler_for(compiler)
-        compiled = compiler.compile(self)
-        source = (self, compiler.fingerprint)  # what it pickles as ("Sent elsewhere")
-        return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
+        return logits_processor(self, compiler, max_tokens)
 
 
-# %% chapters/15_structured_output.md:4055
+# %% chapters/15_structured_output.md:4047
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -125,9 +115,10 @@ class GrammarCompiler:
         COMPILERS.setdefault(self.fingerprint, self)  # "Sent elsewhere"
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
-        key = params.key()
+        key = constraint_key(params)
         if key not in self.cache:
-            self.cache[key] = CompiledGrammar(Grammar(params.rules()), self.index)
+            grammar = Grammar(grammar_rules(params))
+            self.cache[key] = CompiledGrammar(grammar, self.index)
             if len(self.cache) > self.cache_size:
                 self.cache.popitem(last=False)
         self.cache.move_to_end(key)
@@ -140,7 +131,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4094
+# %% chapters/15_structured_output.md:4087
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -208,7 +199,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4164
+    # %% chapters/15_structured_output.md:4157
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -226,7 +217,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4204
+    # %% chapters/15_structured_output.md:4197
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -273,7 +264,7 @@ class StructuredOutputLogitsProcessor:
         return apply
 
 
-# %% chapters/15_structured_output.md:4253
+# %% chapters/15_structured_output.md:4246
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -283,7 +274,7 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4272
+# %% chapters/15_structured_output.md:4265
 def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     """[p.next_token_mask(ids) for each row], the common case inlined."""
     masks = []
@@ -314,14 +305,14 @@ def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     return masks
 
 
-# %% chapters/15_structured_output.md:4304
+# %% chapters/15_structured_output.md:4297
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4339
+# %% chapters/15_structured_output.md:4332
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -359,7 +350,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4413
+# %% chapters/15_structured_output.md:4406
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -386,10 +377,51 @@ def structured_outputs_from_response_format(
             raise GrammarError("response_format json_schema needs json_schema.schema, "
                                "a JSON Schema object")  # fmt: skip
         fields["json"] = schema
-    return StructuredOutputsParams(**fields) if fields else None
+    try:
+        return StructuredOutputsParams(**fields) if fields else None
+    except ValueError as e:  # not exactly one kind (chapter 6's check)
+        raise GrammarError(str(e)) from None
 
 
-# %% chapters/15_structured_output.md:5002
+# %% chapters/15_structured_output.md:4484
+def structured_outputs_hook(engine, params: SamplingParams) -> SamplingParams:
+    """Chapter 7's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
+    logits processor, compiled for the engine's tokenizer."""
+    so = params.structured_outputs
+    if so is None or constrained_by(params, so):
+        return params
+    if engine.tokenizer is None:
+        raise ValueError("structured_outputs needs an engine with a tokenizer")
+    return constrain(params, engine.tokenizer)
+
+
+def constrain(params: SamplingParams, tokenizer) -> SamplingParams:
+    """params with the processor of params.structured_outputs added (a ValueError
+    that names structured_outputs if it cannot be compiled)."""
+    try:
+        so, max_tokens = params.structured_outputs, params.max_tokens
+        processor = logits_processor(so, compiler_for(tokenizer), max_tokens)
+    except GrammarError as e:
+        raise ValueError(f"structured_outputs: {e}") from None
+    return replace(params, logits_processors=[*params.logits_processors, processor])
+
+
+def constrained_by(params: SamplingParams, so) -> bool:
+    """Whether params already hold a processor compiled from constraint so."""
+    key = constraint_key(so)
+    return any(
+        constraint_key(source[0]) == key
+        for source in (getattr(p, "source", None) for p in params.logits_processors)
+        if source is not None
+    )
+
+
+# one entry, also when a notebook runs this cell again
+REQUEST_HOOKS[:] = [h for h in REQUEST_HOOKS if h.__name__ != "structured_outputs_hook"]
+REQUEST_HOOKS.append(structured_outputs_hook)
+
+
+# %% chapters/15_structured_output.md:5092
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
