@@ -303,7 +303,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1243
+# %% chapters/12_int4_gemm.md:1244
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -350,7 +350,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1313
+# %% chapters/12_int4_gemm.md:1337
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1917
+# %% chapters/13_quantization.md:1918
 """The engine's quantization methods "gptq", "awq", "w8a8" and "fp8" (chapter 13),
 registered in chapter 12's QUANTIZATION_METHODS seam; calibrated results are cached
 in $MINILLM_CACHE/quantized/ and loaded on the next build."""
@@ -69,7 +69,7 @@ class QuantizationOptions:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/13_quantization.md:1990
+# %% chapters/13_quantization.md:1991
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -95,7 +95,7 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/13_quantization.md:2026
+# %% chapters/13_quantization.md:2027
 KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
 
 
@@ -139,7 +139,7 @@ def load_quantized(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/13_quantization.md:2087
+# %% chapters/13_quantization.md:2088
 def _settings(method: str, config: EngineConfig) -> dict:
     common = {"calib": [config.calibration_samples, config.calibration_seq_len]}
     rotation = [config.quant_rotation, config.quant_rotation_seed]
@@ -187,7 +187,7 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
         save_quantized(model, path, everything=rotated)
 
 
-# %% chapters/13_quantization.md:2136
+# %% chapters/13_quantization.md:2137
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 12's format (calibrated, cached)."""

@@ -421,7 +421,7 @@ REQUEST_HOOKS[:] = [h for h in REQUEST_HOOKS if h.__name__ != "structured_output
 REQUEST_HOOKS.append(structured_outputs_hook)
 
 
-# %% chapters/15_structured_output.md:5092
+# %% chapters/15_structured_output.md:5094
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
