@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1240
+# %% chapters/07_engine.md:1249
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -42,7 +42,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1288
+# %% chapters/07_engine.md:1297
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -61,7 +61,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1317
+# %% chapters/07_engine.md:1326
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -103,7 +103,7 @@ class LLMEngine:
         self.is_shut_down = False
         LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
 
-    # %% chapters/07_engine.md:1367
+    # %% chapters/07_engine.md:1376
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -120,7 +120,7 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1396
+    # %% chapters/07_engine.md:1405
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -151,7 +151,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1434
+    # %% chapters/07_engine.md:1443
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -175,7 +175,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1466
+    # %% chapters/07_engine.md:1475
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -210,7 +210,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1543
+    # %% chapters/07_engine.md:1552
     def add_request(
         self,
         request_id: str,
@@ -263,7 +263,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1601
+    # %% chapters/07_engine.md:1610
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -285,7 +285,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1636
+    # %% chapters/07_engine.md:1645
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -310,7 +310,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1670
+    # %% chapters/07_engine.md:1679
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -338,7 +338,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1705
+    # %% chapters/07_engine.md:1714
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -370,7 +370,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1751
+    # %% chapters/07_engine.md:1760
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -410,7 +410,7 @@ class LLMEngine:
             seq.metrics,
         )
 
-    # %% chapters/07_engine.md:1803
+    # %% chapters/07_engine.md:1812
     def _check_max_logprobs(self, params: SamplingParams) -> None:
         """vLLM's max_logprobs cap (its default 20; -1: none), if the configuration
         has the option."""
@@ -447,7 +447,7 @@ class LLMEngine:
             return [] if shown else list(parent.prompt_logprobs or [None])
         return list(parent.prompt_logprobs or [None])
 
-    # %% chapters/07_engine.md:1882
+    # %% chapters/07_engine.md:1891
     def kv_cache_bytes(self) -> int:
         k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
         return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
@@ -472,7 +472,7 @@ class LLMEngine:
             raise RuntimeError("this engine was shut down: build a new one")
 
 
-# %% chapters/07_engine.md:1514
+# %% chapters/07_engine.md:1523
 @dataclass
 class _Sequence:
     request: Request
@@ -500,7 +500,7 @@ class _Parent:
     prompt_logprobs_shown: bool = False  # output_kind="delta": sent once
 
 
-# %% chapters/07_engine.md:1858
+# %% chapters/07_engine.md:1867
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
 
 

@@ -234,7 +234,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2337
+    # %% chapters/11_cuda_graph.md:2343
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -273,7 +273,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2519
+    # %% chapters/11_cuda_graph.md:2525
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -306,7 +306,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2601
+    # %% chapters/11_cuda_graph.md:2607
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -351,6 +351,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
+    # %% chapters/11_cuda_graph.md:2659
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -391,6 +392,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
+    # %% chapters/11_cuda_graph.md:2707
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -423,7 +425,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3322
+    # %% chapters/11_cuda_graph.md:3353
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -444,6 +446,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
+    # %% chapters/11_cuda_graph.md:3382
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -485,7 +488,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3958
+    # %% chapters/11_cuda_graph.md:4011
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -506,7 +509,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3902
+# %% chapters/11_cuda_graph.md:3955
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -554,5 +557,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3986
+# %% chapters/11_cuda_graph.md:4039
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1969
+# %% chapters/07_engine.md:1978
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def prompt_of(prompt: str | list[int] | dict) -> str | list[int] | dict:
     return prompt
 
 
-# %% chapters/07_engine.md:2013
+# %% chapters/07_engine.md:2022
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -82,7 +82,7 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:2067
+    # %% chapters/07_engine.md:2076
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
@@ -102,7 +102,7 @@ class LLM:
         _no_lora(lora_request)
         return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
 
-    # %% chapters/07_engine.md:2093
+    # %% chapters/07_engine.md:2102
     def _add(self, prompts: list, sampling_params, priority) -> list[str]:
         """Submit every prompt (all or none); their request ids."""
         params = sampling_params
@@ -136,7 +136,7 @@ class LLM:
             raise
         return ids
 
-    # %% chapters/07_engine.md:2133
+    # %% chapters/07_engine.md:2142
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
@@ -159,7 +159,7 @@ class LLM:
         bar.close()
         return [finished[i] for i in ids]
 
-    # %% chapters/07_engine.md:2299
+    # %% chapters/07_engine.md:2308
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
@@ -207,7 +207,7 @@ class LLM:
             prompts.append({"prompt_token_ids": ids, "prompt": text})
         return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
 
-    # %% chapters/07_engine.md:2378
+    # %% chapters/07_engine.md:2387
     def get_tokenizer(self) -> Tokenizer | None:
         return self.tokenizer
 
@@ -228,7 +228,7 @@ class LLM:
     def score(self, *args, **kwargs):
         raise _pooling("score")
 
-    # %% chapters/07_engine.md:2404
+    # %% chapters/07_engine.md:2413
     def shutdown(self) -> None:
         """Give the engine's memory back now (idempotent); generate refuses after."""
         self.engine.shutdown()
@@ -239,7 +239,7 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # %% chapters/07_engine.md:2775
+    # %% chapters/07_engine.md:2784
     def beam_search(
         self,
         prompts: list[str | list[int] | dict],
@@ -283,7 +283,7 @@ class LLM:
                 seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=skip)
         return outputs
 
-    # %% chapters/07_engine.md:2825
+    # %% chapters/07_engine.md:2834
     def _token_prompt(self, prompt: str | list[int] | dict) -> dict:
         """A TokensPrompt dict: text is encoded as generate encodes it."""
         if isinstance(prompt, dict):
@@ -297,7 +297,7 @@ class LLM:
         return {"prompt_token_ids": list(prompt)}
 
 
-# %% chapters/07_engine.md:2186
+# %% chapters/07_engine.md:2195
 def load_chat_template(template: str | Path | None) -> str | None:
     """A template given as Jinja text, or as the path of a file holding it."""
     if template is None or any(c in str(template) for c in "{}\n"):
@@ -345,7 +345,7 @@ def _message(message: dict, content_format: str) -> dict:
     return {**message, "content": content}
 
 
-# %% chapters/07_engine.md:2235
+# %% chapters/07_engine.md:2244
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker
 
 
@@ -404,7 +404,7 @@ def _cut_at_tag(text: str) -> str:
     return text[:at] if text[at:].startswith(CONTINUE_TAG) else text[:at].rstrip()
 
 
-# %% chapters/07_engine.md:2358
+# %% chapters/07_engine.md:2367
 class PoolingNotSupportedError(NotImplementedError, ValueError):
     """A pooling entry point (encode, embed, classify, score) on this engine."""
 

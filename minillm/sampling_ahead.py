@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:3126
+# %% chapters/11_cuda_graph.md:3148
 """What chapter 6's sampler reads from a request's tokens, kept for the steps
 launched ahead (chapter 11, "Penalties and token rules ahead").
 
@@ -46,7 +46,7 @@ def has_token_rules(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/11_cuda_graph.md:3181
+# %% chapters/11_cuda_graph.md:3203
 class PenaltiesState:
     """Per row of the persistent batch, on the device: the output-token counts and
     the prompt-token mask of a request (vLLM's PenaltiesState).
@@ -69,6 +69,7 @@ class PenaltiesState:
         self.num_counted = [0] * max_num_reqs
         self.num_rebuilt = 0  # rows built from a request's lists
 
+    # %% chapters/11_cuda_graph.md:3233
     def update(
         self, rows: list[int], requests: list[Request], vocab_size: int, previous
     ):
@@ -111,7 +112,7 @@ class PenaltiesState:
         if flight_rows:
             self._count(flight_rows, previous.tokens[upload(flight_src, self.device)])
 
-    # %% chapters/11_cuda_graph.md:3252
+    # %% chapters/11_cuda_graph.md:3283
     def _rebuild(self, fresh: list[tuple[int, Request]]) -> None:
         rows = upload([row for row, _ in fresh], self.device)
         self.output_counts.index_fill_(0, rows, 0)
@@ -129,7 +130,7 @@ class PenaltiesState:
         index = (upload(rows, self.device), token_ids)
         self.output_counts.index_put_(index, ones, accumulate=True)
 
-    # %% chapters/11_cuda_graph.md:3277
+    # %% chapters/11_cuda_graph.md:3308
     def apply(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:
@@ -159,7 +160,7 @@ class PenaltiesState:
         )
         return logits
 
-    # %% chapters/11_cuda_graph.md:3735
+    # %% chapters/11_cuda_graph.md:3788
     def apply_kernel(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1113
+# %% chapters/06_sampler.md:1125
 """A batch's sampling parameters as tensors (chapter 6, "A batch of requests").
 
 vLLM: vllm/v1/sample/metadata.py. `SamplingMetadata.from_requests` turns the requests'
@@ -21,7 +21,7 @@ from torch import Tensor
 from minillm.sampling_params import LogitsProcessor, SamplingParams, SamplingType
 
 
-# %% chapters/06_sampler.md:1139
+# %% chapters/06_sampler.md:1151
 def int64_seed(seed: int) -> int:
     """A Python int seed as the signed 64-bit word with the same low 64 bits."""
     return (seed + 2**63) % 2**64 - 2**63
@@ -40,7 +40,7 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:1169
+# %% chapters/06_sampler.md:1181
 @dataclass
 class SamplingMetadata:
     """What the sampler needs to know about the requests of one batch; row i is request
@@ -86,7 +86,7 @@ class SamplingMetadata:
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1395
+    # %% chapters/06_sampler.md:1407
     @classmethod
     def from_requests(
         cls,
@@ -116,7 +116,7 @@ class SamplingMetadata:
         )
 
 
-# %% chapters/06_sampler.md:1234
+# %% chapters/06_sampler.md:1246
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
@@ -157,7 +157,7 @@ def _sampling_fields(
     )
 
 
-# %% chapters/06_sampler.md:1286
+# %% chapters/06_sampler.md:1298
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -185,7 +185,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:1321
+# %% chapters/06_sampler.md:1333
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,
@@ -227,7 +227,7 @@ def _constraint_fields(
     )
 
 
-# %% chapters/06_sampler.md:1371
+# %% chapters/06_sampler.md:1383
 def _bias_fields(
     params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
 ) -> dict:

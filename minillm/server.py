@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2907
+# %% chapters/16_server.md:2912
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -55,12 +55,12 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2961
+# %% chapters/16_server.md:2966
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:2982
+# %% chapters/16_server.md:2987
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -85,7 +85,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:3015
+# %% chapters/16_server.md:3020
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -114,7 +114,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:3052
+# %% chapters/16_server.md:3057
 router = APIRouter()
 
 
@@ -137,7 +137,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:3081
+# %% chapters/16_server.md:3086
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -159,7 +159,7 @@ async def metrics(raw: Request):
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:3115
+# %% chapters/16_server.md:3120
 def create_app(
     engine: LLMEngine | EngineCoreClient,
     served_model_name: str = "minillm-tiny",
@@ -192,7 +192,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:3153
+# %% chapters/16_server.md:3158
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -218,7 +218,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:3188
+    # %% chapters/16_server.md:3193
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -243,7 +243,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3653
+# %% chapters/16_server.md:3658
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -279,7 +279,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% chapters/16_server.md:3693
+# %% chapters/16_server.md:3698
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -311,7 +311,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3734
+# %% chapters/16_server.md:3739
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -368,7 +368,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3797
+# %% chapters/16_server.md:3802
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -415,7 +415,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3848
+# %% chapters/16_server.md:3853
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -452,6 +452,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3890
+# %% chapters/16_server.md:3895
 if __name__ == "__main__":
     main()

@@ -129,7 +129,7 @@ class Tokenizer:
             config.get("chat_template"),
         )
 
-    # %% chapters/01_model.md:2974
+    # %% chapters/01_model.md:2987
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True
     ) -> str:

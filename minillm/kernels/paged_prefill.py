@@ -218,6 +218,7 @@ def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
     return max(1, 16 // group_p2, tokens)
 
 
+# %% chapters/10_triton_decode.md:1198
 def paged_prefill(
     q: Tensor,
     key_cache: Tensor,

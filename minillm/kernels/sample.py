@@ -141,6 +141,7 @@ def _row_stats(
     )
 
 
+# %% chapters/11_cuda_graph.md:2060
 @triton.jit
 def _top_k_key(
     row_ptr,
@@ -172,7 +173,7 @@ def _top_k_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2087
+# %% chapters/11_cuda_graph.md:2093
 @triton.jit
 def _top_p_key(
     row_ptr,
@@ -215,7 +216,7 @@ def _top_p_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2141
+# %% chapters/11_cuda_graph.md:2147
 @triton.jit
 def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
            HAS_MIN_P: tl.constexpr):  # fmt: skip
@@ -238,7 +239,7 @@ def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
     return tl.where(up, e, 0.0)
 
 
-# %% chapters/11_cuda_graph.md:2167
+# %% chapters/11_cuda_graph.md:2173
 @triton.jit
 def _sample_kernel(
     logits_ptr,
@@ -293,7 +294,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/11_cuda_graph.md:2226
+# %% chapters/11_cuda_graph.md:2232
 def sample(
     logits: Tensor,
     temperature: Tensor,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:2231
+# %% chapters/13_quantization.md:2237
 """Export 4-bit codes in the GPTQ or AWQ checkpoint layout (qweight, qzeros,
 scales; quantization_config in config.json) and load such a checkpoint back into
 chapter 12's Int4Linear (chapter 13)."""
@@ -41,7 +41,7 @@ def unpack_columns(words: Tensor, order: list[int] | None = None) -> Tensor:
     return v.reshape(r, m * 8)
 
 
-# %% chapters/13_quantization.md:2275
+# %% chapters/13_quantization.md:2281
 SYM_ZERO = 8  # the zero point that "sym": true promises for every 4-bit group
 
 
@@ -87,7 +87,7 @@ def from_layout(t: dict, fmt: str, sym: bool = False) -> tuple[Tensor, Tensor, T
     return codes, t["scales"].float().T.contiguous(), zeros.float().T.contiguous()
 
 
-# %% chapters/13_quantization.md:2327
+# %% chapters/13_quantization.md:2333
 def export_quantized(
     model: CausalLM, codes: dict, folder: str | Path, fmt: str, source=None
 ) -> None:
@@ -117,7 +117,7 @@ def export_quantized(
         shutil.copy(path, folder / path.name)  # tokenizer.json, its config
 
 
-# %% chapters/13_quantization.md:2358
+# %% chapters/13_quantization.md:2364
 def load_quantized_checkpoint(folder: str | Path) -> CausalLM:
     """A CausalLM whose projections are Int4Linear, from a GPTQ or AWQ folder."""
     folder = Path(folder)

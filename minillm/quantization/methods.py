@@ -36,6 +36,7 @@ from minillm.tokenizer import Tokenizer
 CACHE_VERSION = 1  # bump when a method's code changes its output
 
 
+# %% chapters/13_quantization.md:1958
 @engine_options
 @dataclass(frozen=True)
 class QuantizationOptions:
@@ -69,7 +70,7 @@ class QuantizationOptions:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/13_quantization.md:1991
+# %% chapters/13_quantization.md:1997
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -95,7 +96,7 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/13_quantization.md:2027
+# %% chapters/13_quantization.md:2033
 KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
 
 
@@ -139,7 +140,7 @@ def load_quantized(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/13_quantization.md:2088
+# %% chapters/13_quantization.md:2094
 def _settings(method: str, config: EngineConfig) -> dict:
     common = {"calib": [config.calibration_samples, config.calibration_seq_len]}
     rotation = [config.quant_rotation, config.quant_rotation_seed]
@@ -187,7 +188,7 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
         save_quantized(model, path, everything=rotated)
 
 
-# %% chapters/13_quantization.md:2137
+# %% chapters/13_quantization.md:2143
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 12's format (calibrated, cached)."""

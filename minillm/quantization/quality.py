@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:2478
+# %% chapters/13_quantization.md:2484
 """The quality table: held-out perplexity, with bootstrap intervals over the
 windows, and greedy agreement of each quantization method against the unquantized
 model (chapter 13). Cached in $MINILLM_CACHE/quantized/ under a key that hashes the
@@ -38,7 +38,7 @@ from minillm.tiny import default_cache_dir, tiny_model_path
 QUALITY_VERSION = 4  # 2: sequential GPTQ; 3: rotations; 4: strided windows, bootstrap
 
 
-# %% chapters/13_quantization.md:2521
+# %% chapters/13_quantization.md:2527
 @torch.no_grad()
 def window_nll(
     model: nn.Module, windows: Tensor, score_last: int | None = None,
@@ -67,7 +67,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(nll.mean().exp()), top1
 
 
-# %% chapters/13_quantization.md:2556
+# %% chapters/13_quantization.md:2562
 RESAMPLES, LEVEL, SEED = 2000, 0.95, 0  # every interval's bootstrap
 
 
@@ -101,7 +101,7 @@ def ppl_ratio(table: dict, a: str, b: str) -> tuple[float, float, float]:
     return math.exp(float(diff.double().mean())), math.exp(lo), math.exp(hi)
 
 
-# %% chapters/13_quantization.md:2599
+# %% chapters/13_quantization.md:2605
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -155,7 +155,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:2663
+# %% chapters/13_quantization.md:2669
 # The modules whose code the table's rows run (checkpoint and methods: export and
 # engine only); of minillm.int4 the rows call replace_linears alone.
 TABLE_MODULES = ("rtn", "calibration", "gptq", "sequential", "rotation", "awq",
@@ -193,7 +193,7 @@ def command(name: str, calib, held_out, group_size: int) -> str:
             f"{held_out[1]}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2710
+# %% chapters/13_quantization.md:2716
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256),
     held_out: tuple[int, int] = (64, 256), group_size: int = 128,
@@ -226,7 +226,7 @@ def quality_table(
     return table | {"source": "computed now", "key": key}
 
 
-# %% chapters/13_quantization.md:2747
+# %% chapters/13_quantization.md:2753
 def build_table(name, folder, calib, held_out, group_size) -> dict:
     model, tokenizer = load_pretrained(folder)
     merge_projections(model)  # same results per row, fewer and larger products
@@ -279,6 +279,6 @@ def main(argv: list[str] | None = None) -> None:
               f"agree {row['agreement']:.1%}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2801
+# %% chapters/13_quantization.md:2807
 if __name__ == "__main__":
     main()

@@ -38,6 +38,8 @@ from minillm.speculative.ngram import NgramProposer
 from minillm.speculative.rejection import greedy_accept, rejection_sample
 from minillm.speculative.verify_graphs import VerifyGraphRunner
 
+
+# %% chapters/14_speculative.md:1575
 METHODS = ("ngram", "draft_model", "eagle", "medusa")  # the proposers built
 
 
@@ -73,7 +75,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/14_speculative.md:1605
+# %% chapters/14_speculative.md:1612
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -114,7 +116,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/14_speculative.md:1663
+# %% chapters/14_speculative.md:1670
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -140,7 +142,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/14_speculative.md:1697
+# %% chapters/14_speculative.md:1704
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -165,6 +167,7 @@ class SpeculativeRunnerMixin:
             if isinstance(self.proposer, EagleProposer):  # its draft, on graphs too
                 self.proposer.graphs = self.capture_draft_graphs()
 
+    # %% chapters/14_speculative.md:1738
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
             return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -200,6 +203,7 @@ class SpeculativeRunnerMixin:
         if hasattr(self.proposer, "forget"):  # a draft model's or EAGLE's state
             self.proposer.forget(request_id)
 
+    # %% chapters/14_speculative.md:1782
     @torch.inference_mode()
     def execute_model(self, output, kv_cache_manager) -> ModelRunnerOutput:
         requests = output.scheduled_requests
@@ -228,6 +232,7 @@ class SpeculativeRunnerMixin:
                     self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
+    # %% chapters/14_speculative.md:1819
     def forward_with_proposals(self, output, kv_cache_manager, patch=None) -> Tensor:
         """Hidden states (num_tokens, hidden) of the step, each request's chunk
         running on into its proposals; patch(ids): see patch_for_pending."""
@@ -242,7 +247,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1821
+    # %% chapters/14_speculative.md:1857
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -278,6 +283,7 @@ class SpeculativeRunnerMixin:
             r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
 
+    # %% chapters/14_speculative.md:1902
     def propose(self, requests, contexts, ks) -> list[list[int]]:
         """Up to ks[i] tokens to follow contexts[i], for each request."""
         if isinstance(self.proposer, NgramProposer):
@@ -307,6 +313,7 @@ class SpeculativeRunnerMixin:
             for r, proposal in zip(chosen, read()):
                 r.spec_token_ids = proposal
 
+    # %% chapters/14_speculative.md:1941
     def patch_for_pending(self, output):
         """A function writing the drafts still on the device into the step's token
         ids on the device, where the chunks reach them (None: nothing to write)."""
@@ -344,6 +351,7 @@ class SpeculativeRunnerMixin:
             self.patch_indices[key] = upload(dst, self.device), upload(src, self.device)
         return self.patch_indices[key]
 
+    # %% chapters/14_speculative.md:1987
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
         stop token id), as the engine's stop check sees them one by one."""
@@ -355,7 +363,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:1956
+    # %% chapters/14_speculative.md:2021
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -404,7 +412,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2480
+    # %% chapters/14_speculative.md:2552
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 11's buckets whose tokens fit the step's budget, sharing chapter
@@ -442,7 +450,7 @@ class SpeculativeRunnerMixin:
         self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output, kv_cache_manager)
 
-    # %% chapters/14_speculative.md:2629
+    # %% chapters/14_speculative.md:2701
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -457,7 +465,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
 
-# %% chapters/14_speculative.md:2012
+# %% chapters/14_speculative.md:2077
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls

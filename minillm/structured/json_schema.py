@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:2164
+# %% chapters/15_structured_output.md:2184
 """JSON Schema -> grammar rules: one expression per rule, recursion through Call
 (chapter 15).
 
@@ -44,7 +44,7 @@ class JsonOptions:
     max_repeat: int = 256  # larger maxLength / maxItems are held to this
 
 
-# %% chapters/15_structured_output.md:2215
+# %% chapters/15_structured_output.md:2235
 class SchemaCompiler:
     """Compiles one schema. `rules()` -> {rule name: expression}; "root" is the
     document."""
@@ -72,7 +72,7 @@ class SchemaCompiler:
                 rules[ref] = self.value(resolve_ref(self.schema, ref, ref), ref)
         return {**rules, **self.extra_rules}
 
-    # %% chapters/15_structured_output.md:2245
+    # %% chapters/15_structured_output.md:2265
     def value(self, schema, path: str):
         """The expression of the JSON values schema admits."""
         if schema is True or schema == {}:
@@ -116,7 +116,7 @@ class SchemaCompiler:
         finally:
             self.active.pop()
 
-    # %% chapters/15_structured_output.md:2298
+    # %% chapters/15_structured_output.md:2318
     def dependencies(self, schema: dict, path: str) -> dict:
         """schema with its name-list dependencies folded into `required` where that
         is exact; SchemaError naming the keyword where it is not."""
@@ -150,7 +150,7 @@ class SchemaCompiler:
         rest = {k: v for k, v in schema.items() if k not in DEPENDENCIES}
         return {**rest, "required": required} if required else rest
 
-    # %% chapters/15_structured_output.md:2349
+    # %% chapters/15_structured_output.md:2369
     def flatten(self, schemas: list, path: str, depth: int = 0) -> list:
         """allOf's members with their $refs and nested allOfs opened."""
         out = []
@@ -191,7 +191,7 @@ class SchemaCompiler:
         """schema without $ref or allOf at its top (for disjointness proofs)."""
         return self.merged(schema, "#") if isinstance(schema, dict) else schema
 
-    # %% chapters/15_structured_output.md:2393
+    # %% chapters/15_structured_output.md:2413
     def alternatives(self, schema: dict, path: str):
         """anyOf: any branch. oneOf: exactly one, so its branches must be disjoint."""
         key = "anyOf" if "anyOf" in schema else "oneOf"
@@ -237,7 +237,7 @@ class SchemaCompiler:
             )
         return dfa.matches(compact(value))
 
-    # %% chapters/15_structured_output.md:2446
+    # %% chapters/15_structured_output.md:2466
     def typed(self, t: str, schema: dict, path: str):
         """The values of type t that satisfy schema's keywords for that type."""
         if t == "null":
@@ -288,7 +288,7 @@ class SchemaCompiler:
                 f"'maxLength' {hi} with a pattern or format: {e}", path, "maxLength"
             ) from None
 
-    # %% chapters/15_structured_output.md:2505
+    # %% chapters/15_structured_output.md:2525
     def shared(self, dfa):
         """dfa, or a Call of a rule holding it where it is large: each use of a
         long bounded string is then one call, not a copy of its states."""
@@ -299,7 +299,7 @@ class SchemaCompiler:
             self.extra_rules[name] = dfa
         return Call(self.string_rules[id(dfa)])
 
-    # %% chapters/15_structured_output.md:2526
+    # %% chapters/15_structured_output.md:2546
     def _cap(self, bound: int | None) -> int | None:
         return None if bound is None else min(bound, self.options.max_repeat)
 
@@ -339,7 +339,7 @@ class SchemaCompiler:
         body = Graph(n + 2, tuple(edges), 0, tuple(finals))
         return seq(lit("["), self.ws, body, self.ws, lit("]"))
 
-    # %% chapters/15_structured_output.md:2573
+    # %% chapters/15_structured_output.md:2593
     def object(self, schema: dict, path: str):
         """{ the named properties in order (the required ones always), then any
         additional ones the schema allows }."""
@@ -384,7 +384,7 @@ class SchemaCompiler:
         body = Graph(2 * n + 2, tuple(edges), 1, (2 * n, 2 * n + 1))
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
-    # %% chapters/15_structured_output.md:2629
+    # %% chapters/15_structured_output.md:2649
     def _check_counts(self, schema, members, extra, path):
         if len([m for m in members if m[1]]) < schema.get("minProperties", 0):
             raise SchemaError(
@@ -425,16 +425,16 @@ class SchemaCompiler:
         return alt(*scalars, Call("any:object"), Call("any:array"))
 
 
-# %% chapters/15_structured_output.md:2292
+# %% chapters/15_structured_output.md:2312
 DEPENDENCIES = {"dependencies", "dependentRequired"}  # "if key a, then keys b..."
 COMBINERS = {"$ref", "allOf", "anyOf", "oneOf"}  # the keys may come from elsewhere
 
 
-# %% chapters/15_structured_output.md:2500
+# %% chapters/15_structured_output.md:2520
 SHARED_STATES = 512  # a string automaton larger than this is a rule of its own
 
 
-# %% chapters/15_structured_output.md:2672
+# %% chapters/15_structured_output.md:2692
 def check_schema(schema) -> None:
     """SchemaError unless schema is a well-formed JSON Schema (draft 2020-12's
     metaschema, checked by the jsonschema library): `"required": 5` is malformed,

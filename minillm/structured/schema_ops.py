@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1821
+# %% chapters/15_structured_output.md:1825
 """JSON Schema before compiling: keywords, $ref, allOf merges and oneOf disjointness
 (chapter 15)."""
 
@@ -41,6 +41,9 @@ ANNOTATIONS = {
     "then",
     "else",
 }
+
+
+# %% chapters/15_structured_output.md:1871
 KEYS_OF_TYPE = {
     "object": {
         "properties",
@@ -75,6 +78,9 @@ KEYS_OF_TYPE = {
     },
 }
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+
+
+# %% chapters/15_structured_output.md:1913
 # keywords a grammar cannot hold (each is refused by name where it would apply)
 UNSUPPORTED = {
     "not",
@@ -94,7 +100,7 @@ UNSUPPORTED = {
 }
 
 
-# %% chapters/15_structured_output.md:1914
+# %% chapters/15_structured_output.md:1934
 class SchemaError(GrammarError):
     """A schema minillm cannot compile exactly; the message names the keyword and
     where it is (a JSON pointer)."""
@@ -124,7 +130,7 @@ def resolve_ref(root: dict, ref: str, path: str):
     return node
 
 
-# %% chapters/15_structured_output.md:1950
+# %% chapters/15_structured_output.md:1970
 def types_of(schema: dict) -> list[str]:
     """The types a schema admits: its `type`, else those its keywords imply, else
     all."""
@@ -166,7 +172,7 @@ def canonical(value) -> str:
     return json.dumps(norm(value), sort_keys=True)
 
 
-# %% chapters/15_structured_output.md:1993
+# %% chapters/15_structured_output.md:2013
 def normalize(schema: dict) -> dict:
     """Draft 4's boolean exclusiveMinimum/Maximum as later drafts' numbers; const as a
     one-value enum (so that merging and filtering see one keyword)."""
@@ -200,7 +206,7 @@ def both(a, b):
     return {"allOf": [a, b]}
 
 
-# %% chapters/15_structured_output.md:2035
+# %% chapters/15_structured_output.md:2055
 def _merge_key(key: str, va, vb, path: str):
     if key in LOWER:
         return max(va, vb)
@@ -233,7 +239,7 @@ def _merge_key(key: str, va, vb, path: str):
     raise SchemaError(f"allOf: the branches disagree on {key!r}", path, key)
 
 
-# %% chapters/15_structured_output.md:2069
+# %% chapters/15_structured_output.md:2089
 def merge(a: dict, b: dict, path: str):
     """allOf of two schemas (their $refs resolved, allOf flattened) as one schema,
     or False when no value can satisfy both."""
@@ -268,7 +274,7 @@ def value_types(value) -> set[str]:
     )
 
 
-# %% chapters/15_structured_output.md:2110
+# %% chapters/15_structured_output.md:2130
 def disjoint(a, b, resolve, strict: bool = False) -> bool:
     """Whether no value can satisfy both schemas, proven from their types, enums or a
     required property whose schemas are disjoint; False when unsure."""
