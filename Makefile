@@ -11,13 +11,14 @@ JOBS    ?= 2
 # and on one trained from ALT_SEED, so a chapter that leans on one set of weights fails.
 ALT_SEED ?= 1
 RUFF    := $(BIN)/ruff
-LINTED  := minillm tests tools benchmarks exercises examples
+LINTED  := minillm tests tools benchmarks exercises examples book
 VLLM_VENV := .venv-vllm
 
-.PHONY: help setup tangle check lint format tiny book test test-unit test-notebooks serve vllm clean
+.PHONY: help setup tangle check lint format tiny book book-check test test-unit test-notebooks serve vllm clean
 
 help:
 	@echo "make book    set up, tangle, execute every chapter, build the HTML book"
+	@echo "make book-check  open every built page in headless Chromium at 1280 px (screenshots, checks)"
 	@echo "make test    set up, check the tangle, run unit/parity tests and every chapter (nbval)"
 	@echo "make tangle  regenerate minillm/ from chapters/"
 	@echo "make format  ruff-format the chapters' code cells, tests, tools and benchmarks"
@@ -33,10 +34,12 @@ $(STAMP): pyproject.toml constraints.txt tools/setup_env.sh
 tangle: $(STAMP)
 	$(PYTHON) tools/tangle.py
 	$(PYTHON) tools/engine_map.py
+	$(PYTHON) tools/options_table.py
 
 check: $(STAMP)
 	$(PYTHON) tools/tangle.py --check
 	$(PYTHON) tools/engine_map.py --check
+	$(PYTHON) tools/options_table.py --check
 
 # The code is formatted by ruff (88 columns: what the book's code column shows) and linted;
 # the chapters' cells through tools/ruff_chapters.py, which reports chapter lines.
@@ -49,7 +52,7 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(PYTHON) tools/ruff_chapters.py
 	$(PYTHON) tools/tangle.py
-	$(RUFF) format --quiet tests tools benchmarks exercises examples
+	$(RUFF) format --quiet tests tools benchmarks exercises examples book
 
 # Train the course's tiny model once (cached in $${MINILLM_CACHE:-~/.cache/minillm}), before the
 # parallel test runs, so they load it instead of racing to train it.
@@ -62,6 +65,13 @@ book: $(STAMP) tangle tiny
 		echo "book: a page loads MathJax from the network (see _config.yml)"; exit 1; fi
 	@echo "The book: file://$(CURDIR)/_build/html/index.html"
 
+# The built book as a reader sees it (tools/book_check.py): every page in headless Chromium
+# at 1280 px; fails on code that scrolls sideways, an image that does not load, math left
+# unrendered, a broken internal link; screenshots in _build/book-check/. Without Chromium
+# (apt-get install chromium) it says so and passes.
+book-check: $(STAMP)
+	$(PYTHON) tools/book_check.py _build/html --out _build/book-check
+
 test: check lint tiny test-unit test-notebooks
 	MINILLM_TINY_SEED=$(ALT_SEED) $(MAKE) --no-print-directory tiny test-notebooks
 
@@ -69,14 +79,18 @@ test: check lint tiny test-unit test-notebooks
 # Set-up installs SmolLM2 (tools/setup_env.sh), so its tests fail here rather than skip.
 test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MINILLM_REQUIRE_SMOLLM2=1 $(PYTHON) -m pytest -n $(JOBS) tests exercises
+	# the exercises' checks again, against the worked solutions (exercises/solutions/):
+	# under --solutions a skipped check fails
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) -p no:cacheprovider exercises --solutions
 
-# nbval collects .ipynb only: convert the chapters into a scratch folder, one kernel
+# nbval collects .ipynb only: convert the chapters and their lab notes (chapters/lab_notes/,
+# named NN_slug_lab.md so that no two notebooks share a name) into a scratch folder, one kernel
 # per chapter (--dist loadfile keeps a notebook's cells on one worker). The nbval_glue
 # plugin records the keys each chapter glued; check_glue.py fails on a key the prose
 # uses and no cell glued (which would stop `make book`), naming chapter and line.
 test-notebooks: $(STAMP)
 	rm -rf $(NBDIR) && mkdir -p $(NBDIR)/glue
-	for f in chapters/*.md; do $(BIN)/jupytext --quiet --to ipynb -o $(NBDIR)/$$(basename $$f .md).ipynb $$f; done
+	for f in chapters/*.md chapters/lab_notes/*.md; do $(BIN)/jupytext --quiet --to ipynb -o $(NBDIR)/$$(basename $$f .md).ipynb $$f; done
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg MINILLM_GLUE_DIR=$(CURDIR)/$(NBDIR)/glue \
 		PYTHONPATH=$(CURDIR)/tools $(PYTHON) -m pytest -p no:cacheprovider -p nbval_glue -n $(JOBS) --dist loadfile \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 -o testpaths= -o addopts= $(NBDIR)

@@ -127,6 +127,8 @@ SAMPLING = {  # --sampling: the requests' parameters (all ignore_eos)
     "temperature": dict(temperature=0.8),
     "sampled": dict(temperature=0.8, top_p=0.95),
     "seeded": dict(temperature=0.8, top_p=0.95, seed=0),  # seed i for request i
+    "top_k": dict(temperature=0.8, top_k=50),
+    "min_p": dict(temperature=0.8, min_p=0.05),
     # OpenAI-style penalties on top of "sampled": chapter 11's counts on the device
     "penalties": dict(
         temperature=0.8,

@@ -55,10 +55,12 @@ def test_processed_logprobs_ahead(tiny):
     expected = reference.generate(prompts, params, use_tqdm=False)
     for a, b in zip(got, expected):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        # one {token id: Logprob} per token: the sampled token first, then the top
         for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
-            assert (x.token_id, x.rank) == (y.token_id, y.rank)
-            assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
-            assert [t for t, _ in x.top_logprobs] == [t for t, _ in y.top_logprobs]
+            assert list(x) == list(y), "the same tokens, in the same order"
+            for token_id, lp in x.items():
+                assert lp.rank == y[token_id].rank
+                assert lp.logprob == pytest.approx(y[token_id].logprob, abs=1e-5)
 
 
 def test_scratch_block_not_needed():

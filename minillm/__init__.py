@@ -79,6 +79,8 @@ PLUGINS = (
     "minillm.speculative.runner",
     "minillm.structured.processor",
     "minillm.parallel.executor",
+    "minillm.lora.engine",
+    "minillm.lora.serving",
 )
 
 # Imported on first use, so that `import minillm` stays cheap.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1167
+# %% chapters/16_server.md:1181
 """The engine thread of the server (chapter 16, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -40,7 +40,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/16_server.md:1212
+# %% chapters/16_server.md:1226
 class _Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
@@ -84,7 +84,7 @@ _ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1272
+# %% chapters/16_server.md:1286
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -118,7 +118,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1315
+    # %% chapters/16_server.md:1329
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -146,7 +146,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1356
+    # %% chapters/16_server.md:1370
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -170,7 +170,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1389
+    # %% chapters/16_server.md:1403
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -201,7 +201,7 @@ class AsyncLLM:
                 self._deltas.add(request_id)
         command.sink.put(_ACCEPTED)
 
-    # %% chapters/16_server.md:1428
+    # %% chapters/16_server.md:1442
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -233,7 +233,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1521
+    # %% chapters/16_server.md:1535
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -269,7 +269,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1471
+# %% chapters/16_server.md:1485
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.

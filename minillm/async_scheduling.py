@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:2481
+# %% chapters/11_cuda_graph.md:2390
 """Async scheduling (chapter 11, "Overlapping the CPU and the GPU"): the engine's step
 with the CPU one step ahead of the device.
 
@@ -38,7 +38,7 @@ class InFlight:
     logprobs: LogprobsTensors | None = None
 
 
-# %% chapters/11_cuda_graph.md:2749
+# %% chapters/11_cuda_graph.md:2665
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async
     scheduling).
@@ -82,7 +82,7 @@ class AsyncStepper:
         self.num_in_step += 1
         return engine._apply_tokens(updated, result)
 
-    # %% chapters/11_cuda_graph.md:2800
+    # %% chapters/11_cuda_graph.md:2716
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
         placeholders.
@@ -108,7 +108,7 @@ class AsyncStepper:
         result = ModelRunnerOutput(sampled, logprobs)
         return self.engine._apply_tokens(updated, result)
 
-    # %% chapters/11_cuda_graph.md:2835
+    # %% chapters/11_cuda_graph.md:2751
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})

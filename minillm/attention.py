@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/04_paged_attention.md:206
+# %% chapters/04_paged_attention.md:192
 """PagedAttention in PyTorch: attention over a paged KV cache (chapter 4,
 "PagedAttention in PyTorch").
 
@@ -34,7 +34,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/04_paged_attention.md:244
+# %% chapters/04_paged_attention.md:230
 def paged_attention_per_seq(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
 ) -> Tensor:
@@ -55,7 +55,7 @@ def paged_attention_per_seq(
     return out
 
 
-# %% chapters/04_paged_attention.md:289
+# %% chapters/04_paged_attention.md:275
 def query_layout(attn_metadata: AttentionMetadata) -> tuple[Tensor, Tensor]:
     """For every new token, its sequence and its row within that sequence's chunk:
     (num_tokens,) each.
@@ -95,7 +95,7 @@ def visibility_mask(attn_metadata: AttentionMetadata) -> Tensor:
     return (k_pos <= q_pos[:, :, None]) & (k_pos < seq_lens[:, None, None])
 
 
-# %% chapters/04_paged_attention.md:388
+# %% chapters/04_paged_attention.md:378
 def gather_blocks(cache: Tensor, block_tables: Tensor, max_seq_len: int) -> Tensor:
     """Every sequence's first max_seq_len slots of one layer's cache, in block-table
     order.
@@ -111,7 +111,7 @@ def gather_blocks(cache: Tensor, block_tables: Tensor, max_seq_len: int) -> Tens
     return blocks.flatten(1, 2)[:, :max_seq_len]  # (num_seqs, max_seq_len, n_kv, D)
 
 
-# %% chapters/04_paged_attention.md:421
+# %% chapters/04_paged_attention.md:411
 def paged_attention_ref(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
 ) -> Tensor:
@@ -151,7 +151,7 @@ def paged_attention_ref(
     return out.reshape(num_seqs, max_q, n_heads, head_dim)[seq_idx, row].to(q.dtype)
 
 
-# %% chapters/04_paged_attention.md:624
+# %% chapters/04_paged_attention.md:614
 def grow_block_table(
     table: list[int], num_tokens: int, block_size: int, free_blocks: list[int]
 ) -> None:
@@ -167,7 +167,7 @@ def grow_block_table(
         table.append(free_blocks.pop())
 
 
-# %% chapters/04_paged_attention.md:652
+# %% chapters/04_paged_attention.md:642
 @torch.inference_mode()
 def paged_forward(
     model: CausalLM,
@@ -196,7 +196,7 @@ def paged_forward(
     return model.compute_logits(hidden[last])  # (num_seqs, vocab)
 
 
-# %% chapters/04_paged_attention.md:691
+# %% chapters/04_paged_attention.md:681
 def paged_decode(
     model: CausalLM,
     kv_cache: PagedKVCache,
@@ -234,7 +234,7 @@ def paged_decode(
     return outputs
 
 
-# %% chapters/04_paged_attention.md:740
+# %% chapters/04_paged_attention.md:730
 @torch.inference_mode()
 def generate_paged(
     model: CausalLM,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/03_block_allocator.md:193
+# %% chapters/03_block_allocator.md:188
 """The block pool: KV-cache blocks, reference counts, the LRU free queue, fork and
 copy-on-write.
 
@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 
-# %% chapters/03_block_allocator.md:218
+# %% chapters/03_block_allocator.md:213
 # identity semantics: two blocks are never "equal", and both can sit in a set
 @dataclass(eq=False)
 class KVCacheBlock:
@@ -39,7 +39,7 @@ class KVCacheBlock:
     next_free_block: KVCacheBlock | None = field(default=None, repr=False)
 
 
-# %% chapters/03_block_allocator.md:264
+# %% chapters/03_block_allocator.md:259
 class FreeKVCacheBlockQueue:
     """The free blocks, as a doubly linked list threaded through the blocks' own links.
 
@@ -68,7 +68,7 @@ class FreeKVCacheBlockQueue:
             yield block
             block = block.next_free_block
 
-    # %% chapters/03_block_allocator.md:303
+    # %% chapters/03_block_allocator.md:298
     def append(self, block: KVCacheBlock) -> None:
         last = self.fake_free_list_tail.prev_free_block
         block.prev_free_block, block.next_free_block = last, self.fake_free_list_tail
@@ -92,7 +92,7 @@ class FreeKVCacheBlockQueue:
         return block
 
 
-# %% chapters/03_block_allocator.md:384
+# %% chapters/03_block_allocator.md:379
 class NoFreeBlocksError(RuntimeError):
     """The pool has fewer free blocks than asked for. Nothing was changed."""
 
@@ -112,7 +112,7 @@ class DoubleFreeError(ValueError):
     """A free would drop a block's ref_cnt below zero. Nothing was changed."""
 
 
-# %% chapters/03_block_allocator.md:411
+# %% chapters/03_block_allocator.md:406
 class BlockPool:
     """Hands out KV-cache blocks by id and takes them back, sharing them by reference
     count.
@@ -140,7 +140,7 @@ class BlockPool:
         """The fraction of blocks in use, 0.0 to 1.0."""
         return 1.0 - self.get_num_free_blocks() / self.num_blocks
 
-    # %% chapters/03_block_allocator.md:447
+    # %% chapters/03_block_allocator.md:442
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take `num_blocks` blocks from the head of the free queue, each with
         ref_cnt 1.
@@ -157,7 +157,7 @@ class BlockPool:
             block.ref_cnt = 1
         return blocks
 
-    # %% chapters/03_block_allocator.md:475
+    # %% chapters/03_block_allocator.md:470
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference per entry; blocks reaching ref_cnt 0 join the queue's tail
         in this order.
@@ -184,7 +184,7 @@ class BlockPool:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
-    # %% chapters/03_block_allocator.md:514
+    # %% chapters/03_block_allocator.md:509
     def _evict(self, block: KVCacheBlock) -> None:
         """A free block is handed out again: whatever it cached is gone (chapter 8
         extends this).
@@ -211,7 +211,7 @@ class BlockPool:
             raise ValueError(f"block {block.block_id} does not belong to this pool")
 
 
-# %% chapters/03_block_allocator.md:610
+# %% chapters/03_block_allocator.md:619
 @dataclass(frozen=True)
 class BlockCopy:
     """An order for the KV cache: copy the keys and values of block `src` into block
@@ -235,7 +235,7 @@ def fork(pool: BlockPool, block_table: list[KVCacheBlock]) -> list[KVCacheBlock]
     return list(block_table)
 
 
-# %% chapters/03_block_allocator.md:648
+# %% chapters/03_block_allocator.md:657
 def copy_on_write(
     pool: BlockPool, block_table: list[KVCacheBlock], index: int = -1
 ) -> BlockCopy | None:

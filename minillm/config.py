@@ -2,12 +2,13 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1046
+# %% chapters/07_engine.md:1047
 """The engine's configuration (chapter 7, "The configuration")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from difflib import get_close_matches
 from typing import Any
 
 from minillm.registry import CHECKS, OPTIONS, REGISTRIES, load_plugins
@@ -15,18 +16,18 @@ from minillm.registry import CHECKS, OPTIONS, REGISTRIES, load_plugins
 
 @dataclass(frozen=True, init=False)
 class EngineConfig:
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 1024
+    block_size: int = 16  # tokens per KV-cache block (chapter 2)
+    max_num_seqs: int = 32  # the most requests in one step (chapter 5)
+    max_num_batched_tokens: int = 1024  # the most tokens in one step (chapter 5)
     # None: the model's max_position_embeddings, capped at 4096 and the cache
     max_model_len: int | None = None
-    enable_chunked_prefill: bool = True
+    enable_chunked_prefill: bool = True  # split long prompts over steps (chapter 5)
     # set it to size the cache exactly; else from memory:
     num_kv_blocks: int | None = None
     # on a GPU: this share of the card, minus what the model needs
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_bytes: int = 1 << 30  # on a CPU: this many bytes of KV cache
-    seed: int = 0
+    seed: int = 0  # the stream of requests that give no seed of their own
     # "fcfs" or "priority" (chapter 5): which waiting request goes first, who is
     # preempted
     scheduling_policy: str = "fcfs"
@@ -35,7 +36,7 @@ class EngineConfig:
     # the declared options (the seam) that were given, as (name, value) pairs
     options: tuple[tuple[str, Any], ...] = ()
 
-    # %% chapters/07_engine.md:1087
+    # %% chapters/07_engine.md:1089
     def __init__(self, options=(), **kwargs):
         load_plugins()  # every declared option is known from here on
         given = dict(options)
@@ -49,7 +50,11 @@ class EngineConfig:
             )
         unknown = sorted(set(kwargs) - set(OPTIONS))
         if unknown:
-            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+            known = [f.name for f in fields(self)] + list(OPTIONS)
+            near = [get_close_matches(n, known, 1) for n in unknown]
+            said = [n + (f" (did you mean {m[0]!r}?)" if m else "") for n, m in
+                    zip(unknown, near)]  # fmt: skip
+            raise TypeError(f"unknown engine option(s): {', '.join(said)}")
         given.update(kwargs)
         object.__setattr__(self, "options", tuple(sorted(given.items())))
         for registry in REGISTRIES:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:753
+# %% chapters/11_cuda_graph.md:743
 """CUDA graphs for decode steps (chapter 11, "Capturing and replaying").
 
 `CUDAGraphRunner` captures the model's decode forward pass once per batch-size bucket,
@@ -33,7 +33,7 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes) | {max_num_seqs})
 
 
-# %% chapters/11_cuda_graph.md:789
+# %% chapters/11_cuda_graph.md:779
 class CUDAGraphRunner:
     """One captured decode forward pass per batch size in capture_sizes, replayed
     over persistent buffers.
@@ -73,7 +73,7 @@ class CUDAGraphRunner:
         self.query_start_loc = q * torch.arange(n + 1, dtype=torch.int32, device=device)
         self._init_host_copies()
 
-    # %% chapters/11_cuda_graph.md:835
+    # %% chapters/11_cuda_graph.md:825
     NAMES = ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")
 
     def _init_host_copies(self) -> None:
@@ -96,7 +96,7 @@ class CUDAGraphRunner:
             max_seq_len=self.max_model_len,
         )
 
-    # %% chapters/11_cuda_graph.md:873
+    # %% chapters/11_cuda_graph.md:863
     @torch.inference_mode()
     def capture(self, pool=None) -> None:
         start, q = time.perf_counter(), self.query_len
@@ -121,7 +121,7 @@ class CUDAGraphRunner:
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
 
-    # %% chapters/11_cuda_graph.md:910
+    # %% chapters/11_cuda_graph.md:900
     def bucket(self, num_seqs: int) -> int:
         return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1249
+# %% chapters/07_engine.md:1256
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -34,7 +34,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
 from minillm.registry import EXECUTOR_HOOKS, PART_CHECKS, QUANTIZATION_METHODS
 from minillm.registry import REGISTRIES, REQUEST_HOOKS, RUNNER_EXTENSIONS, SAMPLERS
-from minillm.registry import SCHEDULERS
+from minillm.registry import ENGINE_HOOKS, REQUEST_CHECKS, SCHEDULERS
 from minillm.request import Request, RequestStatus
 from minillm.sampler import Sampler
 from minillm.sampling_params import SamplingParams, SamplingParamsError
@@ -42,7 +42,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1297
+# %% chapters/07_engine.md:1304
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -61,7 +61,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1326
+# %% chapters/07_engine.md:1333
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -102,8 +102,10 @@ class LLMEngine:
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
         self.is_shut_down = False
         LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
+        for hook in ENGINE_HOOKS:  # e.g. chapter 19's limit on adapters per step
+            hook(self)
 
-    # %% chapters/07_engine.md:1376
+    # %% chapters/07_engine.md:1385
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -120,7 +122,7 @@ class LLMEngine:
             self.model.config, config.block_size, param.dtype, budget
         )
 
-    # %% chapters/07_engine.md:1405
+    # %% chapters/07_engine.md:1414
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -151,7 +153,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1443
+    # %% chapters/07_engine.md:1452
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -175,7 +177,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1475
+    # %% chapters/07_engine.md:1484
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -210,7 +212,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1552
+    # %% chapters/07_engine.md:1561
     def add_request(
         self,
         request_id: str,
@@ -219,21 +221,26 @@ class LLMEngine:
         arrival_time: float | None = None,
         *,
         priority: int = 0,
+        lora_request=None,
     ) -> None:
         """Queue a request. Raises ValueError (changing nothing) for a bad prompt or
         parameters. prompt: text, token ids, or vLLM's TextPrompt / TokensPrompt dict
         (a TokensPrompt's "prompt" is the text it came from). priority: lower goes
-        first under scheduling_policy="priority" (chapter 5).
+        first under scheduling_policy="priority" (chapter 5). lora_request: the
+        adapter to run with (chapter 19's LoRARequest; needs enable_lora).
         """
         self._check_open()
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         text = prompt if isinstance(prompt, str) else None
-        if isinstance(prompt, dict):
+        if isinstance(prompt, dict):  # the server's prompts carry their adapter
+            lora_request = prompt.get("lora_request", lora_request)
             text = prompt.get("prompt")
             prompt = prompt.get("prompt_token_ids", text)
         if prompt is None:
             raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if lora_request is not None and not getattr(self.config, "enable_lora", False):
+            raise ValueError("lora_request: this engine was built without enable_lora")
         # a copy: checking resolves fields (bad words to token ids, logprobs=-1 to
         # the vocabulary), and the caller's params may serve other requests
         params = copy.copy(params or SamplingParams())
@@ -247,11 +254,17 @@ class LLMEngine:
         prompt_ids, max_tokens = self._check_request(prompt, params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         parent = _Parent(request_id, text, prompt_ids)
+        requests = []
         for i, child_id in enumerate(child_ids):
             seed = None if params.seed is None else params.seed + i
             child = replace(params, n=1, max_tokens=max_tokens, seed=seed)
             request = Request(child_id, prompt_ids, child, arrival, priority=priority)
-            detokenizer = None
+            request.lora_request = lora_request
+            requests.append(request)
+        for check in REQUEST_CHECKS:  # e.g. chapter 19 loads the adapter
+            check(self, requests[0])
+        for i, (child_id, request) in enumerate(zip(child_ids, requests)):
+            child, detokenizer = request.sampling_params, None
             if self.tokenizer:
                 detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, child)
             logprobs = [] if params.logprobs is not None else None
@@ -263,7 +276,7 @@ class LLMEngine:
             parent.children.append(child_id)
         self.parents[request_id] = parent
 
-    # %% chapters/07_engine.md:1610
+    # %% chapters/07_engine.md:1630
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -285,7 +298,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
 
-    # %% chapters/07_engine.md:1645
+    # %% chapters/07_engine.md:1665
     def _check_stop(
         self, seq: _Sequence, stop_string: str | None
     ) -> RequestStatus | None:
@@ -310,7 +323,7 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1679
+    # %% chapters/07_engine.md:1699
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -338,7 +351,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1714
+    # %% chapters/07_engine.md:1734
     def _apply_tokens(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -370,7 +383,7 @@ class LLMEngine:
                 touched[seq.parent_id] = None
         return [self._make_output(parent_id) for parent_id in touched]
 
-    # %% chapters/07_engine.md:1760
+    # %% chapters/07_engine.md:1780
     def _make_output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         completions = [self._completion(child_id) for child_id in parent.children]
@@ -410,7 +423,7 @@ class LLMEngine:
             seq.metrics,
         )
 
-    # %% chapters/07_engine.md:1812
+    # %% chapters/07_engine.md:1832
     def _check_max_logprobs(self, params: SamplingParams) -> None:
         """vLLM's max_logprobs cap (its default 20; -1: none), if the configuration
         has the option."""
@@ -447,7 +460,7 @@ class LLMEngine:
             return [] if shown else list(parent.prompt_logprobs or [None])
         return list(parent.prompt_logprobs or [None])
 
-    # %% chapters/07_engine.md:1891
+    # %% chapters/07_engine.md:1911
     def kv_cache_bytes(self) -> int:
         k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
         return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
@@ -472,7 +485,7 @@ class LLMEngine:
             raise RuntimeError("this engine was shut down: build a new one")
 
 
-# %% chapters/07_engine.md:1523
+# %% chapters/07_engine.md:1532
 @dataclass
 class _Sequence:
     request: Request
@@ -500,7 +513,7 @@ class _Parent:
     prompt_logprobs_shown: bool = False  # output_kind="delta": sent once
 
 
-# %% chapters/07_engine.md:1867
+# %% chapters/07_engine.md:1887
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
 
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:2631
+# %% chapters/01_model.md:2618
 """Read a GGUF file (llama.cpp's checkpoint format) into minillm's names (chapter 1,
 "A real pretrained model, from a GGUF file").
 
@@ -40,10 +40,11 @@ def read_gguf(path: str | Path) -> tuple[GGUFReader, dict]:
     return reader, metadata
 
 
-# %% chapters/01_model.md:2748
+# %% chapters/01_model.md:2735
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # llama.cpp's name -> HF's
 
 
+# %% chapters/01_model.md:2740
 def config_from_gguf(metadata: dict, tensor_names: set[str]) -> dict:
     """A Hugging Face config.json dict from a GGUF file's metadata."""
     arch = metadata.get("general.architecture")
@@ -93,7 +94,7 @@ def config_from_gguf(metadata: dict, tensor_names: set[str]) -> dict:
     }
 
 
-# %% chapters/01_model.md:2823
+# %% chapters/01_model.md:2812
 GGUF_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -130,7 +131,7 @@ def unpermute_rope_rows(w: Tensor, num_heads: int) -> Tensor:
     return w.reshape(num_heads, head_dim // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
 
-# %% chapters/01_model.md:2868
+# %% chapters/01_model.md:2857
 def gguf_tensors(reader: GGUFReader, config: dict) -> Iterator[tuple[str, Tensor]]:
     """(our name, float32 tensor) for every tensor of the file, dequantized."""
     heads = {
@@ -147,7 +148,7 @@ def gguf_tensors(reader: GGUFReader, config: dict) -> Iterator[tuple[str, Tensor
         yield name, w
 
 
-# %% chapters/01_model.md:2904
+# %% chapters/01_model.md:2893
 def _digits_then_gpt2():
     return pre_tokenizers.Sequence(
         [
@@ -166,7 +167,7 @@ PRE_TOKENIZERS = {
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (gguf.TokenType)
 
 
-# %% chapters/01_model.md:2930
+# %% chapters/01_model.md:2919
 def tokenizer_from_gguf(metadata: dict) -> Tokenizer:
     """The byte-level BPE tokenizer a GGUF file's tokenizer.ggml.* keys describe."""
     kind, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")

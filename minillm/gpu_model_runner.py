@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:456
+# %% chapters/11_cuda_graph.md:443
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -36,7 +36,7 @@ from minillm.kv_cache_manager import KVCacheManager
 from minillm.merged_projections import merge_projections
 from minillm.model import CausalLM
 from minillm.model_runner import ModelRunner, ModelRunnerOutput
-from minillm.registry import MODEL_RUNNERS, engine_options
+from minillm.registry import FAST_PATH_BLOCKERS, MODEL_RUNNERS, engine_options
 from minillm.request import Request
 from minillm.sampler import (
     LogprobsTensors,
@@ -51,7 +51,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:514
+# %% chapters/11_cuda_graph.md:501
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -78,9 +78,12 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:556
+# %% chapters/11_cuda_graph.md:543
 # run the LM head at every row count at start-up (False: the stalls come back)
 WARM_LM_HEAD = True
+# steady decoding's placeholders filled by one copy ("Overlapping the CPU and the
+# GPU"; False: by index tensors uploaded every step)
+PATCH_IN_ORDER = True
 
 
 @torch.inference_mode()
@@ -94,7 +97,7 @@ def warm_lm_head(model: CausalLM, max_rows: int) -> None:
         model.lm_head(hidden[:rows])
 
 
-# %% chapters/11_cuda_graph.md:573
+# %% chapters/11_cuda_graph.md:563
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -148,7 +151,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:632
+    # %% chapters/11_cuda_graph.md:622
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -179,7 +182,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:673
+    # %% chapters/11_cuda_graph.md:663
     def forward(
         self,
         output: SchedulerOutput,
@@ -217,7 +220,7 @@ class GPUModelRunner(ModelRunner):
             return graphs
         return None
 
-    # %% chapters/11_cuda_graph.md:719
+    # %% chapters/11_cuda_graph.md:709
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -234,7 +237,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2343
+    # %% chapters/11_cuda_graph.md:2252
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -273,7 +276,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2525
+    # %% chapters/11_cuda_graph.md:2437
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -297,16 +300,20 @@ class GPUModelRunner(ModelRunner):
         row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
         lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
         query_end = np.cumsum(lens) - 1  # (num_seqs,) each query's last token
-        dst = upload(query_end[holes].astype(np.int64), self.device)
-        src = upload([row_of[requests[i].request_id] for i in holes], self.device)
-        sampled = previous.tokens
+        dst, src = query_end[holes], [row_of[requests[i].request_id] for i in holes]
+        sampled, n = previous.tokens, len(holes)
+        if PATCH_IN_ORDER and src == list(range(n)) and dst[-1] == n - 1:
+            # steady decoding: row j's token goes to slot j, a plain copy (no
+            # index tensors to upload)
+            return lambda input_ids: input_ids[:n].copy_(sampled[:n])
+        dst, src = upload(dst.astype(np.int64), self.device), upload(src, self.device)
 
         def patch(input_ids: Tensor) -> None:  # runs on the device, in stream order
             input_ids[dst] = sampled[src]
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2607
+    # %% chapters/11_cuda_graph.md:2523
     @torch.inference_mode()
     def launch(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -351,7 +358,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/11_cuda_graph.md:2659
+    # %% chapters/11_cuda_graph.md:2575
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -392,7 +399,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/11_cuda_graph.md:2707
+    # %% chapters/11_cuda_graph.md:2623
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -425,7 +432,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3353
+    # %% chapters/11_cuda_graph.md:3196
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -446,7 +453,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/11_cuda_graph.md:3382
+    # %% chapters/11_cuda_graph.md:3225
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -488,17 +495,21 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:4011
+    # %% chapters/11_cuda_graph.md:3798
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
     ) -> tuple[bool, bool, bool]:
         """(CUDA graphs, compiled layers, async scheduling) on the engine's device."""
-        on_gpu = parts["device"] == "cuda"
-        triton = parts["attention_backend"] == "triton"
-        graphs = on_gpu and triton if config.cuda_graphs is None else config.cuda_graphs
+        auto = parts["device"] == "cuda" and parts["attention_backend"] == "triton"
+        why = [r for block in FAST_PATH_BLOCKERS if auto and (r := block(config))]
+        if why:  # a later chapter's layers aren't in the graphs: their default is off
+            parts["fast_path_blocked"] = "; ".join(why)
+        graphs = auto and not why if config.cuda_graphs is None else config.cuda_graphs
         compiled = graphs if config.torch_compile is None else config.torch_compile
-        overlap = graphs if config.async_scheduling is None else config.async_scheduling
+        overlap = graphs or bool(why)  # async scheduling keeps its default
+        if config.async_scheduling is not None:
+            overlap = config.async_scheduling
         return graphs, compiled, overlap
 
     @classmethod
@@ -509,7 +520,7 @@ class GPUModelRunner(ModelRunner):
         return AsyncStepper(engine) if self.async_scheduling else None
 
 
-# %% chapters/11_cuda_graph.md:3955
+# %% chapters/11_cuda_graph.md:3739
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -557,5 +568,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:4039
+# %% chapters/11_cuda_graph.md:3830
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

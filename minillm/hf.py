@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1737
+# %% chapters/01_model.md:1719
 """Load Hugging Face Llama / Qwen2 / Qwen3 checkpoints from a local folder; save ours as
 Llama.
 
@@ -32,6 +32,8 @@ from minillm.model import (
 )
 from minillm.tokenizer import Tokenizer
 
+
+# %% chapters/01_model.md:1751
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": {},
     "Qwen2ForCausalLM": {"attention_bias": True},
@@ -48,7 +50,7 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# %% chapters/01_model.md:1791
+# %% chapters/01_model.md:1776
 def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from the dict of a Hugging Face config.json."""
     arch = (hf.get("architectures") or [None])[0]
@@ -95,7 +97,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-# %% chapters/01_model.md:1849
+# %% chapters/01_model.md:1834
 def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     """A Hugging Face config.json dict for our model (as LlamaForCausalLM, the tiny
     model's format).
@@ -128,7 +130,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-# %% chapters/01_model.md:1887
+# %% chapters/01_model.md:1872
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -145,7 +147,7 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return [single]
 
 
-# %% chapters/01_model.md:1915
+# %% chapters/01_model.md:1900
 def load_model(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -194,7 +196,7 @@ def load_model(
     return model.eval()
 
 
-# %% chapters/01_model.md:1973
+# %% chapters/01_model.md:1958
 def load_pretrained(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -207,7 +209,7 @@ def load_pretrained(
     return load_model(folder, dtype, device), Tokenizer.from_pretrained(folder)
 
 
-# %% chapters/01_model.md:1990
+# %% chapters/01_model.md:1975
 def save_pretrained(
     model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
 ) -> None:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:254
+# %% chapters/11_cuda_graph.md:241
 """The persistent batch (chapter 11, "The persistent batch").
 
 `InputBatch` keeps every running request's block table in a row of a CPU array between
@@ -42,7 +42,7 @@ class InputBatch:
         self.req_to_row: dict[str, int] = {}
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
 
-    # %% chapters/11_cuda_graph.md:301
+    # %% chapters/11_cuda_graph.md:288
     def row_for(self, request: Request, blocks: list[KVCacheBlock]) -> int:
         """request's row, with its block table brought up to date from blocks (the
         manager's list).
@@ -72,7 +72,7 @@ class InputBatch:
             self.free_rows.append(row)
 
 
-# %% chapters/11_cuda_graph.md:341
+# %% chapters/11_cuda_graph.md:328
 @dataclass
 class StepInputs:
     """One step's flat batch as CPU arrays (what chapter 1's build_attention_metadata
@@ -110,7 +110,7 @@ class StepInputs:
         return upload(self.input_ids, device), upload(self.positions, device), metadata
 
 
-# %% chapters/11_cuda_graph.md:384
+# %% chapters/11_cuda_graph.md:371
 def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     """a on the device, copied without making the CPU wait for the GPU."""
     t = torch.as_tensor(a)
@@ -119,7 +119,7 @@ def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     return t.to(device, non_blocking=True)
 
 
-# %% chapters/11_cuda_graph.md:402
+# %% chapters/11_cuda_graph.md:389
 def prepare_inputs(
     batch: InputBatch, output: SchedulerOutput, kv_cache_manager: KVCacheManager
 ) -> StepInputs:

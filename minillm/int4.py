@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:192
+# %% chapters/12_int4_gemm.md:178
 """Weight-only INT4 (W4A16): the packed format, the reference product, the layer and
 the engine's "int4" quantization (chapter 12).
 
@@ -32,6 +32,8 @@ from minillm.merged_projections import merge_projections
 from minillm.model import CausalLM
 from minillm.registry import QUANTIZATION_METHODS, engine_options
 
+
+# %% chapters/12_int4_gemm.md:212
 PACK = 8  # 4-bit codes per int32 word
 
 
@@ -51,6 +53,7 @@ def pack_int4(codes: Tensor) -> Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
+# %% chapters/12_int4_gemm.md:235
 def unpack_int4(words: Tensor) -> Tensor:
     """The inverse of pack_int4: words (K // 8, N) int32 -> codes (N, K) uint8."""
     KP, N = words.shape
@@ -59,7 +62,7 @@ def unpack_int4(words: Tensor) -> Tensor:
     return c.reshape(KP * PACK, N).T.to(torch.uint8).contiguous()  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:274
+# %% chapters/12_int4_gemm.md:269
 @dataclass(frozen=True)
 class Int4Weight:
     """A (N, K) weight in 4 bits, in the kernel's layout: qweight (K // 8, N) int32
@@ -101,6 +104,7 @@ class Int4Weight:
             group_size,
         )
 
+    # %% chapters/12_int4_gemm.md:316
     def to_codes(self) -> tuple[Tensor, Tensor, Tensor]:
         """(codes (N, K) uint8, scales (N, K // g), zeros (N, K // g))."""
         return unpack_int4(self.qweight), self.scales.T, self.zeros.T
@@ -114,7 +118,7 @@ class Int4Weight:
         return ((codes.float() - zeros) * scales).to(dtype)
 
 
-# %% chapters/12_int4_gemm.md:386
+# %% chapters/12_int4_gemm.md:388
 def quantize_rtn(weight: Tensor, group_size: int = 128) -> Int4Weight:
     """Round-to-nearest 4-bit codes for weight (N, K), a scale and zero per group of
     group_size input channels; scales in weight's dtype.
@@ -145,7 +149,7 @@ def int4_linear_ref(x: Tensor, weight: Int4Weight, bias: Tensor | None = None):
     return F.linear(x, weight.dequantize(x.dtype), bias)
 
 
-# %% chapters/12_int4_gemm.md:453
+# %% chapters/12_int4_gemm.md:455
 class Int4Linear(nn.Module):
     """x @ W.T (+ bias) for a 4-bit W: the Triton kernel on CUDA, the reference
     elsewhere.
@@ -182,7 +186,7 @@ class Int4Linear(nn.Module):
         )
 
 
-# %% chapters/12_int4_gemm.md:500
+# %% chapters/12_int4_gemm.md:502
 PROJECTIONS = (
     *("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"),
     *("gate_proj", "up_proj", "gate_up_proj", "down_proj"),
@@ -208,13 +212,13 @@ def replace_linears(
     return replaced
 
 
-# %% chapters/12_int4_gemm.md:538
+# %% chapters/12_int4_gemm.md:540
 @engine_options
 @dataclass(frozen=True)
 class Int4Options:
     """Chapter 12's EngineConfig option: the group size of quantization="int4"."""
 
-    int4_group_size: int = 128
+    int4_group_size: int = 128  # input rows that share one scale (a multiple of 16)
 
     @staticmethod
     def check(config) -> None:

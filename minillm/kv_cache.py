@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/02_paged_kv.md:285
+# %% chapters/02_paged_kv.md:281
 """Paged KV storage: blocks, slot mapping, block tables (chapter 2, "The paged KV
 cache").
 
@@ -33,7 +33,7 @@ from minillm.model import AttentionMetadata, ModelConfig
 AttentionBackend = Callable[[Tensor, Tensor, Tensor, AttentionMetadata], Tensor]
 
 
-# %% chapters/02_paged_kv.md:333
+# %% chapters/02_paged_kv.md:329
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of K and V that one token occupies, summed over all layers."""
     return (
@@ -52,7 +52,7 @@ def kv_cache_block_bytes(
     return block_size * kv_cache_bytes_per_token(config, dtype)
 
 
-# %% chapters/02_paged_kv.md:369
+# %% chapters/02_paged_kv.md:365
 def num_blocks_for_memory(
     config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int
 ) -> int:
@@ -86,7 +86,7 @@ def available_kv_cache_memory(
     return budget
 
 
-# %% chapters/02_paged_kv.md:449
+# %% chapters/02_paged_kv.md:445
 def compute_slot_mapping(
     block_tables: Tensor, req_indices: Tensor, positions: Tensor, block_size: int
 ) -> Tensor:
@@ -99,7 +99,7 @@ def compute_slot_mapping(
     return block_ids * block_size + positions % block_size  # (num_tokens,)
 
 
-# %% chapters/02_paged_kv.md:496
+# %% chapters/02_paged_kv.md:492
 def reshape_and_cache(
     key: Tensor,
     value: Tensor,
@@ -124,7 +124,7 @@ def reshape_and_cache(
     )
 
 
-# %% chapters/02_paged_kv.md:527
+# %% chapters/02_paged_kv.md:523
 def gather_kv(
     key_cache: Tensor,
     value_cache: Tensor,
@@ -144,7 +144,7 @@ def gather_kv(
     return k, v
 
 
-# %% chapters/02_paged_kv.md:561
+# %% chapters/02_paged_kv.md:557
 def copy_blocks(
     key_caches: Tensor, value_caches: Tensor, block_mapping: Iterable
 ) -> None:
@@ -178,7 +178,7 @@ def copy_blocks(
     value_caches[:, dst_ids] = value_caches[:, src_ids]
 
 
-# %% chapters/02_paged_kv.md:623
+# %% chapters/02_paged_kv.md:619
 class PagedKVCache:
     """K and V of every layer in num_blocks blocks of block_size token slots.
 
@@ -220,7 +220,7 @@ class PagedKVCache:
         self.attn_backend = attn_backend
         self.cache_writer = cache_writer
 
-    # %% chapters/02_paged_kv.md:676
+    # %% chapters/02_paged_kv.md:672
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
@@ -243,7 +243,7 @@ class PagedKVCache:
             slot_mapping,
         )
 
-    # %% chapters/02_paged_kv.md:708
+    # %% chapters/02_paged_kv.md:704
     def attend(
         self,
         layer_idx: int,

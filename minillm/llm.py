@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1978
+# %% chapters/07_engine.md:1998
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -41,15 +41,18 @@ def prompt_of(prompt: str | list[int] | dict) -> str | list[int] | dict:
     return prompt
 
 
-# %% chapters/07_engine.md:2022
+# %% chapters/07_engine.md:2042
 class LLM:
     """Load a model and generate for batches of prompts.
 
     model: None for the course's tiny model, or the path of a local Hugging Face folder
-    (Llama, Qwen2, Qwen3). Keyword arguments are EngineConfig's (block_size,
-    max_num_seqs, num_kv_blocks, prefix_cache_impl, scheduling_policy, ...).
+    (Llama, Qwen2, Qwen3).
     skip_tokenizer_init: run without a tokenizer (prompts are token ids, outputs have no
     text), as vLLM's option of that name; benchmarks with random weights use it.
+
+    Other keyword arguments are EngineConfig's (block_size, max_num_seqs,
+    num_kv_blocks, prefix_cache_impl, scheduling_policy, ...): book/options.md lists
+    them all.
     """
 
     def __init__(
@@ -82,14 +85,14 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:2076
+    # %% chapters/07_engine.md:2100
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
         *,
-        lora_request: None = None,
+        lora_request=None,
         priority: int | list[int] | None = None,
     ) -> list[RequestOutput]:
         """Outputs for prompts (strings, token-id lists, or vLLM's prompt dicts), in
@@ -99,12 +102,15 @@ class LLM:
         ):
             prompts = [prompts]
         prompts = [prompt_of(p) for p in prompts]
-        _no_lora(lora_request)
-        return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
+        ids = self._add(prompts, sampling_params, priority, lora_request)
+        return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:2102
-    def _add(self, prompts: list, sampling_params, priority) -> list[str]:
+    # %% chapters/07_engine.md:2126
+    def _add(self, prompts: list, sampling_params, priority, lora=None) -> list[str]:
         """Submit every prompt (all or none); their request ids."""
+        loras = lora if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(loras)} lora_requests")
         params = sampling_params
         if not isinstance(params, (list, tuple)):
             params = [params] * len(prompts)
@@ -126,17 +132,19 @@ class LLM:
         ]
         ids = []
         try:
-            for prompt, p, rank in zip(prompts, params, priorities):
+            for prompt, p, rank, lr in zip(prompts, params, priorities, loras):
                 request_id = str(self._counter)
                 self._counter += 1
-                self.engine.add_request(request_id, prompt, p, priority=rank)
+                self.engine.add_request(
+                    request_id, prompt, p, priority=rank, lora_request=lr
+                )
                 ids.append(request_id)
         except ValueError:
             self.engine.abort_request(ids)  # a bad prompt leaves nothing half-submitted
             raise
         return ids
 
-    # %% chapters/07_engine.md:2142
+    # %% chapters/07_engine.md:2171
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
@@ -159,7 +167,7 @@ class LLM:
         bar.close()
         return [finished[i] for i in ids]
 
-    # %% chapters/07_engine.md:2308
+    # %% chapters/07_engine.md:2337
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
@@ -207,7 +215,7 @@ class LLM:
             prompts.append({"prompt_token_ids": ids, "prompt": text})
         return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
 
-    # %% chapters/07_engine.md:2387
+    # %% chapters/07_engine.md:2416
     def get_tokenizer(self) -> Tokenizer | None:
         return self.tokenizer
 
@@ -228,7 +236,7 @@ class LLM:
     def score(self, *args, **kwargs):
         raise _pooling("score")
 
-    # %% chapters/07_engine.md:2413
+    # %% chapters/07_engine.md:2442
     def shutdown(self) -> None:
         """Give the engine's memory back now (idempotent); generate refuses after."""
         self.engine.shutdown()
@@ -239,7 +247,7 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # %% chapters/07_engine.md:2784
+    # %% chapters/07_engine.md:2813
     def beam_search(
         self,
         prompts: list[str | list[int] | dict],
@@ -283,7 +291,7 @@ class LLM:
                 seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=skip)
         return outputs
 
-    # %% chapters/07_engine.md:2834
+    # %% chapters/07_engine.md:2863
     def _token_prompt(self, prompt: str | list[int] | dict) -> dict:
         """A TokensPrompt dict: text is encoded as generate encodes it."""
         if isinstance(prompt, dict):
@@ -297,7 +305,7 @@ class LLM:
         return {"prompt_token_ids": list(prompt)}
 
 
-# %% chapters/07_engine.md:2195
+# %% chapters/07_engine.md:2224
 def load_chat_template(template: str | Path | None) -> str | None:
     """A template given as Jinja text, or as the path of a file holding it."""
     if template is None or any(c in str(template) for c in "{}\n"):
@@ -345,7 +353,7 @@ def _message(message: dict, content_format: str) -> dict:
     return {**message, "content": content}
 
 
-# %% chapters/07_engine.md:2244
+# %% chapters/07_engine.md:2273
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker
 
 
@@ -404,14 +412,14 @@ def _cut_at_tag(text: str) -> str:
     return text[:at] if text[at:].startswith(CONTINUE_TAG) else text[:at].rstrip()
 
 
-# %% chapters/07_engine.md:2367
+# %% chapters/07_engine.md:2396
 class PoolingNotSupportedError(NotImplementedError, ValueError):
     """A pooling entry point (encode, embed, classify, score) on this engine."""
 
 
 def _no_lora(lora_request) -> None:
     if lora_request is not None:
-        raise ValueError("lora_request: minillm has no LoRA adapters")
+        raise ValueError("lora_request: only generate takes one (chapter 19)")
 
 
 def _pooling(name: str) -> PoolingNotSupportedError:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:144
+# %% chapters/07_engine.md:134
 """Logprobs as vLLM returns them (vllm/logprobs.py): per position a dict from token
 id to Logprob (chapter 7, "Output types")."""
 

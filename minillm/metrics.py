@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:785
+# %% chapters/16_server.md:779
 """Prometheus metrics of the server, named like vLLM's with a `minillm:` prefix (chapter
 16).
 
@@ -14,6 +14,7 @@ it; prometheus-client is thread-safe, so /metrics can be scraped any time.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Container, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -32,6 +33,8 @@ class EngineStats(NamedTuple):
     prefix_cache_queries: int  # running totals of the manager (chapter 8), or 0
     prefix_cache_hits: int
     spec_stats: Any = None  # chapter 14's SpecDecodingStats, when it speculates
+    # chapter 19's (max_loras, running adapters, waiting adapters), with adapters
+    lora_stats: Any = None
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineStats:
@@ -43,6 +46,7 @@ class EngineStats(NamedTuple):
             getattr(manager, "prefix_cache_queries", 0),
             getattr(manager, "prefix_cache_hits", 0),
             getattr(engine.model_runner, "spec_stats", None),
+            getattr(engine.model_runner, "lora_stats", None),
         )
 
 
@@ -58,7 +62,7 @@ TOKEN_LATENCY_BUCKETS = [
 ]
 
 
-# %% chapters/16_server.md:851
+# %% chapters/16_server.md:849
 class EngineMetrics:
     """The server's Prometheus metrics, in their own registry, for one served model."""
 
@@ -79,7 +83,7 @@ class EngineMetrics:
         )
         return metric.labels(self.model_name)
 
-    # %% chapters/16_server.md:878
+    # %% chapters/16_server.md:876
     def _add_latency_histograms(self) -> None:
         requests, tokens = REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
         self.time_to_first_token = self._labelled(
@@ -107,7 +111,7 @@ class EngineMetrics:
             buckets=requests,
         )
 
-    # %% chapters/16_server.md:915
+    # %% chapters/16_server.md:913
     def _add_gauges_and_counters(self) -> None:
         self.num_requests_running = self._labelled(
             Gauge, "num_requests_running", "Requests in the running queue."
@@ -144,7 +148,7 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self._request_success.labels(self.model_name, reason)
 
-    # %% chapters/16_server.md:961
+    # %% chapters/16_server.md:959
     def record_step(
         self,
         outputs: list[RequestOutput],
@@ -166,7 +170,7 @@ class EngineMetrics:
         self.generation_tokens.inc(num_new)
         self.update_gauges(engine)
 
-    # %% chapters/16_server.md:996
+    # %% chapters/16_server.md:994
     def _observe(
         self, completion, seen: dict[int, tuple[int, float | None]], delta: bool
     ) -> int:
@@ -192,7 +196,7 @@ class EngineMetrics:
             seen[completion.index] = (num_now, None)  # None: counted as finished
         return max(num_new, 0)
 
-    # %% chapters/16_server.md:1032
+    # %% chapters/16_server.md:1030
     def record_abort(
         self, request_id: str, num_completions: int, engine: LLMEngine | EngineStats
     ) -> None:
@@ -220,6 +224,8 @@ class EngineMetrics:
             self._prefix_counts[name] = total
         if stats.spec_stats is not None:  # chapter 14
             self.update_spec_decoding(stats.spec_stats)
+        if stats.lora_stats is not None:  # chapter 19
+            self.update_lora(stats.lora_stats)
 
     # %% chapters/16_server.md:1072
     def update_spec_decoding(self, stats) -> None:
@@ -249,3 +255,17 @@ class EngineMetrics:
                 total - self._spec_pos_seen[pos]
             )
             self._spec_pos_seen[pos] = total
+
+    def update_lora(self, stats) -> None:
+        """Chapter 19's adapters as vLLM's lora_requests_info: the running and the
+        waiting ones in labels (comma-separated names), the update's time as value."""
+        if not hasattr(self, "_lora_info"):
+            self._lora_info = Gauge(
+                "minillm:lora_requests_info",
+                "Running and waiting LoRA adapters.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=self.registry,
+            )
+        max_loras, running, waiting = stats
+        self._lora_info.clear()  # one series: the latest
+        self._lora_info.labels(str(max_loras), waiting, running).set(time.time())

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:484
+# %% chapters/07_engine.md:474
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
 vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 11 builds ours for GPUs
@@ -40,7 +40,7 @@ class ModelRunnerOutput:
     )
 
 
-# %% chapters/07_engine.md:527
+# %% chapters/07_engine.md:517
 class ModelRunner:
     """Runs one scheduled step: builds the flat batch, runs the model over the paged
     cache, samples.
@@ -60,7 +60,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.eos_token_ids = eos_token_ids
 
-    # %% chapters/07_engine.md:558
+    # %% chapters/07_engine.md:548
     # None: the cache lives on the model's device; chapter 18's executor says "meta"
     # (its workers hold the cache, the engine keeps only the shape)
     kv_cache_device: str | None = None
@@ -80,7 +80,7 @@ class ModelRunner:
     def remove_request(self, request_id: str) -> None:
         """A request is finished or aborted."""
 
-    # %% chapters/07_engine.md:586
+    # %% chapters/07_engine.md:576
     @torch.inference_mode()
     def execute_model(
         self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
@@ -108,7 +108,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return hidden, metadata
 
-    # %% chapters/07_engine.md:625
+    # %% chapters/07_engine.md:615
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -147,7 +147,7 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return out.sampled_token_ids.tolist(), logprobs
 
-    # %% chapters/07_engine.md:696
+    # %% chapters/07_engine.md:686
     def wants_prompt_logprobs(self, output: SchedulerOutput) -> bool:
         return any(
             prompt_rows(r, output.num_scheduled_tokens[r.request_id])
@@ -179,7 +179,7 @@ class ModelRunner:
         return result
 
 
-# %% chapters/07_engine.md:682
+# %% chapters/07_engine.md:672
 PROMPT_LOGPROBS_ROWS = 256  # rows of vocabulary-wide logits computed at once
 
 
@@ -192,7 +192,7 @@ def prompt_rows(request: Request, num_scheduled: int) -> int:
     return max(0, min(start + num_scheduled, request.num_prompt_tokens - 1) - start)
 
 
-# %% chapters/07_engine.md:747
+# %% chapters/07_engine.md:737
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

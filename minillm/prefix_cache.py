@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/08_prefix_cache.md:222
+# %% chapters/08_prefix_cache.md:211
 """Prefix caching by hash-chained full blocks, as vLLM v1 does it (chapter 8).
 
 Chapter 8 ("Prefix caching") explains this module. Names follow vLLM v1:
@@ -26,7 +26,7 @@ from minillm.request import Request
 HashFunction = Callable[[tuple], int]
 
 
-# %% chapters/08_prefix_cache.md:251
+# %% chapters/08_prefix_cache.md:240
 def hash_block_tokens(
     parent_block_hash: int | None,
     token_ids: Sequence[int],
@@ -47,7 +47,7 @@ def hash_block_tokens(
     )
 
 
-# %% chapters/08_prefix_cache.md:285
+# %% chapters/08_prefix_cache.md:274
 @dataclass(frozen=True, eq=False)
 class BlockHash:
     """What a cached block holds, kept on the block so that every hit can be re-checked.
@@ -63,7 +63,7 @@ class BlockHash:
     parent: BlockHash | None = field(default=None, repr=False)
 
 
-# %% chapters/08_prefix_cache.md:404
+# %% chapters/08_prefix_cache.md:393
 class PrefixCachingBlockPool(BlockPool):
     """A BlockPool whose full blocks keep their contents, findable by hash, until
     reused.
@@ -81,7 +81,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_collisions = 0
         self.num_evictions = 0  # cached blocks handed out for new content
 
-    # %% chapters/08_prefix_cache.md:434
+    # %% chapters/08_prefix_cache.md:423
     def get_cached_block(
         self,
         hash_value: int,
@@ -107,7 +107,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_collisions += 1
         return None
 
-    # %% chapters/08_prefix_cache.md:473
+    # %% chapters/08_prefix_cache.md:462
     def cache_full_blocks(
         self,
         blocks: list[KVCacheBlock],
@@ -138,7 +138,7 @@ class PrefixCachingBlockPool(BlockPool):
                 block.block_id
             ] = block
 
-    # %% chapters/08_prefix_cache.md:516
+    # %% chapters/08_prefix_cache.md:505
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
             candidates = self.cached_block_hash_to_block[block.block_hash.hash_value]
@@ -149,7 +149,7 @@ class PrefixCachingBlockPool(BlockPool):
         super()._evict(block)
 
 
-# %% chapters/08_prefix_cache.md:538
+# %% chapters/08_prefix_cache.md:527
 class PrefixCachingKVCacheManager(KVCacheManager):
     """KVCacheManager with vLLM's hash-based prefix cache.
 
@@ -169,16 +169,17 @@ class PrefixCachingKVCacheManager(KVCacheManager):
 
     @staticmethod
     def extra_keys(request: Request, block_index: int) -> tuple | None:
-        """What besides tokens decides whether a block may be shared: the cache salt,
-        on the first block.
+        """What besides tokens decides whether a block may be shared, on the first
+        block: the cache salt, and the LoRA adapter (chapter 19) if any.
         """
-        return (
-            (request.cache_salt,)
-            if block_index == 0 and request.cache_salt is not None
-            else None
-        )
+        if block_index:
+            return None  # the chain carries the first block's keys to the rest
+        salt, lora = request.cache_salt, request.lora_request
+        keys = () if salt is None else (salt,)
+        keys += () if lora is None else (("lora", lora.lora_name, lora.lora_path),)
+        return keys or None
 
-    # %% chapters/08_prefix_cache.md:577
+    # %% chapters/08_prefix_cache.md:573
     def block_hashes(self, request: Request) -> list[int]:
         """The hash chain of request's full blocks, extended to its current tokens."""
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
@@ -194,7 +195,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             )
         return hashes
 
-    # %% chapters/08_prefix_cache.md:607
+    # %% chapters/08_prefix_cache.md:603
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         if getattr(request.sampling_params, "prompt_logprobs", None) is not None:
             return [], 0  # every prompt position must be run to score it (vLLM too)
@@ -217,7 +218,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.prefix_cache_hits += len(computed) * bs
         return computed, len(computed) * bs
 
-    # %% chapters/08_prefix_cache.md:642
+    # %% chapters/08_prefix_cache.md:638
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         num_full = num_computed_tokens // self.block_size
         num_cached = self.num_cached_block.get(request.request_id, 0)
@@ -240,5 +241,5 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.req_to_block_hashes.pop(request.request_id, None)
 
 
-# %% chapters/08_prefix_cache.md:1475
+# %% chapters/08_prefix_cache.md:1471
 KV_CACHE_MANAGERS.register("hash")(PrefixCachingKVCacheManager)

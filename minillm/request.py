@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:144
+# %% chapters/05_scheduler.md:133
 """Requests as the scheduler sees them: tokens, and how many are computed (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. As in vLLM v1 (vllm/v1/request.py),
@@ -42,7 +42,7 @@ class RequestStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
-# %% chapters/05_scheduler.md:195
+# %% chapters/05_scheduler.md:184
 @dataclass(eq=False)
 class Request:
     """One generation request. Invariant: 0 <= num_computed_tokens <= num_tokens."""
@@ -62,6 +62,8 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     # prefix caching (chapter 8) shares cached blocks only between equal salts
     cache_salt: str | None = None
+    # the LoRA adapter it runs with (chapter 19's LoRARequest); None: the base model
+    lora_request: Any = None
     # lower is more urgent; only SchedulerConfig(policy="priority") reads it
     priority: int = 0
 
@@ -72,7 +74,7 @@ class Request:
             )
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
 
-    # %% chapters/05_scheduler.md:238
+    # %% chapters/05_scheduler.md:229
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

@@ -82,11 +82,12 @@ class SamplingMetadata:
     # row -> its bad words as token sequences (SamplingParams.bad_words_token_ids)
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
 
+    # %% chapters/06_sampler.md:1227
     @property
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1407
+    # %% chapters/06_sampler.md:1413
     @classmethod
     def from_requests(
         cls,
@@ -116,7 +117,7 @@ class SamplingMetadata:
         )
 
 
-# %% chapters/06_sampler.md:1246
+# %% chapters/06_sampler.md:1252
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
@@ -157,7 +158,7 @@ def _sampling_fields(
     )
 
 
-# %% chapters/06_sampler.md:1298
+# %% chapters/06_sampler.md:1304
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -185,7 +186,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:1333
+# %% chapters/06_sampler.md:1339
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,
@@ -227,7 +228,7 @@ def _constraint_fields(
     )
 
 
-# %% chapters/06_sampler.md:1383
+# %% chapters/06_sampler.md:1389
 def _bias_fields(
     params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
 ) -> dict:

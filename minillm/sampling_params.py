@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:403
+# %% chapters/06_sampler.md:391
 """Sampling parameters of one request (chapter 6, "The sampler").
 
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
@@ -34,7 +34,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
-# %% chapters/06_sampler.md:447
+# %% chapters/06_sampler.md:435
 class SamplingType(IntEnum):
     GREEDY = 0  # argmax: no random numbers at all
     RANDOM = 1  # a fresh key from the engine's shared generator each step
@@ -68,7 +68,7 @@ class RequestOutputKind(Enum):  # vLLM's names for output_kind's three values
     FINAL_ONLY = 2
 
 
-# %% chapters/06_sampler.md:491
+# %% chapters/06_sampler.md:479
 STRUCTURED_KINDS = (
     "json",
     "regex",
@@ -110,7 +110,7 @@ class StructuredOutputsParams:
         return next(k for k in STRUCTURED_KINDS if getattr(self, k) is not None)
 
 
-# %% chapters/06_sampler.md:534
+# %% chapters/06_sampler.md:522
 @dataclass
 class BeamSearchParams:
     """Settings of `LLM.beam_search` (vLLM's fields and defaults)."""
@@ -144,7 +144,7 @@ class BeamSearchParams:
                 raise SamplingParamsError(name, getattr(self, name), allowed)
 
 
-# %% chapters/06_sampler.md:572
+# %% chapters/06_sampler.md:560
 @dataclass
 class SamplingParams:
     """How to choose the tokens of one request. Names and defaults follow vLLM (and so
@@ -191,7 +191,7 @@ class SamplingParams:
     # (the engine) adds bad_words' sequences here
     bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
-    # %% chapters/06_sampler.md:629
+    # %% chapters/06_sampler.md:617
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -230,7 +230,7 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    # %% chapters/06_sampler.md:676
+    # %% chapters/06_sampler.md:664
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
@@ -264,7 +264,7 @@ class SamplingParams:
             if getattr(self, name) == -1:
                 setattr(self, name, vocab_size)
 
-    # %% chapters/06_sampler.md:720
+    # %% chapters/06_sampler.md:708
     def update_from_tokenizer(self, tokenizer) -> None:
         """Set the bad words' token sequences (SamplingParamsError if one is empty)."""
         sequences: list[list[int]] = []
@@ -285,7 +285,7 @@ class SamplingParams:
         self.bad_words_token_ids = sequences + [s for s in given if s not in sequences]
 
 
-# %% chapters/06_sampler.md:752
+# %% chapters/06_sampler.md:740
 # vLLM 0.32's SamplingParams fields minillm does not implement -> the values that
 # ask for nothing (accepted and dropped); any other value is refused
 VLLM_ONLY_FIELDS: dict[str, tuple] = {
@@ -309,6 +309,7 @@ def _asks_nothing(value, harmless: tuple) -> bool:
     return any(value is h or (type(value) is type(h) and value == h) for h in harmless)
 
 
+# %% chapters/06_sampler.md:768
 def _refuse_unknown_keywords(cls: type) -> type:
     """Wrap cls.__init__: an unknown keyword, or a vLLM-only one set to do
     something, raises UnknownParameterError naming it."""
@@ -333,7 +334,7 @@ def _refuse_unknown_keywords(cls: type) -> type:
 SamplingParams = _refuse_unknown_keywords(SamplingParams)
 
 
-# %% chapters/06_sampler.md:806
+# %% chapters/06_sampler.md:799
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -356,7 +357,7 @@ def _int_keys(bias):
         return bias
 
 
-# %% chapters/06_sampler.md:833
+# %% chapters/06_sampler.md:826
 def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
     return [
@@ -391,7 +392,7 @@ def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:872
+# %% chapters/06_sampler.md:865
 def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
     return [
@@ -427,7 +428,7 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:911
+# %% chapters/06_sampler.md:904
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for stop strings, token-id lists, processors, flags."""
     return [
@@ -506,7 +507,7 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:995
+# %% chapters/06_sampler.md:988
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:480
+# %% chapters/05_scheduler.md:471
 """Continuous batching with a token budget, chunked prefill and preemption (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. The design is vLLM v1's
@@ -19,7 +19,7 @@ from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from minillm.request import Request, RequestStatus
 
 
-# %% chapters/05_scheduler.md:505
+# %% chapters/05_scheduler.md:496
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 32
@@ -54,7 +54,7 @@ class SchedulerConfig:
             )
 
 
-# %% chapters/05_scheduler.md:549
+# %% chapters/05_scheduler.md:540
 @dataclass
 class SchedulerOutput:
     scheduled_requests: list[Request]  # batch order
@@ -81,7 +81,7 @@ class SchedulerOutput:
         )
 
 
-# %% chapters/05_scheduler.md:587
+# %% chapters/05_scheduler.md:578
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (continuous batching).
 
@@ -107,8 +107,11 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
+        # check(request, running) -> bool: False holds a waiting request back this
+        # step, keeping its place (chapter 19: at most max_loras adapters at once)
+        self.admission_checks: list = []
 
-    # %% chapters/05_scheduler.md:625
+    # %% chapters/05_scheduler.md:619
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -127,7 +130,7 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    # %% chapters/05_scheduler.md:672
+    # %% chapters/05_scheduler.md:666
     def schedule(self) -> SchedulerOutput:
         """This step's batch: running requests first, then waiting ones, as far as the
         token budget, the seats and the cache go.
@@ -144,7 +147,7 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    # %% chapters/05_scheduler.md:704
+    # %% chapters/05_scheduler.md:698
     def _schedule_running(
         self, budget: int, scheduled: dict[str, int], preempted: list[str]
     ) -> int:
@@ -173,13 +176,18 @@ class Scheduler:
                 budget -= num_new
         return budget
 
-    # %% chapters/05_scheduler.md:748
+    # %% chapters/05_scheduler.md:742
     def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
         """Pass 2: admit waiting requests, first come first served."""
+        held: list[Request] = []  # refused by an admission check, for this step
         while (
             self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
+            checks = self.admission_checks
+            if not all(check(request, self.running) for check in checks):
+                held.append(self.waiting.popleft())
+                continue
             # a prefix cache (chapter 8) may already hold the start of the request: it
             # counts as computed
             computed_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(
@@ -201,8 +209,9 @@ class Scheduler:
             self.running.append(request)
             scheduled[request.request_id] = num_new
             budget -= num_new
+        self.waiting.extendleft(reversed(held))
 
-    # %% chapters/05_scheduler.md:791
+    # %% chapters/05_scheduler.md:795
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's cache and queue it to run again
         first.
@@ -217,7 +226,7 @@ class Scheduler:
         request.num_preemptions += 1
         self._add_waiting(request, front=True)
 
-    # %% chapters/05_scheduler.md:818
+    # %% chapters/05_scheduler.md:822
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
@@ -243,7 +252,7 @@ class Scheduler:
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         return updated
 
-    # %% chapters/05_scheduler.md:853
+    # %% chapters/05_scheduler.md:857
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -268,7 +277,7 @@ class Scheduler:
             request.num_output_placeholders = 0
             self.finished_req_ids.add(request_id)
 
-    # %% chapters/05_scheduler.md:1159
+    # %% chapters/05_scheduler.md:1163
     def _add_waiting(self, request: Request, front: bool = False) -> None:
         """Queue request: FCFS at the back (a preempted one at the front); priority
         in (priority, arrival_time) order."""
@@ -291,7 +300,7 @@ class Scheduler:
         return self.running[-1]  # the most recently admitted
 
 
-# %% chapters/05_scheduler.md:659
+# %% chapters/05_scheduler.md:653
 def _tokens_to_go(request: Request) -> int:
     """Tokens of request not yet computed; a placeholder (chapter 11) and a proposed
     token (chapter 14) count as one each."""
@@ -303,7 +312,7 @@ def _tokens_to_go(request: Request) -> int:
     )
 
 
-# %% chapters/05_scheduler.md:1184
+# %% chapters/05_scheduler.md:1188
 def _urgency(request: Request) -> tuple[int, float]:
     """Sort key of priority scheduling: smaller is served first."""
     return request.priority, request.arrival_time

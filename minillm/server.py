@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2912
+# %% chapters/16_server.md:2942
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
+from minillm.registry import load_plugins
 from minillm.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -55,12 +56,12 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2966
+# %% chapters/16_server.md:2997
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:2987
+# %% chapters/16_server.md:3018
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -85,7 +86,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:3020
+# %% chapters/16_server.md:3051
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -114,7 +115,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:3057
+# %% chapters/16_server.md:3088
 router = APIRouter()
 
 
@@ -137,7 +138,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:3086
+# %% chapters/16_server.md:3117
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -159,7 +160,7 @@ async def metrics(raw: Request):
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:3120
+# %% chapters/16_server.md:3151
 def create_app(
     engine: LLMEngine | EngineCoreClient,
     served_model_name: str = "minillm-tiny",
@@ -192,7 +193,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:3158
+# %% chapters/16_server.md:3189
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -218,7 +219,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:3193
+    # %% chapters/16_server.md:3224
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -243,7 +244,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3658
+# %% chapters/16_server.md:3689
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -279,7 +280,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% chapters/16_server.md:3698
+# %% chapters/16_server.md:3729
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -311,7 +312,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3739
+# %% chapters/16_server.md:3770
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -358,6 +359,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+# a later chapter's additions to the command line and the app, registered when its
+# module is imported: ext.add_flags(parser), ext.engine_options(args) -> a dict of
+# EngineConfig options, ext.extend_app(app, args) (chapter 19's LoRA adapters)
+SERVER_EXTENSIONS: list = []
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="minillm serve", description="An OpenAI-compatible server for minillm."
@@ -365,10 +372,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _add_serving_flags(p)
     _add_memory_flags(p)
     _add_engine_flags(p)
+    load_plugins()  # the extensions register as their modules are imported
+    for extension in SERVER_EXTENSIONS:
+        extension.add_flags(p)
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3802
+# %% chapters/16_server.md:3842
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -376,6 +386,8 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     from minillm.llm import default_device
     from minillm.tiny import tiny_model
 
+    load_plugins()  # SERVER_EXTENSIONS, also in the engine's own process
+    extra = {k: v for e in SERVER_EXTENSIONS for k, v in e.engine_options(args).items()}
     device = args.device or default_device()
     dtype = (
         getattr(torch, args.dtype)
@@ -410,12 +422,13 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
             if args.tensor_parallel_size != 1
             else {}
         ),
+        **extra,  # SERVER_EXTENSIONS' options
     )
     name = args.served_model_name or args.model or "minillm-tiny"
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3853
+# %% chapters/16_server.md:3896
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -440,6 +453,8 @@ def main(argv: list[str] | None = None) -> None:
         name, blocks = engine.model_name, engine.num_kv_blocks
     template = Path(args.chat_template).read_text() if args.chat_template else None
     app = create_app(engine, name, template, args.model)
+    for extension in SERVER_EXTENSIONS:
+        extension.extend_app(app, args)
     logger.info(
         "serving %s on http://%s:%d (max_model_len %d, %d KV blocks)",
         name,
@@ -452,6 +467,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3895
+# %% chapters/16_server.md:3940
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1683
+# %% chapters/16_server.md:1697
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -18,7 +18,7 @@ vllm/entrypoints/serve/tokenize/serving.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jinja2
 import jinja2.sandbox
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
     from minillm.engine_core import EngineCoreClient
 
 
-# %% chapters/16_server.md:1735
+# %% chapters/16_server.md:1749
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -72,7 +72,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1765
+# %% chapters/16_server.md:1779
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -97,7 +97,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1800
+# %% chapters/16_server.md:1814
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -118,7 +118,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1830
+# %% chapters/16_server.md:1844
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -145,8 +145,13 @@ class OpenAIServing:
             chat_template or self.tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
         )
         self._template = compile_chat_template(self.chat_template)
+        self.lora_modules: dict[str, Any] = {}  # name -> LoRARequest (chapter 19)
 
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> Any:
+        """The adapter that `model` names (chapter 19), or None for the base model;
+        404 for any other name."""
+        if model in self.lora_modules:
+            return self.lora_modules[model]
         if model is not None and model != self.model_name:
             raise APIError(
                 404,
@@ -155,7 +160,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1875
+    # %% chapters/16_server.md:1894
     def render_chat(
         self,
         messages: list[ChatMessage],
@@ -189,17 +194,16 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1916
+    # %% chapters/16_server.md:1935
     def list_models(self) -> ModelList:
-        return ModelList(
-            data=[
-                ModelCard(
-                    id=self.model_name,
-                    root=self.model_path,
-                    max_model_len=self.max_model_len,
-                )
-            ]
+        base = ModelCard(
+            id=self.model_name, root=self.model_path, max_model_len=self.max_model_len
         )
+        adapters = [  # chapter 19's LoRA adapters, each with its base as parent
+            ModelCard(id=name, root=lora.lora_path, parent=self.model_name)
+            for name, lora in self.lora_modules.items()
+        ]
+        return ModelList(data=[base, *adapters])
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self.check_model(req.model)
@@ -223,7 +227,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1957
+    # %% chapters/16_server.md:1975
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -237,7 +241,7 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:1984
+    # %% chapters/16_server.md:2002
     def constrain(
         self,
         req: SamplingRequest,
@@ -268,7 +272,7 @@ class OpenAIServing:
             message = str(e).removeprefix("structured_outputs: ")
             raise InvalidRequestError(message, field) from e
 
-    # %% chapters/16_server.md:2081
+    # %% chapters/16_server.md:2108
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -302,7 +306,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:2026
+# %% chapters/16_server.md:2044
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -317,7 +321,16 @@ def stream_error(e: Exception) -> str:
     return sse(ErrorResponse(error=info))
 
 
-# %% chapters/16_server.md:2048
+def with_adapter(prompt: str | list[int], lora_request) -> str | list[int] | dict:
+    """The prompt as the engine takes it, with the LoRA adapter that the request's
+    `model` named (chapter 19); unchanged for the base model."""
+    if lora_request is None:
+        return prompt
+    key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+    return {key: prompt, "lora_request": lora_request}
+
+
+# %% chapters/16_server.md:2075
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2392
+# %% chapters/16_server.md:2420
 """`/v1/chat/completions` (chapter 16, "The endpoints"): messages through the chat
 template, one answer or a stream of deltas out. vLLM's counterpart:
 vllm/entrypoints/openai/chat_completion/serving.py.
@@ -38,11 +38,12 @@ from minillm.protocol import (
 from minillm.logprobs import Logprob, SampleLogprobs, sampled_logprob, top_logprobs
 from minillm.sampling_params import StructuredOutputsParams
 from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream_error
+from minillm.serving import with_adapter
 
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2436
+# %% chapters/16_server.md:2465
 class OpenAIServingChat(OpenAIServing):
     """The chat completions endpoint."""
 
@@ -66,11 +67,11 @@ class OpenAIServingChat(OpenAIServing):
             ]
         )
 
-    # %% chapters/16_server.md:2468
+    # %% chapters/16_server.md:2497
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         try:
             forced = self.forced_tool_call(req)  # None, or "Tool calls" below
             constraint = None if forced is None else forced.constraint
@@ -80,7 +81,8 @@ class OpenAIServingChat(OpenAIServing):
                 req.messages, req.add_generation_prompt, tools
             )
             request_id = random_id("chatcmpl")
-            stream = await self.llm.generate([(request_id, prompt_ids, params)])
+            prompt = with_adapter(prompt_ids, lora)
+            stream = await self.llm.generate([(request_id, prompt, params)])
         except ValueError as e:
             raise bad_request(e) from e
         if req.stream:
@@ -106,7 +108,7 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2515
+    # %% chapters/16_server.md:2545
     async def _stream_chat(
         self,
         req: ChatCompletionRequest,
@@ -156,7 +158,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2573
+    # %% chapters/16_server.md:2603
     def _chat_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> ChatCompletionResponseStreamChoice:
@@ -170,7 +172,7 @@ class OpenAIServingChat(OpenAIServing):
             else self.chat_logprobs(piece.logprobs, num_logprobs),
         )
 
-    # %% chapters/16_server.md:2721
+    # %% chapters/16_server.md:2751
     def forced_tool_call(self, req: ChatCompletionRequest) -> ForcedToolCall | None:
         choice, schema = req.checked_tool_choice(), req.tool_call_schema()
         if choice == "auto":
@@ -196,7 +198,7 @@ class OpenAIServingChat(OpenAIServing):
         return ForcedToolCall(StructuredOutputsParams(json=schema), name)
 
 
-# %% chapters/16_server.md:2711
+# %% chapters/16_server.md:2741
 class ForcedToolCall(NamedTuple):
     """A tool_choice that forces a call: the output's schema, and the function's
     name (None for "required": the output names its functions)."""
@@ -204,7 +206,7 @@ class ForcedToolCall(NamedTuple):
     constraint: StructuredOutputsParams
     name: str | None
 
-    # %% chapters/16_server.md:2793
+    # %% chapters/16_server.md:2823
     def stream_choice(self, piece: StreamPiece, texts: dict[int, str]):
         """A piece of a streamed forced call as a choice, or None (nothing yet)."""
         first = piece.index not in texts
@@ -232,7 +234,7 @@ class ForcedToolCall(NamedTuple):
         )  # fmt: skip
 
 
-# %% chapters/16_server.md:2756
+# %% chapters/16_server.md:2786
 def tool_calls_in(text: str, name: str | None) -> list[ToolCall] | None:
     """The calls in a forced call's output; None if it does not hold them."""
     if name is not None:  # the named function's arguments

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2126
+# %% chapters/16_server.md:2153
 """`/v1/completions` (chapter 16, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -26,11 +26,12 @@ from minillm.protocol import (
 )
 from minillm.logprobs import SampleLogprobs, sampled_logprob, top_logprobs
 from minillm.serving import OpenAIServing, StreamPiece, bad_request, sse, stream_error
+from minillm.serving import with_adapter
 
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2162
+# %% chapters/16_server.md:2190
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -55,14 +56,14 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:2199
+    # %% chapters/16_server.md:2227
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         try:
             params = self.constrain(req, req.to_sampling_params())
-            prompts = req.prompts()
+            prompts = [with_adapter(p, lora) for p in req.prompts()]
         except ValueError as e:
             raise bad_request(e) from e
         request_id = random_id("cmpl")
@@ -82,7 +83,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:2234
+    # %% chapters/16_server.md:2262
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -116,7 +117,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2311
+    # %% chapters/16_server.md:2339
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -163,7 +164,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2366
+    # %% chapters/16_server.md:2394
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
@@ -178,7 +179,7 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
 
-# %% chapters/16_server.md:2284
+# %% chapters/16_server.md:2312
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 

@@ -574,6 +574,43 @@ def test_async_scheduling_launches_sampled_batches_ahead(tiny):
     assert slow.engine.stepper.num_in_step > 0
 
 
+def test_unseeded_rows_take_the_same_path_as_seeded(tiny):
+    """A request without a seed runs ahead and draws on the device exactly as a seeded
+    one does (issue 46): as many steps launched ahead, none in step, and every draw
+    through sample_on_device, whose keys come from the engine's stream."""
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]
+    cuts = [dict(top_p=0.95), dict(top_k=20), dict(min_p=0.1), {}]
+    counts = {}
+    for seeded in (False, True):
+        params = [
+            SamplingParams(
+                temperature=0.8,
+                max_tokens=10,
+                ignore_eos=True,
+                **cut,
+                **({"seed": i} if seeded else {}),
+            )  # fmt: skip
+            for i, cut in enumerate(cuts)
+        ]
+        llm = LLM(device="cpu", dtype=torch.float32, num_kv_blocks=64, block_size=4,
+                  persistent_batch=True, async_scheduling=True)  # fmt: skip
+        runner, draws = llm.engine.model_runner, []
+        draw = runner.sample_on_device
+
+        def recorded(logits, md, draw=draw, draws=draws):
+            draws.append(md.seeded.tolist())
+            return draw(logits, md)
+
+        runner.sample_on_device = recorded
+        llm.generate(prompts, params, use_tqdm=False)
+        stepper = llm.engine.stepper
+        assert stepper.num_in_step == 0 and draws
+        assert all(row == seeded for rows in draws for row in rows)
+        counts[seeded] = (stepper.num_ahead, len(draws))
+        llm.shutdown()
+    assert counts[False] == counts[True]
+
+
 def test_async_scheduling_logprobs_run_ahead(tiny):
     """Batches asking for logprobs run ahead, with chapter 7's logprobs."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]

@@ -102,6 +102,13 @@ def test_every_module_that_registers_parts_is_a_plugin():
         module for reg in registry.REGISTRIES for module in reg.registered_by.values()
     } | {owner for owner in registry.OWNERS.values() if owner != registry.__name__}
     hooks = [*registry.RUNNER_EXTENSIONS, *registry.EXECUTOR_HOOKS]
+    hooks += [*registry.REQUEST_CHECKS, *registry.ENGINE_HOOKS]
+    try:  # chapter 16's seam, where the server's libraries are installed
+        from minillm.server import SERVER_EXTENSIONS
+
+        hooks += SERVER_EXTENSIONS
+    except ModuleNotFoundError:
+        pass
     registering |= {hook.__module__ for hook in [*hooks, *registry.REQUEST_HOOKS]}
     assert registering == set(minillm.PLUGINS), (
         "a module registers parts or declares options but has no `#| plugin` cell, "

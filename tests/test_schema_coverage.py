@@ -18,7 +18,7 @@ def test_schema_coverage_runs_end_to_end(tmp_path, monkeypatch):
     schemas = {
         "a_object.json": {"type": "object", "properties": {"n": {"type": "integer"}},
                           "required": ["n"], "additionalProperties": False},
-        "b_not.json": {"not": {"type": "integer"}},
+        "b_not.json": {"not": {"pattern": "a"}},
         "c_bad.json": {"type": "object", "minProperties": "two"},
     }  # fmt: skip
     for name, schema in schemas.items():

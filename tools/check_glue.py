@@ -6,7 +6,8 @@ that gap: `make test-notebooks` records the keys each notebook glued
 (tools/nbval_glue.py), and this script compares them with the keys the chapter's
 prose uses, printing chapter and line for each one missing.
 
-    python tools/check_glue.py GLUE_DIR [CHAPTER.md ...]   (default: chapters/*.md)
+    python tools/check_glue.py GLUE_DIR [CHAPTER.md ...]
+        (default: chapters/*.md and the lab notes, chapters/lab_notes/*.md)
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def main(argv: list[str]) -> int:
         return 2
     folder = Path(argv[0])
     chapters = [Path(p).resolve() for p in argv[1:]]
-    chapters = chapters or sorted((ROOT / "chapters").glob("*.md"))
+    chapters = chapters or [
+        *sorted((ROOT / "chapters").glob("*.md")),
+        *sorted((ROOT / "chapters" / "lab_notes").glob("*.md")),
+    ]
     problems = 0
     for chapter in chapters:
         keys_file = folder / f"{chapter.stem}.keys"

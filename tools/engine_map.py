@@ -186,6 +186,16 @@ VLLM: dict[str, str | None] = {
     "parallel.pp": "vllm/sequence.py",
     "parallel.executor": "vllm/v1/executor/multiproc_executor.py",
     "parallel.training": None,
+    # 19 LoRA (its helper adds a line here for each module chapter 19 tangles)
+    "lora.request": "vllm/lora/",
+    "lora.peft": "vllm/lora/",
+    "lora.layers": "vllm/lora/",
+    "lora.ops": "vllm/lora/",
+    "kernels.lora": "vllm/lora/",
+    "lora.manager": "vllm/lora/",
+    "lora.engine": "vllm/lora/",
+    "lora.train": None,  # vLLM serves adapters; PEFT trains them
+    "lora.serving": "vllm/lora/",  # and vllm/entrypoints/serve/lora/api_router.py
 }
 
 

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     paths = [p.resolve() for p in args.chapters] or sorted(
-        (ROOT / "chapters").glob("*.md")
+        [*(ROOT / "chapters").glob("*.md"), *(ROOT / "chapters/lab_notes").glob("*.md")]
     )
     if args.lint:
         return lint_chapters(paths)

@@ -4,6 +4,7 @@
 
 module                   chapter
 int4_gemm                chapters/12_int4_gemm.md
+lora                     chapters/19_lora.md
 paged_attention          chapters/10_triton_decode.md
 paged_decode             chapters/10_triton_decode.md
 paged_prefill            chapters/10_triton_decode.md

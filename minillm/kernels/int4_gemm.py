@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:786
+# %% chapters/12_int4_gemm.md:794
 """A fused W4A16 matrix product in Triton (chapter 12, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 
+# %% chapters/12_int4_gemm.md:827
 class Int4Weight(Protocol):
     """What the kernels read of a minillm.int4.Int4Weight (which imports this module
     lazily, so this one cannot import it): qweight (K // 8, N) int32, scales and zeros
@@ -46,7 +47,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:846
+# %% chapters/12_int4_gemm.md:860
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -73,7 +74,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:895
+# %% chapters/12_int4_gemm.md:909
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -92,7 +93,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:923
+# %% chapters/12_int4_gemm.md:937
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -140,7 +141,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:985
+# %% chapters/12_int4_gemm.md:999
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -168,6 +169,7 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return cfg
 
 
+# %% chapters/12_int4_gemm.md:1032
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts, zero at rest
 
 
@@ -185,7 +187,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:1031
+# %% chapters/12_int4_gemm.md:1051
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -227,7 +229,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1108
+# %% chapters/12_int4_gemm.md:1128
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -254,7 +256,7 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1182
+# %% chapters/12_int4_gemm.md:1202
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured, "Measured on the H200")
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
@@ -303,7 +305,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1244
+# %% chapters/12_int4_gemm.md:1264
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -316,6 +318,7 @@ def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
+# %% chapters/12_int4_gemm.md:1282
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
     tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
@@ -350,7 +353,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1337
+# %% chapters/12_int4_gemm.md:1344
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int

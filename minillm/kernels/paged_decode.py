@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:263
+# %% chapters/10_triton_decode.md:247
 """Triton decode attention over the paged KV cache: one query token per sequence,
 split-K (chapter 10, "Paged attention in Triton").
 
@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/10_triton_decode.md:309
+# %% chapters/10_triton_decode.md:293
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
@@ -148,7 +148,7 @@ def _decode_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
 
-# %% chapters/10_triton_decode.md:489
+# %% chapters/10_triton_decode.md:474
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -189,7 +189,7 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:542
+# %% chapters/10_triton_decode.md:527
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -225,7 +225,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:619
+# %% chapters/10_triton_decode.md:604
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -254,7 +254,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:655
+# %% chapters/10_triton_decode.md:640
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -303,7 +303,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:708
+# %% chapters/10_triton_decode.md:693
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -321,7 +321,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:729
+# %% chapters/10_triton_decode.md:714
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,

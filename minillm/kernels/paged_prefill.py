@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:899
+# %% chapters/10_triton_decode.md:885
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 10, "Paged attention in Triton").
 
@@ -28,7 +28,7 @@ from minillm.model import AttentionMetadata
 LOG2_E = math.log2(math.e)
 
 
-# %% chapters/10_triton_decode.md:932
+# %% chapters/10_triton_decode.md:918
 @triton.jit
 def _load_kv(
     base, block, slot, stride_b, stride_s, t_ok,
@@ -46,7 +46,7 @@ def _load_kv(
     return x
 
 
-# %% chapters/10_triton_decode.md:958
+# %% chapters/10_triton_decode.md:944
 @triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
@@ -84,7 +84,7 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:1000
+# %% chapters/10_triton_decode.md:986
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -150,7 +150,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1105
+# %% chapters/10_triton_decode.md:1091
 def prefill_tile_map(
     md: AttentionMetadata,
     block_m: int,
@@ -199,7 +199,7 @@ def prefill_tile_map(
     return cached[block_m, longest_first, align_end]
 
 
-# %% chapters/10_triton_decode.md:1175
+# %% chapters/10_triton_decode.md:1161
 # tile knobs by the element size of q: chosen from the sweeps (see the text);
 # maxnreg caps each thread's registers (None: Triton's choice)
 PREFILL_KNOBS = {
@@ -218,7 +218,7 @@ def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
     return max(1, 16 // group_p2, tokens)
 
 
-# %% chapters/10_triton_decode.md:1198
+# %% chapters/10_triton_decode.md:1184
 def paged_prefill(
     q: Tensor,
     key_cache: Tensor,

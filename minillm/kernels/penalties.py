@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:3676
+# %% chapters/11_cuda_graph.md:3504
 """Chapter 6's penalties as one Triton kernel for the steps launched ahead
 (chapter 11, "Penalties in one kernel").
 
@@ -61,7 +61,7 @@ def _penalties_kernel(
     tl.store(out_ptr + row * out_stride + offs, x, mask=offs < V)
 
 
-# %% chapters/11_cuda_graph.md:3744
+# %% chapters/11_cuda_graph.md:3572
 def apply_penalties(
     logits: Tensor,
     state_rows: Tensor,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:2209
+# %% chapters/10_triton_decode.md:1599
 """Chapter 2's reshape_and_cache in one Triton kernel launch (chapter 10, "Writing the
 cache in one launch").
 
@@ -21,7 +21,7 @@ from torch import Tensor
 from minillm.kernels.paged_decode import _launched_early, default_launch
 
 
-# %% chapters/10_triton_decode.md:2229
+# %% chapters/10_triton_decode.md:1619
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -54,7 +54,7 @@ def _write_kv_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:2267
+# %% chapters/10_triton_decode.md:1657
 def triton_reshape_and_cache(
     key: Tensor,
     value: Tensor,

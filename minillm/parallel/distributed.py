@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:177
+# %% chapters/18_parallelism.md:163
 """Processes and process groups for chapter 18 ("Processes, groups, collectives").
 
 `launch` runs a function on N ranks (forked processes joined by torch.distributed,
@@ -41,7 +41,7 @@ class WorkerError(RuntimeError):
     """A rank raised, died or did not answer in time; every rank has been ended."""
 
 
-# %% chapters/18_parallelism.md:217
+# %% chapters/18_parallelism.md:203
 def context():
     """Processes are forked from a server that imported torch once (forkserver):
     a rank starts in milliseconds, not in the seconds an import of torch takes, and
@@ -65,7 +65,7 @@ def init_process(rank: int, world_size: int, init_file: str, backend: str) -> No
     )
 
 
-# %% chapters/18_parallelism.md:253
+# %% chapters/18_parallelism.md:239
 def spawn(target: Callable, world_size: int, args: tuple, per_rank: list) -> list:
     """Start world_size daemon processes, rank r running target(r, world_size,
     init_file, *args, per_rank[r]); daemons end with their parent's normal exit."""
@@ -83,6 +83,7 @@ def spawn(target: Callable, world_size: int, args: tuple, per_rank: list) -> lis
     return procs
 
 
+# %% chapters/18_parallelism.md:258
 @contextmanager
 def _main_without_file():
     """A child re-runs its parent's __main__ file (multiprocessing's way of finding
@@ -111,7 +112,7 @@ def stop(procs: list, grace_s: float = 5.0) -> None:
             p.join()
 
 
-# %% chapters/18_parallelism.md:307
+# %% chapters/18_parallelism.md:295
 def _run_rank(rank, world_size, init_file, fn, backend, args, conn) -> None:
     try:
         init_process(rank, world_size, init_file, backend)
@@ -142,7 +143,7 @@ def _collect(pipes, procs, got: dict, timeout_s: float) -> None:
                 raise WorkerError(f"rank {rank} died with exit code {code}")
 
 
-# %% chapters/18_parallelism.md:339
+# %% chapters/18_parallelism.md:327
 def launch(
     fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_s=120.0
 ) -> list[Any]:
@@ -162,7 +163,7 @@ def launch(
     return [got[rank] for rank in range(world_size)]
 
 
-# %% chapters/18_parallelism.md:368
+# %% chapters/18_parallelism.md:356
 @dataclass
 class Group:
     """The ranks that one kind of parallelism spans; rank is this process's place
@@ -198,7 +199,7 @@ def world_group() -> Group:
     return Group(list(range(dist.get_world_size())), dist.get_rank())
 
 
-# %% chapters/18_parallelism.md:411
+# %% chapters/18_parallelism.md:399
 def model_parallel_groups(tp_size: int, pp_size: int) -> tuple[Group, Group]:
     """(this rank's tensor-parallel group, its pipeline group) in a world of
     tp_size * pp_size ranks: global rank = stage * tp_size + tp_rank."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:1349
+# %% chapters/18_parallelism.md:1340
 """Tensor-parallel inference in the engine (chapter 18, "Tensor parallelism in the
 engine").
 
@@ -33,14 +33,14 @@ from minillm.registry import ATTENTION_BACKENDS, EXECUTOR_HOOKS, MODEL_RUNNERS
 from minillm.registry import SAMPLERS, engine_options, load_plugins
 
 
-# %% chapters/18_parallelism.md:1382
+# %% chapters/18_parallelism.md:1373
 @engine_options
 @dataclass(frozen=True)
 class ParallelConfig:
     """Chapter 18's EngineConfig option (vLLM's name): the number of worker
     processes, one per rank; 1 runs the model in the engine's process."""
 
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # GPUs that split each layer (worker processes)
 
     @staticmethod
     def check(config) -> None:
@@ -71,7 +71,7 @@ class ParallelConfig:
             )
 
 
-# %% chapters/18_parallelism.md:1436
+# %% chapters/18_parallelism.md:1427
 @dataclass
 class WorkerSpec:
     """What a worker needs besides the model: the engine's choices."""
@@ -96,7 +96,7 @@ class BlockTables:
         return self.tables[request_id]
 
 
-# %% chapters/18_parallelism.md:1465
+# %% chapters/18_parallelism.md:1456
 def build_worker(model, spec: WorkerSpec, device: torch.device):
     """This rank's runner: its shard of the weights and its share of the cache,
     built as chapter 7's engine builds its own."""
@@ -126,7 +126,7 @@ def build_worker(model, spec: WorkerSpec, device: torch.device):
     )
 
 
-# %% chapters/18_parallelism.md:1502
+# %% chapters/18_parallelism.md:1493
 def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None:
     """A worker's life: join the group, build, then run what the engine sends until
     it says shutdown or goes away (its pipe closes)."""
@@ -153,7 +153,7 @@ def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None
             dist.destroy_process_group()
 
 
-# %% chapters/18_parallelism.md:1536
+# %% chapters/18_parallelism.md:1527
 class TPExecutor:
     """Stands in for the engine's model runner and runs it in tensor_parallel_size
     worker processes. A worker's error or death, or a step that outlasts the
@@ -191,7 +191,7 @@ class TPExecutor:
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         self._replies()  # every worker "ready"
 
-    # %% chapters/18_parallelism.md:1579
+    # %% chapters/18_parallelism.md:1570
     @classmethod
     def num_reserved_blocks(cls, config, parts) -> int:
         inner = MODEL_RUNNERS[parts["persistent_batch"]]
@@ -204,7 +204,7 @@ class TPExecutor:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    # %% chapters/18_parallelism.md:1603
+    # %% chapters/18_parallelism.md:1594
     def _send(self, method: str, *args) -> None:
         if self.failure:
             raise WorkerError(self.failure)
@@ -255,7 +255,7 @@ class TPExecutor:
                 f"{p.exitcode}"
             )
 
-    # %% chapters/18_parallelism.md:1657
+    # %% chapters/18_parallelism.md:1648
     def _fail(self, message: str) -> None:
         self.failure = message + "; the engine's workers are shut down"
         self.shutdown()
@@ -281,7 +281,7 @@ class TPExecutor:
         return self._replies()[0]
 
 
-# %% chapters/18_parallelism.md:1685
+# %% chapters/18_parallelism.md:1676
 def _shutdown(conns, procs) -> None:
     for conn in conns:
         try:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:1021
+# %% chapters/18_parallelism.md:1009
 """Pipeline parallelism for training (chapter 18, "Pipeline parallelism").
 
 Each stage holds consecutive layers (the first also the embedding, the last the norm
@@ -24,7 +24,7 @@ from minillm.parallel.distributed import Group
 from minillm.parallel.tp import VocabParallelCrossEntropy
 
 
-# %% chapters/18_parallelism.md:1046
+# %% chapters/18_parallelism.md:1034
 def gpipe_schedule(stage: int, num_stages: int, m: int) -> list[tuple[str, int]]:
     """Every micro-batch's forward, then every one's backward."""
     return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
@@ -43,7 +43,7 @@ def one_f_one_b_schedule(stage: int, num_stages: int, m: int) -> list[tuple[str,
 SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
 
 
-# %% chapters/18_parallelism.md:1081
+# %% chapters/18_parallelism.md:1069
 class PipelineStage(nn.Module):
     """Stage `stage` of num_stages of model: its run of layers; the others become
     placeholders, so parameter names stay the full model's."""
@@ -70,7 +70,7 @@ class PipelineStage(nn.Module):
             inner.norm, model.lm_head = None, None
         self.model = model
 
-    # %% chapters/18_parallelism.md:1113
+    # %% chapters/18_parallelism.md:1101
     def forward(self, x: Tensor) -> Tensor:
         """Token ids (B, T) on the first stage, else hidden states (B, T, hidden),
         to hidden states (B, T, hidden), normed on the last stage."""
@@ -92,7 +92,7 @@ class PipelineStage(nn.Module):
         )
 
 
-# %% chapters/18_parallelism.md:1147
+# %% chapters/18_parallelism.md:1135
 def run_schedule(stage, pp: Group, order, windows: Tensor, hidden_size: int):
     """Forwards and backwards of micro-batches windows (m, b, T+1) in `order`,
     gradients accumulated in the stage's parameters. Returns the mean loss (last

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:463
+# %% chapters/18_parallelism.md:451
 """Megatron-style tensor parallelism (chapter 18, "Tensor parallelism").
 
 Column-parallel linears split their output features across the ranks of a Group and
@@ -26,7 +26,7 @@ from minillm.model import MLP, Attention, CausalLM
 from minillm.parallel.distributed import Group
 
 
-# %% chapters/18_parallelism.md:491
+# %% chapters/18_parallelism.md:479
 class CopyToTP(torch.autograd.Function):
     """Megatron's f: the identity going forward; going back, the sum of every rank's
     gradient (each rank's slice of the layer saw the same input)."""
@@ -54,7 +54,7 @@ class ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-# %% chapters/18_parallelism.md:524
+# %% chapters/18_parallelism.md:512
 class ColumnParallelLinear(nn.Module):
     """y[..., rows] = x @ W[rows].T (+ b[rows]): this rank's rows of a full linear's
     weight, i.e. a slice of its output features; the input is whole on every rank."""
@@ -96,7 +96,7 @@ def shard_range(n: int, group: Group) -> tuple[int, int]:
     return group.rank * per, (group.rank + 1) * per
 
 
-# %% chapters/18_parallelism.md:577
+# %% chapters/18_parallelism.md:565
 def head_rows(first: int, count: int, head_dim: int) -> Tensor:
     """The weight rows of heads [first, first + count)."""
     return torch.arange(first * head_dim, (first + count) * head_dim)
@@ -129,7 +129,7 @@ def shard_mlp(mlp: MLP, group: Group) -> None:
     mlp.down_proj = RowParallelLinear(mlp.down_proj, cols, group)
 
 
-# %% chapters/18_parallelism.md:627
+# %% chapters/18_parallelism.md:615
 def vocab_shard(vocab_size: int, group: Group) -> tuple[int, int, int]:
     """(start, end, per): this rank holds token ids [start, end) in `per` rows, the
     vocabulary padded up to a multiple of the group's size (the padding is last)."""
@@ -161,7 +161,7 @@ class VocabParallelEmbedding(nn.Module):
         return ReduceFromTP.apply(rows, self.group)
 
 
-# %% chapters/18_parallelism.md:667
+# %% chapters/18_parallelism.md:655
 class ParallelLMHead(nn.Module):
     """The LM head split by vocabulary: local logits (..., per) for the vocab-parallel
     loss; called, the whole vocabulary's logits, gathered from every rank."""
@@ -189,7 +189,7 @@ class ParallelLMHead(nn.Module):
         return self.group.all_gather(self.local_logits(hidden))[..., : self.vocab_size]
 
 
-# %% chapters/18_parallelism.md:706
+# %% chapters/18_parallelism.md:694
 class VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy over logits split by vocabulary, without gathering them.
     Megatron: megatron/core/tensor_parallel/cross_entropy.py."""
@@ -229,7 +229,7 @@ def vocab_parallel_loss(model: CausalLM, windows: Tensor) -> Tensor:
     return losses.mean()
 
 
-# %% chapters/18_parallelism.md:756
+# %% chapters/18_parallelism.md:744
 def shard_model(model: CausalLM, group: Group) -> CausalLM:
     """Turn model, in place, into this rank's tensor-parallel share of its weights;
     model.config then describes the shard (its heads and MLP width; the vocabulary
@@ -252,7 +252,7 @@ def shard_model(model: CausalLM, group: Group) -> CausalLM:
     return model
 
 
-# %% chapters/18_parallelism.md:785
+# %% chapters/18_parallelism.md:773
 def sync_replicated_grads(model: CausalLM) -> None:
     """After backward: give each replica of a KV head the sum of its gradients."""
     group = model.tp_group

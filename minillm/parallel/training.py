@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_parallelism.md:835
+# %% chapters/18_parallelism.md:823
 """Training steps run three ways for chapter 18's equality checks: on one process
 (the reference), tensor-parallel, pipeline-parallel; each returns the losses and the
 gradients of every step, so that the runs can be compared number by number.
@@ -36,7 +36,7 @@ SMALL = ModelConfig(
 LR = 0.5
 
 
-# %% chapters/18_parallelism.md:879
+# %% chapters/18_parallelism.md:867
 def make_model(config: ModelConfig, seed: int) -> CausalLM:
     torch.manual_seed(seed)
     model = CausalLM(config)
@@ -61,7 +61,7 @@ def sgd_step(model) -> None:
         p.grad = None
 
 
-# %% chapters/18_parallelism.md:905
+# %% chapters/18_parallelism.md:893
 def reference_run(config: ModelConfig, steps: int, seed: int):
     """(losses, [grads of each step]) of SGD steps on one process."""
     model = make_model(config, seed)
@@ -89,7 +89,7 @@ def tp_run(rank: int, world_size: int, config: ModelConfig, steps: int, seed: in
     return losses, grads
 
 
-# %% chapters/18_parallelism.md:939
+# %% chapters/18_parallelism.md:927
 def shard_grads(config: ModelConfig, grads: dict[str, Tensor], group: Group):
     """What rank group.rank's gradients must be: the full gradients, cut by the same
     surgery as the weights."""
@@ -116,7 +116,7 @@ def max_difference(config, ref, runs, tp_size=None) -> tuple[float, float]:
     return worst_loss, worst_grad
 
 
-# %% chapters/18_parallelism.md:1194
+# %% chapters/18_parallelism.md:1182
 def pp_run(rank, world_size, config, steps, seed, tp_size, schedule, m, shape=(8, 16)):
     """The same steps on world_size // tp_size pipeline stages of tp_size ranks
     each, m micro-batches a step: this rank's losses (the last stage's; else
@@ -138,7 +138,7 @@ def pp_run(rank, world_size, config, steps, seed, tp_size, schedule, m, shape=(8
     return (losses if stage.last else []), grads, timelines
 
 
-# %% chapters/18_parallelism.md:1779
+# %% chapters/18_parallelism.md:1772
 @torch.inference_mode()
 def forward_ms(rank, world_size, config, num_tokens, repeats=9):
     """(ms with, ms without the collectives) of one tensor-parallel forward pass

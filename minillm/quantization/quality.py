@@ -140,6 +140,7 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     ]
 
 
+# %% chapters/13_quantization.md:2645
 def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats,
                        windows: Tensor) -> None:  # fmt: skip
     """Quantize model by one row's method (calibration: stats or windows)."""
@@ -155,7 +156,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:2669
+# %% chapters/13_quantization.md:2671
 # The modules whose code the table's rows run (checkpoint and methods: export and
 # engine only); of minillm.int4 the rows call replace_linears alone.
 TABLE_MODULES = ("rtn", "calibration", "gptq", "sequential", "rotation", "awq",
@@ -193,7 +194,7 @@ def command(name: str, calib, held_out, group_size: int) -> str:
             f"{held_out[1]}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2716
+# %% chapters/13_quantization.md:2718
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256),
     held_out: tuple[int, int] = (64, 256), group_size: int = 128,
@@ -226,7 +227,7 @@ def quality_table(
     return table | {"source": "computed now", "key": key}
 
 
-# %% chapters/13_quantization.md:2753
+# %% chapters/13_quantization.md:2755
 def build_table(name, folder, calib, held_out, group_size) -> dict:
     model, tokenizer = load_pretrained(folder)
     merge_projections(model)  # same results per row, fewer and larger products
@@ -260,6 +261,7 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
     return table
 
 
+# %% chapters/13_quantization.md:2790
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="compute and print a quality table")
     p.add_argument("model", help='"tiny", "smollm2", or a model folder')
@@ -279,6 +281,6 @@ def main(argv: list[str] | None = None) -> None:
               f"agree {row['agreement']:.1%}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2807
+# %% chapters/13_quantization.md:2811
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3420
+# %% chapters/15_structured_output.md:3742
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -28,7 +28,7 @@ from minillm.structured.token_index import TokenIndex
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3447
+# %% chapters/15_structured_output.md:3769
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -59,7 +59,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3658
+    # %% chapters/15_structured_output.md:3980
     def bound(self, stacks: Stacks) -> int:
         """The room below which the budget may cut tokens from the mask of stacks
         (INF: any room, where uncertain tokens leave a rule), remembered per stacks."""
@@ -97,7 +97,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:3727
+    # %% chapters/15_structured_output.md:4049
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow). Remembered per stacks where the
@@ -132,7 +132,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:3488
+# %% chapters/15_structured_output.md:3810
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -172,7 +172,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:3539
+# %% chapters/15_structured_output.md:3861
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -218,7 +218,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/15_structured_output.md:3699
+# %% chapters/15_structured_output.md:4021
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

@@ -2,38 +2,45 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:2184
+# %% chapters/15_structured_output.md:2232
 """JSON Schema -> grammar rules: one expression per rule, recursion through Call
 (chapter 15).
 
 Every value a compiled grammar admits validates against the schema: where the schema
 leaves a choice the grammar picks one (properties in the schema's order, no
 properties the schema does not name unless it asks for them, as xgrammar's strict
-mode), and what cannot be held exactly is refused with a SchemaError that names the
-keyword.
+mode), and what cannot be held is refused with a SchemaError that names the keyword,
+except uniqueItems and an overlapping oneOf: approximated, with a SchemaWarning
+(outputs then satisfy schema_ops.guaranteed(schema)).
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import math
+import re
+import warnings
 from dataclasses import dataclass
 
 from minillm.structured.fsm import determinize
-from minillm.structured.ir import EMPTY, NOTHING, Bytes, Call, Diff, Graph, Rep
+from minillm.structured.ir import EMPTY, NOTHING, And, Bytes, Call, Diff, Graph, Rep
 from minillm.structured.ir import GrammarError, alt, lit, opt, seq, star
 from minillm.structured.json_text import FORMATS, json_format, json_number
-from minillm.structured.json_text import bounded_product, compact, json_literal
+from minillm.structured.json_text import bounded_product, json_literal
 from minillm.structured.json_text import json_string
 from minillm.structured.numbers import integer_range, number_range
 from minillm.structured.regex import UnsupportedRegex, regex_expr
 from minillm.structured.charset import utf8
-from minillm.structured.schema_ops import ANNOTATIONS, UNSUPPORTED, SchemaError
+from minillm.structured.schema_ops import ANNOTATIONS, KEYWORDS, UNSUPPORTED
+from minillm.structured.schema_ops import SchemaError, SchemaWarning, _dep, both
 from minillm.structured.schema_ops import canonical, disjoint, merge, normalize
 from minillm.structured.schema_ops import resolve_ref, type_set, types_of, value_types
 
 WS = star(Bytes(((0x20, 0x20), (0x09, 0x0A), (0x0D, 0x0D))))  # space, \t, \n, \r
 
 
+# %% chapters/15_structured_output.md:2271
 @dataclass(frozen=True)
 class JsonOptions:
     """How a schema becomes a grammar (vLLM's structured-output options)."""
@@ -42,9 +49,10 @@ class JsonOptions:
     whitespace_pattern: str | None = None  # a regex for the whitespace, if given
     strict: bool = True  # only the properties and items the schema names
     max_repeat: int = 256  # larger maxLength / maxItems are held to this
+    rule_per_schema: bool = True  # False: objects and arrays inlined (one automaton)
 
 
-# %% chapters/15_structured_output.md:2235
+# %% chapters/15_structured_output.md:2292
 class SchemaCompiler:
     """Compiles one schema. `rules()` -> {rule name: expression}; "root" is the
     document."""
@@ -55,6 +63,9 @@ class SchemaCompiler:
         self.string_rules: dict[int, str] = {}  # large string automata -> rule
         self.active: list[str] = []  # $refs being inlined; meeting one again recurses
         self.pending: list[str] = []  # recursive $refs whose rule is still to make
+        self.sub_rules: dict[str, str] = {}  # an object or array's schema -> rule
+        self.warned: set[str] = set()  # keys and formats warned of
+        self.approximations: list[str] = []  # what the grammar does not hold
         if options.whitespace_pattern is not None:
             ws = regex_expr(options.whitespace_pattern, utf8, search=False)
         else:
@@ -72,7 +83,7 @@ class SchemaCompiler:
                 rules[ref] = self.value(resolve_ref(self.schema, ref, ref), ref)
         return {**rules, **self.extra_rules}
 
-    # %% chapters/15_structured_output.md:2265
+    # %% chapters/15_structured_output.md:2325
     def value(self, schema, path: str):
         """The expression of the JSON values schema admits."""
         if schema is True or schema == {}:
@@ -83,14 +94,20 @@ class SchemaCompiler:
             raise SchemaError(
                 f"a schema is an object or a boolean, got {schema!r}", path
             )
-        if DEPENDENCIES & schema.keys() and not COMBINERS & schema.keys():
-            schema = self.dependencies(schema, path)  # folded into required
+        if "not" in schema:
+            schema = self.negated(schema, path)
+            if schema is False:
+                return NOTHING
         for key in sorted(UNSUPPORTED & schema.keys()):
-            if key != "if" or {"then", "else"} & schema.keys():
-                raise SchemaError(f"{key!r} is not supported", path, key)
+            raise SchemaError(f"{key!r} is not supported", path, key)
+        self.unknown(schema, path)
+        if DEPENDENCIES & schema.keys() and not COMBINERS & schema.keys():
+            schema, more = self.dependencies(schema, path)  # folded into required
+            if more:  # dependent schemas of required keys hold too
+                return self.value({"allOf": [schema, *more]}, path)
         if "$ref" in schema:
             return self.reference(schema, path)
-        if "allOf" in schema:
+        if "allOf" in schema or "if" in schema:
             return self.value(self.merged(schema, path), path)
         if "anyOf" in schema or "oneOf" in schema:
             return self.alternatives(schema, path)
@@ -99,6 +116,39 @@ class SchemaCompiler:
             return self.enum(schema, path)
         return alt(*(self.typed(t, schema, path) for t in types_of(schema)))
 
+    # %% chapters/15_structured_output.md:2369
+    def negated(self, schema: dict, path: str):
+        """schema without its `not`, in the forms real schemas use: `not: {}` (no
+        value), `not` of types (the other types), and `not` of required keys
+        (exact and narrower: the last of the keys is never written)."""
+        rest, no = {k: v for k, v in schema.items() if k != "not"}, schema["not"]
+        if no is True or no == {}:
+            return False
+        if isinstance(no, dict) and set(no) == {"type"}:
+            left = [t for t in types_of(rest) if t not in type_set(no["type"])]
+            return {**rest, "type": left} if left else False
+        if isinstance(no, dict) and set(no) == {"allOf"} and _lists(no["allOf"]):
+            no = {"required": [k for g in no["allOf"] for k in g["required"]]}
+        groups = no.get("anyOf", [no]) if isinstance(no, dict) else [None]
+        if _lists(groups):
+            props, required = dict(rest.get("properties", {})), rest.get("required", [])
+            for g in groups:  # each group: at least one of its keys is absent
+                absent = [k for k in g["required"] if k not in required]
+                if not absent:
+                    return False
+                props[absent[-1]] = False
+            return {**rest, "properties": props}
+        raise SchemaError("'not' is supported for {}, types and required keys", path,
+                          "not")  # fmt: skip
+
+    def unknown(self, schema: dict, path: str) -> None:
+        """Warn once per compile for keys outside JSON Schema's vocabulary."""
+        for key in sorted(schema.keys() - KEYWORDS - ANNOTATIONS - self.warned):
+            self.warned.add(key)
+            warnings.warn(f"ignored {key!r} (at {path}): not a JSON Schema keyword",
+                          SchemaWarning, stacklevel=2)  # fmt: skip
+
+    # %% chapters/15_structured_output.md:2413
     def reference(self, schema: dict, path: str):
         ref = schema["$ref"]
         if not isinstance(ref, str):
@@ -116,41 +166,39 @@ class SchemaCompiler:
         finally:
             self.active.pop()
 
-    # %% chapters/15_structured_output.md:2318
-    def dependencies(self, schema: dict, path: str) -> dict:
-        """schema with its name-list dependencies folded into `required` where that
-        is exact; SchemaError naming the keyword where it is not."""
+    # %% chapters/15_structured_output.md:2438
+    def dependencies(self, schema: dict, path: str) -> tuple[dict, list]:
+        """(schema with its dependencies folded into `required` and `properties`,
+        the dependent schemas that hold): exact, by never writing an optional
+        trigger whose condition the object's order cannot promise."""
         deps = {}
         for key in sorted(DEPENDENCIES & schema.keys()):
-            if not isinstance(schema[key], dict) or not all(
-                isinstance(v, list) for v in schema[key].values()
-            ):
-                raise SchemaError(f"{key!r} with schemas is not supported", path, key)
-            deps.update({(key, a): bs for a, bs in schema[key].items()})
+            if not isinstance(schema[key], dict):
+                raise SchemaError(f"{key!r} must be an object", path, key)
+            deps.update({a: _dep(d) for a, d in schema[key].items()})
         required = list(schema.get("required", []))
         grown = True
         while grown:  # a required trigger makes its keys required, which may trigger
             grown = False
-            for (_, a), bs in deps.items():
-                if a in required and not set(bs) <= set(required):
-                    required += [b for b in bs if b not in required]
+            for a, d in deps.items():
+                need = d.get("required", []) if isinstance(d, dict) else []
+                if a in required and not set(need) <= set(required):
+                    required += [b for b in need if b not in required]
                     grown = True
-        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
-        if extra is None:
-            extra = not (self.options.strict and (props or required))
-        for (key, a), bs in deps.items():
-            never = props.get(a) is False or (a not in props and extra is False)
-            if not (set(bs) <= set(required) or never):
-                raise SchemaError(
-                    f"{key!r}: {a!r} is optional, and {bs} only with it: a "
-                    "condition on the keys written is not supported",
-                    path,
-                    key,
-                )
+        props = dict(schema.get("properties", {}))
+        more = [d for a, d in deps.items() if a in required and d is not True]
+        for a, d in deps.items():
+            keys = d.get("required", []) if isinstance(d, dict) else []
+            plain = d is True or isinstance(d, dict) and set(d) <= {"required"}
+            holds = plain and set(keys) <= set(required)  # whatever is written
+            if a not in required and not holds:
+                props[a] = False  # optional trigger of a condition: never written
         rest = {k: v for k, v in schema.items() if k not in DEPENDENCIES}
-        return {**rest, "required": required} if required else rest
+        if props:
+            rest["properties"] = props
+        return ({**rest, "required": required} if required else rest), more
 
-    # %% chapters/15_structured_output.md:2369
+    # %% chapters/15_structured_output.md:2486
     def flatten(self, schemas: list, path: str, depth: int = 0) -> list:
         """allOf's members with their $refs and nested allOfs opened."""
         out = []
@@ -159,15 +207,17 @@ class SchemaCompiler:
                 raise SchemaError(
                     "$ref / allOf nest too deep (a cycle?)", path, "allOf"
                 )
-            if isinstance(s, dict) and ("$ref" in s or "allOf" in s):
-                key = "$ref" if "$ref" in s else "allOf"
-                rest = {k: v for k, v in s.items() if k != key}
+            if isinstance(s, dict) and {"$ref", "allOf", "if"} & s.keys():
+                key = next(k for k in ("$ref", "allOf", "if") if k in s)
+                rest = {k: v for k, v in s.items() if k not in (key, "then", "else")}
+                if key == "if":  # decided in merged(), once the rest is known
+                    out += [*self.flatten([rest], path, depth + 1), ("if", s)]
+                    continue
                 if key == "allOf":
                     inner = s["allOf"]
                 elif s["$ref"] in self.active:
-                    raise SchemaError(
-                        "allOf around a recursive $ref is not supported", path, "allOf"
-                    )
+                    raise SchemaError("allOf around a recursive $ref is not supported",
+                                      path, "allOf")  # fmt: skip
                 else:
                     inner = [resolve_ref(self.schema, s["$ref"], path)]
                 out += self.flatten([rest, *inner], path, depth + 1)
@@ -176,22 +226,37 @@ class SchemaCompiler:
         return out
 
     def merged(self, schema, path: str):
-        """allOf's members (and the keywords beside it) as one schema."""
+        """allOf's members (and the keywords beside it) as one schema; then each
+        if/then/else: `else` where the rest proves the `if` false, else if and then
+        (exact, and narrower: a value the `if` could fail is not written)."""
         out: dict | bool = {}
-        for member in self.flatten([schema], path):
+        members = self.flatten([schema], path)
+        for member in [m for m in members if not isinstance(m, tuple)]:
             if member is False or out is False:
                 return False
             if member is not True:
                 if not isinstance(member, dict):
                     raise SchemaError("allOf members must be schemas", path, "allOf")
                 out = merge(out, member, path)
+        for _, cond in [m for m in members if isinstance(m, tuple)]:
+            if out is False:
+                return False
+            test = cond["if"]
+            if isinstance(test, dict):  # the rest's required keys are in every value
+                keys = [*out.get("required", []), *test.get("required", [])]
+                test = {**test, "required": keys} if keys else test
+            if disjoint(out, test, self.plain):
+                out = self.merged({"allOf": [out, cond.get("else", True)]}, path)
+            else:
+                out = self.merged({"allOf": [out, cond["if"], cond.get("then", True)]},
+                                  path)  # fmt: skip
         return out
 
     def plain(self, schema):
         """schema without $ref or allOf at its top (for disjointness proofs)."""
         return self.merged(schema, "#") if isinstance(schema, dict) else schema
 
-    # %% chapters/15_structured_output.md:2413
+    # %% chapters/15_structured_output.md:2555
     def alternatives(self, schema: dict, path: str):
         """anyOf: any branch. oneOf: exactly one, so its branches must be disjoint."""
         key = "anyOf" if "anyOf" in schema else "oneOf"
@@ -201,21 +266,29 @@ class SchemaCompiler:
         rest = {k: v for k, v in schema.items() if k != key and k not in ANNOTATIONS}
         if rest:  # the keywords beside anyOf hold in every branch
             branches = [{"allOf": [rest, b]} for b in branches]
-        if key == "oneOf":
-            for i in range(len(branches)):
-                for j in range(i + 1, len(branches)):
-                    a, b = self.plain(branches[i]), self.plain(branches[j])
-                    if not disjoint(a, b, self.plain, self.options.strict):
-                        raise SchemaError(
-                            f"oneOf: branches {i} and {j} may both match (only oneOf "
-                            "with provably disjoint branches is supported)",
-                            path,
-                            key,
-                        )
+        if key == "oneOf" and not self.disjoint_branches(branches):
+            self.approximate(f"oneOf read as anyOf (at {path}): its branches "
+                             "may overlap: an output may match several")  # fmt: skip
         return alt(
             *(self.value(b, f"{path}/{key}/{i}") for i, b in enumerate(branches))
         )
 
+    def disjoint_branches(self, branches: list) -> bool:
+        try:
+            plain = [self.plain(b) for b in branches]
+        except SchemaError:
+            return False
+        return all(
+            disjoint(a, b, self.plain, self.options.strict)
+            for i, a in enumerate(plain) for b in plain[i + 1 :]
+        )  # fmt: skip
+
+    def approximate(self, what: str) -> None:
+        """Record (and warn of) a keyword the grammar does not hold exactly."""
+        self.approximations.append(what)
+        warnings.warn(what, SchemaWarning, stacklevel=3)
+
+    # %% chapters/15_structured_output.md:2593
     def enum(self, schema: dict, path: str):
         """enum / const: each value written out, if the other keywords admit it."""
         values = schema["enum"]
@@ -226,18 +299,23 @@ class SchemaCompiler:
         return alt(*(json_literal(v) for v in keep.values()))
 
     def admits(self, rest: dict, value, path: str) -> bool:
+        """Whether value satisfies the keywords beside enum (jsonschema decides)."""
+        import jsonschema
+
         if "type" in rest and not value_types(value) & type_set(rest["type"]):
             return False
         if not set(rest) - {"type"}:
             return True
-        dfa = determinize(self.value(rest, path))
-        if any(dfa.calls):
-            raise SchemaError(
-                "enum beside recursive keywords is not supported", path, "enum"
-            )
-        return dfa.matches(compact(value))
+        root = self.schema if isinstance(self.schema, dict) else {}
+        defs = {k: root[k] for k in ("$defs", "definitions") if k in root}
+        cls = jsonschema.Draft202012Validator
+        try:
+            check = cls({**rest, **defs}, format_checker=cls.FORMAT_CHECKER)
+            return check.is_valid(value)
+        except Exception as e:  # a $ref jsonschema cannot follow from here
+            raise SchemaError(f"enum: cannot check its values ({e})", path, "enum")
 
-    # %% chapters/15_structured_output.md:2466
+    # %% chapters/15_structured_output.md:2627
     def typed(self, t: str, schema: dict, path: str):
         """The values of type t that satisfy schema's keywords for that type."""
         if t == "null":
@@ -246,36 +324,65 @@ class SchemaCompiler:
             return alt(lit("true"), lit("false"))
         if t in ("integer", "number"):
             return self.number(t, schema, path)
+        if self.options.rule_per_schema and t != "string":
+            return self.subrule(t, schema, path)
         return {"string": self.string, "array": self.array, "object": self.object}[t](
             schema, path
         )
 
+    def subrule(self, t: str, schema: dict, path: str):
+        """An object or array as a Call of a rule of its own, one rule per distinct
+        schema: nesting and repetition call it instead of copying its states."""
+        key = t + json.dumps(schema, sort_keys=True, default=str)
+        if key not in self.sub_rules:
+            name = self.sub_rules[key] = f"{t}:{len(self.sub_rules)}"
+            self.extra_rules[name] = NOTHING  # until built (it may call itself)
+            self.extra_rules[name] = getattr(self, t)(schema, path)
+        return Call(self.sub_rules[key])
+
     def number(self, t: str, schema: dict, path: str):
-        step = schema.get("multipleOf")
-        if step is not None and not (t == "integer" and step == 1):
-            raise SchemaError("'multipleOf' is not supported", path, "multipleOf")
         lo, lo_strict = _bound(schema, "minimum", "exclusiveMinimum", max)
         hi, hi_strict = _bound(schema, "maximum", "exclusiveMaximum", min)
+        if schema.get("multipleOf") is not None:
+            return self.multiples(schema["multipleOf"], lo, hi, lo_strict, hi_strict,
+                                  path)  # fmt: skip
         if lo is None and hi is None:
             return json_number(t == "integer")
         if t == "integer":
             return integer_range(lo, hi, lo_strict, hi_strict)
         return number_range(lo, hi, lo_strict, hi_strict)
 
+    # %% chapters/15_structured_output.md:2677
+    def multiples(self, step, lo, hi, lo_strict, hi_strict, path: str):
+        """multipleOf: where 1 / step is whole (1, 0.5, 0.01), every integer is a
+        multiple (narrower for numbers); a whole step between bounds is spelled
+        out; anything else is refused."""
+        if step <= 1 and abs(1 / step - round(1 / step)) < 1e-9:
+            if lo is None and hi is None:
+                return json_number(True)
+            return integer_range(lo, hi, lo_strict, hi_strict)
+        if float(step).is_integer() and lo is not None and hi is not None:
+            first, last = math.ceil(lo / step), math.floor(hi / step)
+            if last - first < self.options.max_repeat:
+                values = [int(k * step) for k in range(first, last + 1)]
+                return alt(*(json_literal(v) for v in values
+                             if (v > lo or not lo_strict and v == lo)
+                             and (v < hi or not hi_strict and v == hi)))  # fmt: skip
+        raise SchemaError(f"'multipleOf' {step} is not supported (only 1 / n, or a "
+                          "whole step between bounds)", path, "multipleOf")  # fmt: skip
+
+    # %% chapters/15_structured_output.md:2702
     def string(self, schema: dict, path: str):
         lo, hi = schema.get("minLength", 0), self._cap(schema.get("maxLength"))
         patterns = schema.get("pattern", [])
         patterns = [patterns] if isinstance(patterns, str) else patterns
-        parts = []
-        if "format" in schema:
-            if schema["format"] not in FORMATS:
-                raise SchemaError(
-                    f"format {schema['format']!r} is not supported (only "
-                    f"{', '.join(FORMATS)})",
-                    path,
-                    "format",
-                )
-            parts.append(json_format(schema["format"]))
+        parts, form = [], schema.get("format")
+        if form in FORMATS:
+            parts.append(json_format(form))
+        elif form is not None and form not in self.warned:
+            self.warned.add(form)  # an annotation to validators that lack it too
+            warnings.warn(f"format {form!r} ignored (at {path}): only "
+                          f"{', '.join(FORMATS)} are held", SchemaWarning)  # fmt: skip
         try:
             if patterns or not parts or (lo, hi) != (0, None):
                 parts.append(json_string(lo, hi, patterns[0] if patterns else None))
@@ -284,11 +391,13 @@ class SchemaCompiler:
         except UnsupportedRegex as e:
             raise SchemaError(str(e), path, "pattern") from None
         except GrammarError as e:  # a long maxLength times a large pattern
+            if hi is not None and max(lo, hi // 4) < hi:  # narrower, still valid
+                return self.string({**schema, "maxLength": max(lo, hi // 4)}, path)
             raise SchemaError(
                 f"'maxLength' {hi} with a pattern or format: {e}", path, "maxLength"
             ) from None
 
-    # %% chapters/15_structured_output.md:2525
+    # %% chapters/15_structured_output.md:2736
     def shared(self, dfa):
         """dfa, or a Call of a rule holding it where it is large: each use of a
         long bounded string is then one call, not a copy of its states."""
@@ -299,14 +408,15 @@ class SchemaCompiler:
             self.extra_rules[name] = dfa
         return Call(self.string_rules[id(dfa)])
 
-    # %% chapters/15_structured_output.md:2546
+    # %% chapters/15_structured_output.md:2761
     def _cap(self, bound: int | None) -> int | None:
         return None if bound is None else min(bound, self.options.max_repeat)
 
     def array(self, schema: dict, path: str):
         """[ prefixItems..., items... ] with minItems <= length <= maxItems."""
-        if schema.get("uniqueItems") is True:
-            raise SchemaError("'uniqueItems' is not supported", path, "uniqueItems")
+        if schema.get("uniqueItems") is True and schema.get("maxItems", 2) > 1:
+            self.approximate(f"uniqueItems ignored (at {path}): a grammar cannot "
+                             "compare items, so an output may repeat one")  # fmt: skip
         prefix, items = schema.get("prefixItems", []), schema.get("items")
         if isinstance(items, list):  # drafts 4-7: items as a list, then additionalItems
             prefix, items = items, schema.get("additionalItems")
@@ -324,9 +434,7 @@ class SchemaCompiler:
             for j, e in enumerate(elements)
         ]
         finals = [j for j in range(n + 1) if j >= lo]
-        if items is not False and (
-            hi is None or hi > n
-        ):  # the tail: items, as many as fit
+        if items is not False and (hi is None or hi > n):  # the tail: as many as fit
             item = self.value(items, f"{path}/items")
             t_lo, t_hi = max(0, lo - n), None if hi is None else hi - n
             if n == 0:
@@ -339,68 +447,106 @@ class SchemaCompiler:
         body = Graph(n + 2, tuple(edges), 0, tuple(finals))
         return seq(lit("["), self.ws, body, self.ws, lit("]"))
 
-    # %% chapters/15_structured_output.md:2593
+    # %% chapters/15_structured_output.md:2807
     def object(self, schema: dict, path: str):
         """{ the named properties in order (the required ones always), then any
-        additional ones the schema allows }."""
+        others the schema allows: by patternProperties, then additionalProperties }."""
         props = dict(schema.get("properties", {}))
         required = schema.get("required", [])
-        for name in required:
-            props.setdefault(name, True)  # required but not described: any value
+        patterns = schema.get("patternProperties", {})
+        for name in required:  # required but not named: the other keys' schema
+            if name not in props and not any(re.search(p, name) for p in patterns):
+                props[name] = schema.get("additionalProperties", True)
+            props.setdefault(name, True)  # (named() adds the patterns' schemas)
         extra = schema.get("additionalProperties")
         if extra is None and schema.get("unevaluatedProperties") is False:
             extra = False
-        if extra is None:
-            extra = not (self.options.strict and props)
+        if extra is None:  # strict: no others, unless the schema names none
+            extra = not (self.options.strict and (props or patterns)) or (
+                schema.get("minProperties", 0) > len(props)
+            )
+        names = schema.get("propertyNames", True)
         members = []  # (expression, required?)
         for name, sub in props.items():
-            if sub is False and name not in required:
-                continue  # a property that may not appear
-            value = self.value(sub, f"{path}/properties/{name}")
-            members.append(
-                (seq(json_literal(name), self.colon, value), name in required)
-            )
-        self._check_counts(schema, members, extra, path)
-        # node 2*i + f: the next property to consider is i; f = 1 while none written
-        edges, n = [], len(members)
-        for i, (member, needed) in enumerate(members):
-            for f in (0, 1):
-                edges.append(
-                    (2 * i + f, seq(EMPTY if f else self.comma, member), 2 * i + 2)
-                )
-                if not needed:
-                    edges.append((2 * i + f, EMPTY, 2 * i + 2 + f))
-        if extra is not False:
-            key = json_string()
-            if props:
-                key = Diff(key, alt(*(json_literal(k) for k in props)))
-            member = seq(
-                key, self.colon, self.value(extra, f"{path}/additionalProperties")
-            )
-            edges += [
-                (2 * n + 1, member, 2 * n),
-                (2 * n, seq(self.comma, member), 2 * n),
-            ]
-        body = Graph(2 * n + 2, tuple(edges), 1, (2 * n, 2 * n + 1))
+            sub = self.named(name, sub, patterns, names, path)
+            if sub is False and name in required:
+                return NOTHING  # a required property no value can have
+            if sub is not False:  # (a property that may not appear is left out)
+                value = self.value(sub, f"{path}/properties/{name}")
+                member = seq(json_literal(name), self.colon, value)
+                members.append((member, name in required))
+        others = [  # keys matching one pattern, then keys matching none
+            seq(key, self.colon, self.value(sub, f"{path}/patternProperties/{p}"))
+            for p, key, sub in self.other_keys(props, patterns, extra, names, path)
+        ]
+        return self.counted_members(schema, members, others, path)
+
+    # %% chapters/15_structured_output.md:2851
+    def named(self, name: str, sub, patterns: dict, names, path: str):
+        """The schema a named property's value must satisfy (False: never)."""
+        if names is not True and not self.admits({"propertyNames": names}, {name: 0},
+                                                 path):  # fmt: skip
+            return False
+        for pattern, extra in patterns.items():
+            if re.search(pattern, name):
+                sub = both(sub, extra)
+        return sub
+
+    def other_keys(self, props, patterns, extra, names, path) -> list:
+        """(pattern, key expression, value schema) for the members beyond props:
+        a key matching exactly one pattern gets its schema; additionalProperties
+        gets keys matching none (keys matching several are not written)."""
+        try:
+            named = [json_literal(k) for k in props]
+            keys = {p: json_string(pattern=p) for p in patterns}
+            if names is not True:
+                names = determinize(self.value(both({"type": "string"}, names), path))
+                if any(names.calls):
+                    raise SchemaError("recursive propertyNames", path, "propertyNames")
+        except UnsupportedRegex as e:
+            raise SchemaError(str(e), path, "patternProperties") from None
+        out, rest = [], [] if extra is False else [(None, extra)]
+        for p, sub in [*patterns.items(), *rest]:
+            others = [k for q, k in keys.items() if q != p]
+            key = keys[p] if p is not None else json_string()
+            key = Diff(key, alt(*named, *others)) if named or others else key
+            out.append((p, key if names is True else And(key, names), sub))
+        return out
+
+    # %% chapters/15_structured_output.md:2891
+    def counted_members(self, schema: dict, members: list, others: list, path: str):
+        """{ members in order, then others, any number } with minProperties <=
+        count <= maxProperties. Node (i, c): the next member to consider is i (n:
+        the others), c written (held at top); node (i, s)' of the second half: a
+        separator read, member i (or another) comes next, the count becomes s."""
+        lo, hi = schema.get("minProperties", 0), schema.get("maxProperties")
+        cap = self.options.max_repeat
+        hi = None if hi is None else min(hi, cap)  # a larger maximum is held to cap
+        top = max(1, lo if hi is None else hi)
+        if lo > cap:
+            raise SchemaError(f"minProperties over {cap}", path, "minProperties")
+        n, edges, half = len(members), [], (len(members) + 1) * (top + 1)
+
+        def node(i: int, c: int, sep: bool = False) -> int:
+            return i * (top + 1) + c + (half if sep else 0)
+
+        for c in range(top + 1 if hi is None else hi):  # not from a full object
+            for i in range(n + 1):  # one copy of each member per count written
+                step = min(c + 1, top)
+                sep = self.comma if c else EMPTY
+                edges.append((node(i, c), sep, node(i, step, True)))
+        for s in range(1, top + 1):
+            for i, (member, _) in enumerate(members):
+                edges.append((node(i, s, True), member, node(i + 1, s)))
+            edges += [(node(n, s, True), m, node(n, s)) for m in others]
+        for i, (_, needed) in enumerate(members):
+            if not needed:
+                edges += [(node(i, c), EMPTY, node(i + 1, c)) for c in range(top + 1)]
+        finals = tuple(node(n, c) for c in range(lo, top + 1))
+        body = Graph(2 * half, tuple(edges), node(0, 0), finals)
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
-    # %% chapters/15_structured_output.md:2649
-    def _check_counts(self, schema, members, extra, path):
-        if len([m for m in members if m[1]]) < schema.get("minProperties", 0):
-            raise SchemaError(
-                "'minProperties' beyond the required properties is not supported",
-                path,
-                "minProperties",
-            )
-        top = schema.get("maxProperties")
-        if top is not None and (extra is not False or len(members) > top):
-            raise SchemaError(
-                "'maxProperties' is not supported unless the schema "
-                "names at most that many properties",
-                path,
-                "maxProperties",
-            )
-
+    # %% chapters/15_structured_output.md:2937
     def any_value(self):
         """Any JSON value; objects and arrays are rules of their own (they nest)."""
         if "any:object" not in self.extra_rules:
@@ -425,16 +571,22 @@ class SchemaCompiler:
         return alt(*scalars, Call("any:object"), Call("any:array"))
 
 
-# %% chapters/15_structured_output.md:2312
-DEPENDENCIES = {"dependencies", "dependentRequired"}  # "if key a, then keys b..."
+# %% chapters/15_structured_output.md:2406
+def _lists(groups) -> bool:
+    """Whether groups are all schemas of the form {"required": [...]}."""
+    return all(isinstance(g, dict) and set(g) == {"required"} for g in groups)
+
+
+# %% chapters/15_structured_output.md:2432
+DEPENDENCIES = {"dependencies", "dependentRequired", "dependentSchemas"}
 COMBINERS = {"$ref", "allOf", "anyOf", "oneOf"}  # the keys may come from elsewhere
 
 
-# %% chapters/15_structured_output.md:2520
+# %% chapters/15_structured_output.md:2731
 SHARED_STATES = 512  # a string automaton larger than this is a rule of its own
 
 
-# %% chapters/15_structured_output.md:2692
+# %% chapters/15_structured_output.md:2964
 def check_schema(schema) -> None:
     """SchemaError unless schema is a well-formed JSON Schema (draft 2020-12's
     metaschema, checked by the jsonschema library): `"required": 5` is malformed,

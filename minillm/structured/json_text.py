@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1574
+# %% chapters/15_structured_output.md:1556
 """JSON's lexical pieces as grammar expressions: strings (with a character set,
 lengths or a pattern), numbers (with exact bounds), and string formats (chapter 15).
 """
@@ -50,7 +50,7 @@ def json_char(chars: cs.CharSet):
     return alt(*parts)
 
 
-# %% chapters/15_structured_output.md:1628
+# %% chapters/15_structured_output.md:1610
 def counted(char: DFA, lo: int, hi: int | None) -> DFA:
     """char{lo,hi} as a DFA built directly: one layer of char's states per count of
     characters written. char must be prefix-free (no move after a whole character,
@@ -79,7 +79,7 @@ def counted(char: DFA, lo: int, hi: int | None) -> DFA:
     return trim(dfa) if hi is not None else minimize(trim(dfa))
 
 
-# %% chapters/15_structured_output.md:1666
+# %% chapters/15_structured_output.md:1648
 def quoted(body: DFA) -> DFA:
     """'"' body '"' for a body without calls in which no character boundary reads
     '"' (a JSON string's raw '"' is always escaped)."""
@@ -100,7 +100,7 @@ def quoted(body: DFA) -> DFA:
     return DFA(trans, classes, accepting, [()] * (n + 2))
 
 
-# %% chapters/15_structured_output.md:1712
+# %% chapters/15_structured_output.md:1694
 @functools.lru_cache(maxsize=256)
 def json_string(min_length=0, max_length=None, pattern=None, chars=cs.ANY):
     """A quoted JSON string of chars, its length in [min_length, max_length], that
@@ -155,7 +155,7 @@ _LEAP = (
 )
 
 
-# %% chapters/15_structured_output.md:1777
+# %% chapters/15_structured_output.md:1759
 _MONTH_DAY = (
     "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
     "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
@@ -178,7 +178,13 @@ FORMATS = {
     "uri": rf"[A-Za-z][A-Za-z0-9+.-]*://{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?"
     rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+    "ipv6": "[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){7}",  # the full form, no "::"
+    "hostname": rf"{_LABEL}(?:\.{_LABEL})*",
+    "regex": "[A-Za-z0-9_ ]*",  # literal text: a regex that always compiles
 }
+FORMATS["uri-reference"] = FORMATS["uri"]  # every URI is a URI reference
+FORMATS["idn-email"] = FORMATS["email"]
+FORMATS["idn-hostname"] = r"[a-z0-9]{1,63}(?:\.[a-z0-9]{1,63}){0,2}"  # IDNA's limits
 
 
 @functools.cache

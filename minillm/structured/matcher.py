@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3039
+# %% chapters/15_structured_output.md:3361
 """Token masks of a grammar: cached per DFA state, completed with the stack
 (chapter 15).
 
@@ -38,7 +38,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/15_structured_output.md:3080
+# %% chapters/15_structured_output.md:3402
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -77,7 +77,7 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:3128
+    # %% chapters/15_structured_output.md:3450
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -106,7 +106,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:3166
+    # %% chapters/15_structured_output.md:3488
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -150,7 +150,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:3220
+    # %% chapters/15_structured_output.md:3542
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -168,7 +168,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/15_structured_output.md:3254
+    # %% chapters/15_structured_output.md:3576
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -195,7 +195,7 @@ class CompiledGrammar:
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
 
-# %% chapters/15_structured_output.md:3283
+# %% chapters/15_structured_output.md:3605
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -209,7 +209,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:3298
+# %% chapters/15_structured_output.md:3620
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -245,7 +245,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:3341
+    # %% chapters/15_structured_output.md:3663
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)

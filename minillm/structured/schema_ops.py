@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1825
+# %% chapters/15_structured_output.md:1816
 """JSON Schema before compiling: keywords, $ref, allOf merges and oneOf disjointness
 (chapter 15)."""
 
@@ -43,7 +43,7 @@ ANNOTATIONS = {
 }
 
 
-# %% chapters/15_structured_output.md:1871
+# %% chapters/15_structured_output.md:1862
 KEYS_OF_TYPE = {
     "object": {
         "properties",
@@ -84,12 +84,6 @@ TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 # keywords a grammar cannot hold (each is refused by name where it would apply)
 UNSUPPORTED = {
     "not",
-    "if",
-    "dependencies",  # folded into required where exact (below), else refused
-    "dependentRequired",
-    "dependentSchemas",
-    "patternProperties",
-    "propertyNames",
     "contains",
     "minContains",
     "maxContains",
@@ -98,9 +92,43 @@ UNSUPPORTED = {
     "$recursiveRef",
     "$dynamicAnchor",
 }
+# the rest of JSON Schema's vocabulary; a key outside all of these constrains
+# nothing (validators ignore it) and is ignored with a warning
+KEYWORDS = {
+    *(k for keys in KEYS_OF_TYPE.values() for k in keys),
+    *("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "if"),
+    *("dependencies", "additionalItems", "$recursiveAnchor"),
+}
 
 
-# %% chapters/15_structured_output.md:1934
+class SchemaWarning(UserWarning):
+    """A keyword ignored (it does not constrain) or approximated (stated)."""
+
+
+# %% chapters/15_structured_output.md:1943
+def guaranteed(schema):
+    """The schema every output of a compiled grammar satisfies: the schema with
+    the two approximations made (oneOf read as anyOf, uniqueItems dropped)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in ("properties", "patternProperties", "$defs", "definitions"):
+            v = {name: guaranteed(sub) for name, sub in v.items()}
+        elif k in ("anyOf", "oneOf", "allOf", "prefixItems", "items") and (
+            isinstance(v, list)
+        ):
+            v = [guaranteed(sub) for sub in v]
+        elif isinstance(v, dict) and k not in ("enum", "const", "default"):
+            v = guaranteed(v)
+        if k != "uniqueItems":
+            out["anyOf" if k == "oneOf" and "anyOf" not in schema else k] = v
+    if "oneOf" in out:  # beside an anyOf: both must hold
+        out["allOf"] = [*out.get("allOf", []), {"anyOf": out.pop("oneOf")}]
+    return out
+
+
+# %% chapters/15_structured_output.md:1967
 class SchemaError(GrammarError):
     """A schema minillm cannot compile exactly; the message names the keyword and
     where it is (a JSON pointer)."""
@@ -130,7 +158,7 @@ def resolve_ref(root: dict, ref: str, path: str):
     return node
 
 
-# %% chapters/15_structured_output.md:1970
+# %% chapters/15_structured_output.md:2003
 def types_of(schema: dict) -> list[str]:
     """The types a schema admits: its `type`, else those its keywords imply, else
     all."""
@@ -172,7 +200,7 @@ def canonical(value) -> str:
     return json.dumps(norm(value), sort_keys=True)
 
 
-# %% chapters/15_structured_output.md:2013
+# %% chapters/15_structured_output.md:2046
 def normalize(schema: dict) -> dict:
     """Draft 4's boolean exclusiveMinimum/Maximum as later drafts' numbers; const as a
     one-value enum (so that merging and filtering see one keyword)."""
@@ -193,6 +221,13 @@ def normalize(schema: dict) -> dict:
     return schema
 
 
+def _dep(value):
+    """A dependency as a schema: a list of keys is "these are required"."""
+    if value is None:
+        return True
+    return {"required": value} if isinstance(value, list) else value
+
+
 LOWER = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"}
 UPPER = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"}
 
@@ -206,17 +241,14 @@ def both(a, b):
     return {"allOf": [a, b]}
 
 
-# %% chapters/15_structured_output.md:2055
+# %% chapters/15_structured_output.md:2095
 def _merge_key(key: str, va, vb, path: str):
     if key in LOWER:
         return max(va, vb)
     if key in UPPER:
         return min(va, vb)
     if key == "type":
-        common = [t for t in TYPES if t in type_set(va) & type_set(vb)]
-        if not common:
-            raise SchemaError("allOf: the branches admit no common type", path, "allOf")
-        return common
+        return [t for t in TYPES if t in type_set(va) & type_set(vb)]  # [] if none
     if key == "properties":
         return {
             k: both(va[k], vb[k]) if k in va and k in vb else va.get(k, vb.get(k))
@@ -234,22 +266,32 @@ def _merge_key(key: str, va, vb, path: str):
             *([va] if isinstance(va, str) else va),
             *([vb] if isinstance(vb, str) else vb),
         ]
-    if key == "anyOf":
+    if key in ("anyOf", "oneOf"):  # one branch of each: one pair of branches
         return [both(x, y) for x in va for y in vb]
+    if key in ("patternProperties", "dependentSchemas", "dependencies"):
+        return {k: both(_dep(va.get(k)), _dep(vb.get(k))) for k in {**va, **vb}}
+    if key in ("propertyNames", "additionalItems"):
+        return both(va, vb)
+    if key == "dependentRequired":
+        return {k: list({*va.get(k, []), *vb.get(k, [])}) for k in {**va, **vb}}
+    if key == "uniqueItems":
+        return va or vb
     raise SchemaError(f"allOf: the branches disagree on {key!r}", path, key)
 
 
-# %% chapters/15_structured_output.md:2089
+# %% chapters/15_structured_output.md:2134
 def merge(a: dict, b: dict, path: str):
     """allOf of two schemas (their $refs resolved, allOf flattened) as one schema,
     or False when no value can satisfy both."""
     a, b = normalize(a), normalize(b)
     out = dict(a)
     for key, vb in b.items():
-        if key not in out or key in ANNOTATIONS:
-            out.setdefault(key, vb)
+        if key not in out or key in ANNOTATIONS or key not in KEYWORDS:
+            out.setdefault(key, vb)  # (an unknown key: the first value stands)
         elif out[key] != vb:
             out[key] = _merge_key(key, out[key], vb, path)
+    if out.get("type") == []:  # no common type: no value
+        return False
     required = set(out.get("required", []))
     for side, other in ((a, b), (b, a)):  # no additional properties: others' are out
         if side.get("additionalProperties") is False:
@@ -274,7 +316,7 @@ def value_types(value) -> set[str]:
     )
 
 
-# %% chapters/15_structured_output.md:2130
+# %% chapters/15_structured_output.md:2177
 def disjoint(a, b, resolve, strict: bool = False) -> bool:
     """Whether no value can satisfy both schemas, proven from their types, enums or a
     required property whose schemas are disjoint; False when unsure."""

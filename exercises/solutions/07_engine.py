@@ -1,0 +1,147 @@
+"""Worked solutions to chapter 7's exercises (chapters/07_engine.md).
+
+Installed the way a reader's exported cells would be: methods set on LLMEngine and
+LLM, a SamplingParams with one more field, a part registered through minillm.registry.
+The checks are exercises/test_07_engine.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+
+import minillm.sampling_params as sampling_params
+from minillm.engine import LLMEngine
+from minillm.kv_cache_manager import KVCacheManager
+from minillm.llm import LLM
+from minillm.registry import KV_CACHE_MANAGERS
+from minillm.sampling_params import SamplingParamsError
+
+_ids = itertools.count()
+
+
+# 7.1
+def prompt_logprobs(self: LLMEngine, prompt_token_ids: list[int]) -> list[float]:
+    """logprob of prompt token i given tokens 0..i-1, for i >= 1.
+
+    A request of one token with prompt_logprobs=0 has the model score every prompt row
+    through the paged cache (compute_logits, log_softmax, the next token's entry);
+    each position's dict holds the prompt's own token.
+    """
+    params = sampling_params.SamplingParams(
+        temperature=0, max_tokens=1, prompt_logprobs=0, output_kind="final_only"
+    )
+    request_id = f"prompt-logprobs-{next(_ids)}"
+    self.add_request(request_id, list(prompt_token_ids), params)
+    final = None
+    while final is None:
+        final = next((o for o in self.step() if o.request_id == request_id), None)
+    scored = final.prompt_logprobs[1:]  # position 0 has nothing before it
+    return [lp[t].logprob for lp, t in zip(scored, prompt_token_ids[1:])]
+
+
+# 7.2
+def stream(self: LLM, prompt, params=None) -> Iterator[str]:
+    """Text deltas as the engine produces them: each cumulative output's text minus
+    what was already shown (the detokenizer holds back a possible stop string)."""
+    params = dataclasses.replace(
+        params or sampling_params.SamplingParams(), output_kind="cumulative"
+    )
+    request_id = f"stream-{next(_ids)}"
+    self.engine.add_request(request_id, prompt, params)
+    shown, finished = "", False
+    try:
+        while not finished:
+            for output in self.engine.step():
+                if output.request_id != request_id:
+                    continue
+                text, finished = output.outputs[0].text, output.finished
+                if len(text) > len(shown):
+                    yield text[len(shown) :]
+                    shown = text
+    finally:  # a reader that stops early: the request stops too
+        if not finished:
+            self.engine.abort_request(request_id)
+
+
+# 7.3
+@dataclasses.dataclass
+class SamplingParams(sampling_params.SamplingParams):
+    best_of: int | None = None  # sample this many, return the n most likely
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.best_of is not None and (
+            not isinstance(self.best_of, int) or self.best_of < self.n
+        ):
+            raise SamplingParamsError(
+                "best_of", self.best_of, f"None or an integer >= n ({self.n})"
+            )
+
+
+_add_request = LLMEngine.add_request
+_make_output = LLMEngine._make_output
+
+
+def add_request_best_of(self, request_id, prompt, params=None, *args, **kwargs):
+    """best_of > n: run best_of children with their logprobs counted, and note on the
+    parent how many of them to show."""
+    best_of = getattr(params, "best_of", None)
+    if best_of is None or best_of == params.n:
+        return _add_request(self, request_id, prompt, params, *args, **kwargs)
+    run = dataclasses.replace(
+        params,
+        n=best_of,
+        best_of=None,
+        logprobs=0 if params.logprobs is None else params.logprobs,  # counted
+        output_kind="final_only",  # the best are known only when all have finished
+    )
+    _add_request(self, request_id, prompt, run, *args, **kwargs)
+    self.parents[request_id].best_of = (params.n, params.logprobs is not None)
+
+
+def make_output_best_of(self, parent_id):
+    n, keep_logprobs = getattr(self.parents[parent_id], "best_of", (None, True))
+    output = _make_output(self, parent_id)
+    if n is not None and output.finished:
+        ranked = sorted(output.outputs, key=lambda c: -c.cumulative_logprob)
+        output.outputs = ranked[:n]
+        for completion in output.outputs if not keep_logprobs else []:
+            completion.logprobs = None
+    return output
+
+
+# 7.4
+@KV_CACHE_MANAGERS.register("counting")
+class CountingKVCacheManager(KVCacheManager):
+    """Chapter 5's manager, counting every block it hands out."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.num_allocated_blocks = 0
+
+    def allocate_slots(self, request, *args, **kwargs):
+        before = len(self.req_to_blocks.get(request.request_id, ()))
+        result = super().allocate_slots(request, *args, **kwargs)
+        self.num_allocated_blocks += (
+            len(self.req_to_blocks.get(request.request_id, ())) - before
+        )
+        return result
+
+
+LLMEngine.prompt_logprobs = prompt_logprobs
+LLM.stream = stream
+# where the reader's field would live: pickled requests (chapter 16's engine process)
+# name minillm.sampling_params.SamplingParams, which a fresh process can import
+SamplingParams.__module__ = "minillm.sampling_params"
+sampling_params.SamplingParams = SamplingParams
+LLMEngine.add_request = add_request_best_of
+LLMEngine._make_output = make_output_best_of
+
+SOLUTIONS = {
+    "prompt_logprobs": prompt_logprobs,
+    "stream": stream,
+    "best_of": (SamplingParams, add_request_best_of, make_output_best_of),
+    "counting": CountingKVCacheManager,
+}
