@@ -28,9 +28,11 @@ def test_triton_kernels_match_reference_on_random_mixes(slots, rank, n, k):
     from minillm.kernels.lora import lora_expand_triton, lora_shrink_triton
 
     torch.manual_seed(len(slots) + rank)
-    a, b = torch.randn(4, k, rank), torch.randn(4, rank, n)
-    mapping = LoRAMapping.build(slots)
-    x, y0 = torch.randn(len(slots), k), torch.randn(len(slots), n)
+    on = "cuda" if torch.cuda.is_available() else "cpu"  # Triton's interpreter on a CPU
+    a, b = torch.randn(4, k, rank, device=on), torch.randn(4, rank, n, device=on)
+    mapping = LoRAMapping.build(slots, device=on)
+    x = torch.randn(len(slots), k, device=on)
+    y0 = torch.randn(len(slots), n, device=on)
     buf_ref, buf = lora_shrink_ref(x, a, mapping), lora_shrink_triton(x, a, mapping)
     torch.testing.assert_close(buf, buf_ref, rtol=1e-4, atol=1e-4)
     y_ref, y = y0.clone(), y0.clone()
@@ -175,7 +177,9 @@ def test_mixed_batch_matches_peft_and_is_isolated(adapter_dirs):
     loras = {
         n: LoRARequest(n, i + 1, str(adapter_dirs / n)) for i, n in enumerate(names)
     }
-    llm = LLM(enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=6)
+    llm = LLM(
+        device="cpu", enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=6
+    )
     tok = llm.get_tokenizer()
     prompts = [tok.encode(t) for t in ["The for statement", "A dict", "If x is"]]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -193,7 +197,7 @@ def test_mixed_batch_matches_peft_and_is_isolated(adapter_dirs):
 def test_scheduler_runs_at_most_max_loras_adapters_per_step(adapter_dirs):
     from minillm import LLM, SamplingParams
 
-    llm = LLM(enable_lora=True, max_loras=1, max_lora_rank=8)
+    llm = LLM(device="cpu", enable_lora=True, max_loras=1, max_lora_rank=8)
     engine = llm.llm_engine
     loras = [LoRARequest(f"a{i}", i + 1, str(adapter_dirs / f"a{i}")) for i in range(3)]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -215,7 +219,7 @@ def test_scheduler_runs_at_most_max_loras_adapters_per_step(adapter_dirs):
 def test_bad_lora_request_changes_nothing(adapter_dirs, tmp_path):
     from minillm import LLM, SamplingParams
 
-    llm = LLM(enable_lora=True, max_loras=1, max_lora_rank=4)
+    llm = LLM(device="cpu", enable_lora=True, max_loras=1, max_lora_rank=4)
     manager = llm.llm_engine.model_runner.lora_manager
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     good = LoRARequest("a1", 1, str(adapter_dirs / "a1"))  # rank 4
@@ -237,7 +241,9 @@ def test_bad_lora_request_changes_nothing(adapter_dirs, tmp_path):
         assert not llm.llm_engine.has_unfinished_requests() and state() == before
     again = llm.generate([5, 6, 7], params, lora_request=good, use_tqdm=False)
     assert again[0].outputs[0].token_ids == first[0].outputs[0].token_ids
-    plain = LLM()
+    plain = LLM(
+        device="cpu",
+    )
     with pytest.raises(ValueError, match="enable_lora"):
         plain.generate("The", lora_request=LoRARequest("a0", 1, str(adapter_dirs)))
 
@@ -309,18 +315,26 @@ def test_persistent_batch_and_async_scheduling_give_the_same_tokens(adapter_dirs
         dict(persistent_batch=True),
         dict(persistent_batch=True, async_scheduling=True),
     ]:
-        llm = LLM(enable_lora=True, max_loras=2, max_lora_rank=8, **runner)
+        llm = LLM(
+            device="cpu", enable_lora=True, max_loras=2, max_lora_rank=8, **runner
+        )
         outs = llm.generate(prompts, params, lora_request=lrs, use_tqdm=False)
         runs.append([o.outputs[0].token_ids for o in outs])
     assert runs[1] == runs[0] and runs[2] == runs[0]
     with pytest.raises(ValueError, match="torch_compile=False"):
-        LLM(enable_lora=True, persistent_batch=True, torch_compile=True)
+        LLM(device="cpu", enable_lora=True, persistent_batch=True, torch_compile=True)
 
 
 def test_prefix_cache_keys_on_the_adapter_name_and_path(adapter_dirs):
     from minillm import LLM, SamplingParams
 
-    llm = LLM(enable_lora=True, max_loras=2, max_lora_rank=8, prefix_cache_impl="hash")
+    llm = LLM(
+        device="cpu",
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        prefix_cache_impl="hash",
+    )
     kv, prompt = llm.llm_engine.kv_cache_manager, list(range(5, 45))  # 2 full blocks
     params = SamplingParams(temperature=0, max_tokens=1)
 
@@ -357,7 +371,9 @@ def test_lora_turns_the_gpu_default_fast_path_off_and_refuses_it_when_asked():
 def test_live_adapters_stay_cached_and_cannot_be_removed(adapter_dirs, tmp_path):
     from minillm import LLM, SamplingParams
 
-    llm = LLM(enable_lora=True, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
+    llm = LLM(
+        device="cpu", enable_lora=True, max_loras=1, max_lora_rank=8, max_cpu_loras=1
+    )
     engine, params = llm.llm_engine, SamplingParams(max_tokens=2, ignore_eos=True)
     manager = engine.model_runner.lora_manager
     for i in range(3):  # three adapters live at once, one CPU place: all pinned
