@@ -139,7 +139,7 @@ def wrap_engine(phases: Phases, engine) -> None:
     w(engine, "step", "engine.step (all)")
     w(engine, "_schedule", "schedule")
     w(engine.scheduler, "update_from_output", "scheduler.update_from_output")
-    w(engine, "_apply_tokens", "apply_tokens (detokenize, stop, outputs)")
+    w(engine, "process_outputs", "process_outputs (detokenize, stop, outputs)")
     w(engine.stepper, "_take_tokens", "async: take_tokens (waits)")
     w(runner, "launch", "runner.launch")
     w(runner, "execute_model", "runner.execute_model")

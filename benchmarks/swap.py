@@ -279,12 +279,16 @@ def break_even(folder: Path, args) -> dict:
         manager.allocate_slots(request, n)
         runner.add_request(request)
         # the step that (re)computes all n tokens
-        step = SchedulerOutput([request], {request.request_id: n})
-        recompute = timed(
-            lambda: runner.execute_model(step, manager), args.device, args.repeats
-        )
-
         device_ids = manager.get_block_ids(request.request_id)
+        # the whole table each time (resumed): every call is the same first step
+        step = SchedulerOutput(
+            [request],
+            {request.request_id: n},
+            new_block_ids={request.request_id: device_ids},
+            resumed_req_ids={request.request_id},
+        )
+        recompute = timed(lambda: runner.execute_model(step), args.device, args.repeats)
+
         # device block -> CPU block, as a swap-out
         out_pairs = [(d, c) for c, d in enumerate(device_ids)]
         in_pairs = [(c, d) for d, c in out_pairs]

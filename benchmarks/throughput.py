@@ -162,6 +162,7 @@ def build_llm(folder, args, fused: bool = True) -> LLM:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=2 * args.max_len + 16,
         fused_sampling=fused,
+        kv_cache_dtype=getattr(args, "cache_dtype", "auto"),
     )
 
 
@@ -229,6 +230,7 @@ def run_minillm(
             "gpu_memory_utilization": args.gpu_memory_utilization,
             "block_size": 16,
             "attention": llm.engine.parts["attention_backend"],
+            "kv_cache_dtype": llm.engine.config.kv_cache_dtype,
             **engine_settings(llm.engine),
             "kernel_knobs": kernel_knobs(),
         },
@@ -321,6 +323,22 @@ def sampled_runs(folder, prompts, output_lens, args, record, llm=None) -> dict:
     return {"sampling": runs} if runs else {}
 
 
+def kv_cache_runs(folder, prompts, output_lens, args, record, out) -> None:
+    """The greedy run once more for each further --kv-cache-dtype, on an engine of
+    its own: record["kv_cache_dtypes"][dtype], with its speed-up over the first."""
+    first = record["minillm"]["output_tokens_per_s"]
+    for dtype in args.kv_cache_dtype[1:]:
+        save(args.name, record, out)  # a run out of time keeps what came before
+        args.cache_dtype = dtype
+        run = run_minillm(folder, prompts, output_lens, args)
+        run["speedup_vs_first"] = run["output_tokens_per_s"] / first
+        record.setdefault("kv_cache_dtypes", {})[dtype] = run
+        print(f"minillm, kv_cache_dtype={dtype}: {run['output_tokens_per_s']:,.0f} "
+              f"output tok/s ({run['speedup_vs_first']:.2f}x of "
+              f"{args.kv_cache_dtype[0]})", flush=True)  # fmt: skip
+    args.cache_dtype = args.kv_cache_dtype[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -396,8 +414,18 @@ def main() -> None:
         help="the stored result's name (e.g. throughput_sampling for a run with "
         "--skip-hf that should not replace the full one)",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "fp8", "fp8_e4m3"],
+        help="the KV cache's dtype (chapter 13's FP8 cache); more than one: the "
+        "greedy run again with each of the others, on an engine of its own, stored "
+        "under kv_cache_dtypes with its speed-up over the first",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.cache_dtype = args.kv_cache_dtype[0]
     require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit(
@@ -464,6 +492,7 @@ def main() -> None:
                 print(f"minillm, knobs {when}: {run['output_tokens_per_s']:,.0f} "
                       "output tok/s", flush=True)  # fmt: skip
         record.update(sampled_runs(folder, prompts, output_lens, args, record, llm))
+        kv_cache_runs(folder, prompts, output_lens, args, record, out)
         del llm
         gc.collect()
         torch.cuda.empty_cache()

@@ -97,3 +97,19 @@ def test_rotate_values(tiny):
     assert torch.allclose(before, after, atol=1e-3, rtol=1e-4)
     o, o2 = model.model.layers[0].self_attn.o_proj, rotated.model.layers[0].self_attn
     assert not torch.allclose(o.weight, o2.o_proj.weight)
+
+
+def test_head_scales(tiny):
+    """13.6: a scale per KV head; the largest over a layer's heads is the layer's."""
+    from minillm.quantization import kv_fp8
+
+    fp8_kv_head_scales = answer(kv_fp8, "fp8_kv_head_scales", "13.6")
+    model, tokenizer = tiny
+    windows = token_windows(tokenizer, "held_out", 4, 32)
+    k, v = fp8_kv_head_scales(model, windows)
+    shape = (model.config.num_hidden_layers, model.config.num_key_value_heads)
+    assert k.shape == v.shape == shape and (k > 0).all() and (v > 0).all()
+    k_layer, v_layer = kv_fp8.fp8_kv_scales(model, windows)
+    assert torch.allclose(k.amax(dim=1), k_layer.cpu())
+    assert torch.allclose(v.amax(dim=1), v_layer.cpu())
+    assert (k < k_layer.cpu()[:, None]).any()  # some head's keys are smaller

@@ -41,6 +41,7 @@ merged_projections       chapters/11_cuda_graph.md
 metrics                  chapters/16_server.md
 model                    chapters/01_model.md
 model_runner             chapters/07_engine.md
+output_processor         chapters/07_engine.md
 outputs                  chapters/07_engine.md
 prefix_cache             chapters/08_prefix_cache.md
 protocol                 chapters/16_server.md
@@ -73,6 +74,7 @@ PLUGINS = (
     "minillm.radix_cache",
     "minillm.swap",
     "minillm.kernels.paged_attention",
+    "minillm.async_scheduling",
     "minillm.gpu_model_runner",
     "minillm.int4",
     "minillm.quantization.methods",

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1181
+# %% chapters/16_server.md:1201
 """The engine thread of the server (chapter 16, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -40,8 +40,8 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/16_server.md:1226
-class _Sink:
+# %% chapters/16_server.md:1246
+class Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
     def __init__(self) -> None:
@@ -55,7 +55,8 @@ class _Sink:
         self.queue.put_nowait(item)
 
 
-def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[_Sink, object]]):
+# %% chapters/16_server.md:1266
+def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[Sink, object]]):
     """Hand items to their sinks on loop: one wake-up of the loop for them all."""
     try:
         loop.call_soon_threadsafe(_put_all, items)
@@ -63,7 +64,7 @@ def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[_Sink, object]])
         pass
 
 
-def _put_all(items: list[tuple[_Sink, object]]) -> None:  # runs on the loop
+def _put_all(items: list[tuple[Sink, object]]) -> None:  # runs on the loop
     for sink, item in items:
         sink.put_now(item)
 
@@ -72,7 +73,7 @@ def _put_all(items: list[tuple[_Sink, object]]) -> None:  # runs on the loop
 class _Add:
     # (request id, prompt, params)
     requests: list[tuple[str, str | list[int], SamplingParams]]
-    sink: _Sink
+    sink: Sink
 
 
 @dataclass
@@ -80,11 +81,11 @@ class _Abort:
     request_ids: list[str]
 
 
-_ACCEPTED = "accepted"
+ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/16_server.md:1286
+# %% chapters/16_server.md:1312
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -94,7 +95,7 @@ class AsyncLLM:
         self.engine = engine  # touched only by the engine thread once started
         self.metrics = metrics
         self._commands: queue.Queue = queue.Queue()
-        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._sinks: dict[str, Sink] = {}  # engine thread only
         # engine thread only: n of each request, and those that asked for deltas
         self._num_completions: dict[str, int] = {}
         self._deltas: set[str] = set()
@@ -118,7 +119,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/16_server.md:1329
+    # %% chapters/16_server.md:1355
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -146,7 +147,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/16_server.md:1370
+    # %% chapters/16_server.md:1396
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -170,7 +171,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/16_server.md:1403
+    # %% chapters/16_server.md:1429
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -199,9 +200,9 @@ class AsyncLLM:
             self._num_completions[request_id] = params.n
             if params.output_kind == "delta":
                 self._deltas.add(request_id)
-        command.sink.put(_ACCEPTED)
+        command.sink.put(ACCEPTED)
 
-    # %% chapters/16_server.md:1442
+    # %% chapters/16_server.md:1468
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -233,14 +234,14 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/16_server.md:1535
+    # %% chapters/16_server.md:1561
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one.
         """
-        sink = _Sink()
+        sink = Sink()
         request_ids = [request_id for request_id, _, _ in requests]
         self._send(_Add(requests, sink))
         try:
@@ -269,13 +270,13 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/16_server.md:1485
+# %% chapters/16_server.md:1511
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.
     """
 
-    def __init__(self, llm: AsyncLLM, request_ids: list[str], sink: _Sink):
+    def __init__(self, llm: AsyncLLM, request_ids: list[str], sink: Sink):
         self._llm, self._sink = llm, sink
         self.pending = set(request_ids)
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:2390
+# %% chapters/11_cuda_graph.md:2397
 """Async scheduling (chapter 11, "Overlapping the CPU and the GPU"): the engine's step
 with the CPU one step ahead of the device.
 
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from minillm.model_runner import ModelRunnerOutput
+from minillm.registry import ENGINE_HOOKS
 from minillm.request import Request, RequestStatus
 from minillm.sampler import LogprobsTensors
 from minillm.scheduler import SchedulerOutput
@@ -38,7 +39,7 @@ class InFlight:
     logprobs: LogprobsTensors | None = None
 
 
-# %% chapters/11_cuda_graph.md:2665
+# %% chapters/11_cuda_graph.md:2680
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async
     scheduling).
@@ -52,10 +53,10 @@ class AsyncStepper:
 
     def step(self) -> list:
         engine = self.engine
-        output = engine._schedule()  # step N+1: step N's tokens count, as placeholders
+        output = engine.schedule()  # step N+1: step N's tokens count, as placeholders
         launched = None
         if output.scheduled_requests:
-            launched = engine.model_runner.launch(output, engine.kv_cache_manager)
+            launched = engine.model_runner.launch(output)
         outputs = (
             self._take_tokens(self.in_flight) if self.in_flight else []
         )  # step N's
@@ -69,6 +70,7 @@ class AsyncStepper:
             outputs += self._run_in_step(output)
         return outputs
 
+    # %% chapters/11_cuda_graph.md:2716
     def _run_in_step(self, output: SchedulerOutput) -> list:
         engine = self.engine
         for request in [r for r in output.scheduled_requests if r.is_finished]:
@@ -76,13 +78,13 @@ class AsyncStepper:
             del output.num_scheduled_tokens[request.request_id]
         if not output.scheduled_requests:
             return []
-        result = engine.model_runner.execute_model(output, engine.kv_cache_manager)
+        result = engine.model_runner.execute_model(output)
         updated = engine.scheduler.update_from_output(output, result.sampled_token_ids)
         engine.num_steps += 1
         self.num_in_step += 1
-        return engine._apply_tokens(updated, result)
+        return engine.process_outputs(updated, result)
 
-    # %% chapters/11_cuda_graph.md:2716
+    # %% chapters/11_cuda_graph.md:2738
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
         placeholders.
@@ -106,9 +108,9 @@ class AsyncStepper:
             if lp is not None:
                 logprobs[request.request_id] = lp
         result = ModelRunnerOutput(sampled, logprobs)
-        return self.engine._apply_tokens(updated, result)
+        return self.engine.process_outputs(updated, result)
 
-    # %% chapters/11_cuda_graph.md:2751
+    # %% chapters/11_cuda_graph.md:2773
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})
@@ -120,3 +122,14 @@ class AsyncStepper:
                 and request.num_tokens + 1 < engine.max_model_len
             ):
                 request.num_output_placeholders += 1
+
+
+# %% chapters/11_cuda_graph.md:2794
+def use_async_stepper(engine) -> None:
+    """Chapter 7's engine hook: the stepper, if the engine's runner steps ahead."""
+    if getattr(engine.model_runner, "async_scheduling", False):
+        engine.stepper = AsyncStepper(engine)
+
+
+if __name__ != "__main__":  # the module adds it; a notebook's copy of the cell does not
+    ENGINE_HOOKS.append(use_async_stepper)

@@ -111,17 +111,22 @@ def gather_blocks(cache: Tensor, block_tables: Tensor, max_seq_len: int) -> Tens
     return blocks.flatten(1, 2)[:, :max_seq_len]  # (num_seqs, max_seq_len, n_kv, D)
 
 
-# %% chapters/04_paged_attention.md:411
+# %% chapters/04_paged_attention.md:415
 def paged_attention_ref(
-    q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
+    q: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    attn_metadata: AttentionMetadata,
+    k_scale: Tensor | float | None = None,
+    v_scale: Tensor | float | None = None,
 ) -> Tensor:
     """Attention of a batch of new tokens over a paged KV cache, vectorised over
     sequences.
 
     q: (num_tokens, n_heads, D), the flat batch that attn_metadata describes, whose K/V
     are already in the cache; key_cache, value_cache: (num_blocks, block_size,
-    n_kv_heads, D), one layer. Returns (num_tokens, n_heads, D) in q's dtype; computed
-    in float32.
+    n_kv_heads, D), one layer, holding K / k_scale and V / v_scale (a scaled cache,
+    chapter 2). Returns (num_tokens, n_heads, D) in q's dtype; computed in float32.
     """
     md = attn_metadata
     num_seqs, max_q = md.num_seqs, md.max_query_len
@@ -137,6 +142,8 @@ def paged_attention_ref(
     k = gather_blocks(key_cache, md.block_tables, md.max_seq_len).float()
     # (S, L, n_kv, D)
     v = gather_blocks(value_cache, md.block_tables, md.max_seq_len).float()
+    if k_scale is not None:  # a scaled cache holds K / k_scale and V / v_scale
+        k, v = k * k_scale, v * v_scale
     visible = visibility_mask(md)  # (S, max_q, L)
     # (S, L): the slots any row may read, i.e. l < seq_len
     in_sequence = visible.any(dim=1)
@@ -151,7 +158,7 @@ def paged_attention_ref(
     return out.reshape(num_seqs, max_q, n_heads, head_dim)[seq_idx, row].to(q.dtype)
 
 
-# %% chapters/04_paged_attention.md:614
+# %% chapters/04_paged_attention.md:625
 def grow_block_table(
     table: list[int], num_tokens: int, block_size: int, free_blocks: list[int]
 ) -> None:
@@ -167,7 +174,7 @@ def grow_block_table(
         table.append(free_blocks.pop())
 
 
-# %% chapters/04_paged_attention.md:642
+# %% chapters/04_paged_attention.md:653
 @torch.inference_mode()
 def paged_forward(
     model: CausalLM,
@@ -196,7 +203,7 @@ def paged_forward(
     return model.compute_logits(hidden[last])  # (num_seqs, vocab)
 
 
-# %% chapters/04_paged_attention.md:681
+# %% chapters/04_paged_attention.md:692
 def paged_decode(
     model: CausalLM,
     kv_cache: PagedKVCache,
@@ -234,7 +241,7 @@ def paged_decode(
     return outputs
 
 
-# %% chapters/04_paged_attention.md:730
+# %% chapters/04_paged_attention.md:741
 @torch.inference_mode()
 def generate_paged(
     model: CausalLM,

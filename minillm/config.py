@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1047
+# %% chapters/07_engine.md:1083
 """The engine's configuration (chapter 7, "The configuration")."""
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     # the most logprobs (and prompt_logprobs) a request may ask for; -1: no cap
     max_logprobs: int = 20
+    # "auto": the KV cache in the model's dtype; "fp8" (= "fp8_e4m3"): one byte a
+    # number, with a scale per layer (chapter 13)
+    kv_cache_dtype: str = "auto"
     # the declared options (the seam) that were given, as (name, value) pairs
     options: tuple[tuple[str, Any], ...] = ()
 
-    # %% chapters/07_engine.md:1089
+    # %% chapters/07_engine.md:1128
     def __init__(self, options=(), **kwargs):
         load_plugins()  # every declared option is known from here on
         given = dict(options)
@@ -47,6 +50,11 @@ class EngineConfig:
             raise ValueError(
                 f"scheduling_policy must be 'fcfs' or 'priority', got "
                 f"{self.scheduling_policy!r}"
+            )
+        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
+            raise ValueError(
+                "kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got "
+                f"{self.kv_cache_dtype!r}"
             )
         unknown = sorted(set(kwargs) - set(OPTIONS))
         if unknown:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1256
+# %% chapters/07_engine.md:1572
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -17,20 +17,20 @@ from __future__ import annotations
 import copy
 import time
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from minillm.attention import paged_attention_ref
 from minillm.config import EngineConfig
-from minillm.detokenizer import IncrementalDetokenizer
 from minillm.kv_cache import PagedKVCache, num_blocks_for_memory, reshape_and_cache
 from minillm.kv_cache_manager import KVCacheManager
-from minillm.logprobs import LogprobsOnePosition, PromptLogprobs, position_logprobs
 from minillm.model import CausalLM
-from minillm.model_runner import ModelRunner, ModelRunnerOutput, profile_num_blocks
+from minillm.model_runner import ModelRunner, ModelRunnerOutput, kv_cache_dtype
+from minillm.model_runner import profile_num_blocks
 from minillm.model_runner import reclaim_gpu_memory
-from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minillm.output_processor import OutputProcessor, ParentRequest
+from minillm.outputs import RequestOutput
 from minillm.registry import ATTENTION_BACKENDS, KV_CACHE_MANAGERS, MODEL_RUNNERS
 from minillm.registry import EXECUTOR_HOOKS, PART_CHECKS, QUANTIZATION_METHODS
 from minillm.registry import REGISTRIES, REQUEST_HOOKS, RUNNER_EXTENSIONS, SAMPLERS
@@ -42,7 +42,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1304
+# %% chapters/07_engine.md:1620
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -61,7 +61,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1333
+# %% chapters/07_engine.md:1649
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -97,15 +97,16 @@ class LLMEngine:
         )
         self.kv_cache = self._build_cache(num_blocks, num_usable, runner_cls)
         self._build_runner(runner_cls, self.kv_cache)
-        self.sequences: dict[str, _Sequence] = {}
-        self.parents: dict[str, _Parent] = {}
+        self.output_processor = OutputProcessor(
+            tokenizer, self.eos_token_ids, self.max_model_len
+        )
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
-        self.is_shut_down = False
+        self.is_shut_down, self.stepper = False, None  # stepper: chapter 11's
         LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
-        for hook in ENGINE_HOOKS:  # e.g. chapter 19's limit on adapters per step
+        for hook in ENGINE_HOOKS:  # chapter 11's stepper, chapter 19's adapter limit
             hook(self)
 
-    # %% chapters/07_engine.md:1385
+    # %% chapters/07_engine.md:1702
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -118,11 +119,12 @@ class LLMEngine:
             except ValueError as e:  # name the engines that hold the memory
                 raise ValueError(f"{e}{held_by_live_engines(param.device)}") from None
         budget = config.cpu_kv_cache_bytes
+        dtype = kv_cache_dtype(config, param.dtype)  # fp8: twice bf16's blocks
         return num_blocks_for_memory(
-            self.model.config, config.block_size, param.dtype, budget
+            self.model.config, config.block_size, dtype, budget
         )
 
-    # %% chapters/07_engine.md:1414
+    # %% chapters/07_engine.md:1732
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -134,7 +136,7 @@ class LLMEngine:
             num_blocks,
             config.block_size,
             attend,
-            param.dtype,
+            kv_cache_dtype(config, param.dtype),
             runner_cls.kv_cache_device or param.device,
             cache_writer=write_cache,
         )
@@ -153,7 +155,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1452
+    # %% chapters/07_engine.md:1769
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -171,13 +173,12 @@ class LLMEngine:
             self.max_model_len,
             parts,
         )
-        self.stepper = self.model_runner.make_stepper(self)
 
     @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1484
+    # %% chapters/07_engine.md:1800
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -212,7 +213,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1561
+    # %% chapters/07_engine.md:1848
     def add_request(
         self,
         request_id: str,
@@ -246,184 +247,93 @@ class LLMEngine:
         params = copy.copy(params or SamplingParams())
         for hook in REQUEST_HOOKS:  # later chapters' fields (structured_outputs)
             params = hook(self, params)
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        made = self._make_children(request_id, prompt, text, params, arrival)
+        parent, requests = made
+        for request in requests:
+            request.priority, request.lora_request = priority, lora_request
+        for check in REQUEST_CHECKS:  # e.g. chapter 19 loads the adapter
+            check(self, requests[0])
+        self.output_processor.add_request(parent, requests, arrival)
+        for request in requests:
+            self.model_runner.add_request(request)
+            self.scheduler.add_request(request)
+
+    # %% chapters/07_engine.md:1900
+    def _make_children(self, request_id, prompt, text, params, arrival) -> tuple:
+        """(the parent, its n child Requests), or ValueError, changing nothing."""
         n = params.n
         child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
         for rid in dict.fromkeys([request_id, *child_ids]):
-            if rid in self.parents or rid in self.sequences:
+            if self.output_processor.in_use(rid):
                 raise ValueError(f"request id {rid!r} is already in use")
         prompt_ids, max_tokens = self._check_request(prompt, params)
-        arrival = arrival_time if arrival_time is not None else time.monotonic()
-        parent = _Parent(request_id, text, prompt_ids)
         requests = []
         for i, child_id in enumerate(child_ids):
             seed = None if params.seed is None else params.seed + i
             child = replace(params, n=1, max_tokens=max_tokens, seed=seed)
-            request = Request(child_id, prompt_ids, child, arrival, priority=priority)
-            request.lora_request = lora_request
-            requests.append(request)
-        for check in REQUEST_CHECKS:  # e.g. chapter 19 loads the adapter
-            check(self, requests[0])
-        for i, (child_id, request) in enumerate(zip(child_ids, requests)):
-            child, detokenizer = request.sampling_params, None
-            if self.tokenizer:
-                detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, child)
-            logprobs = [] if params.logprobs is not None else None
-            self.sequences[child_id] = _Sequence(
-                request, request_id, i, detokenizer, RequestMetrics(arrival), logprobs
-            )
-            self.model_runner.add_request(request)
-            self.scheduler.add_request(request)
-            parent.children.append(child_id)
-        self.parents[request_id] = parent
+            requests.append(Request(child_id, prompt_ids, child, arrival))
+        return ParentRequest(request_id, text, prompt_ids), requests
 
-    # %% chapters/07_engine.md:1630
+    # %% chapters/07_engine.md:1921
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
         """
         ids = [request_ids] if isinstance(request_ids, str) else request_ids
         for request_id in ids:
-            parent = self.parents.pop(request_id, None)
-            for child_id in parent.children if parent else []:
+            for child_id in self.output_processor.abort(request_id):
                 self.scheduler.finish_requests(child_id, RequestStatus.FINISHED_ABORTED)
-                self._forget(child_id)
-
-    def _forget(self, child_id: str) -> None:
-        self.sequences.pop(child_id, None)
-        self.model_runner.remove_request(child_id)
+                self.model_runner.remove_request(child_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.parents)
+        return len(self.output_processor.parents)
 
-    # %% chapters/07_engine.md:1665
-    def _check_stop(
-        self, seq: _Sequence, stop_string: str | None
-    ) -> RequestStatus | None:
-        request, params = seq.request, seq.request.sampling_params
-        last = request.output_token_ids[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
-            # vLLM: the tokenizer's EOS has no stop_reason; the model's other EOS
-            # ids (its generation config) act as stop tokens and name themselves
-            primary = self.tokenizer.eos_token_id if self.tokenizer else None
-            seq.stop_reason = None if last == primary else last
-            return RequestStatus.FINISHED_STOPPED
-        if last in (params.stop_token_ids or ()):
-            seq.stop_reason = last
-            return RequestStatus.FINISHED_STOPPED
-        if stop_string is not None:
-            seq.stop_reason = stop_string
-            return RequestStatus.FINISHED_STOPPED
-        if (
-            request.num_output_tokens >= params.max_tokens
-            or request.num_tokens >= self.max_model_len
-        ):
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
-
-    # %% chapters/07_engine.md:1699
+    # %% chapters/07_engine.md:1949
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
         self._check_open()
-        if self.stepper is not None:  # a runner's own loop over the halves below
+        if self.stepper is not None:  # another order of the halves below
             return self.stepper.step()
-        scheduler_output = self._schedule()
+        scheduler_output = self.schedule()
         if not scheduler_output.scheduled_requests:
             return []
-        result = self.model_runner.execute_model(
-            scheduler_output, self.kv_cache_manager
-        )
+        result = self.model_runner.execute_model(scheduler_output)
         updated = self.scheduler.update_from_output(
             scheduler_output, result.sampled_token_ids
         )
         self.num_steps += 1
-        return self._apply_tokens(updated, result)
+        return self.process_outputs(updated, result)
 
-    def _schedule(self) -> SchedulerOutput:
+    def schedule(self) -> SchedulerOutput:
         scheduler_output = self.scheduler.schedule()
         self.num_preemptions += len(scheduler_output.preempted_req_ids)
-        now = time.monotonic()
+        now, states = time.monotonic(), self.output_processor.request_states
         for request in scheduler_output.scheduled_requests:
-            metrics = self.sequences[request.request_id].metrics
+            metrics = states[request.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1734
-    def _apply_tokens(
+    # %% chapters/07_engine.md:1983
+    def process_outputs(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
-        """Metrics, logprobs, text, stop conditions, outputs of new tokens."""
+        """Text, logprobs and stop conditions of a step's new tokens; its outputs."""
         self.num_generated_tokens += sum(
             len(result.sampled_token_ids[r.request_id]) for r in updated
         )
-        now = time.monotonic()
-        touched: dict[str, None] = {}
-        self._add_prompt_logprobs(result)
-        for request in updated:
-            seq = self.sequences[request.request_id]
-            new_tokens = result.sampled_token_ids[request.request_id]
-            seq.metrics.first_token_time = seq.metrics.first_token_time or now
-            seq.metrics.last_token_time = now
-            if seq.logprobs is not None:
-                lp = result.logprobs[request.request_id]
-                seq.logprobs.append(position_logprobs(lp, self._decoder(request)))
-                seq.cumulative_logprob += lp.logprob
-            detok = seq.detokenizer
-            stop_string = detok.update(new_tokens) if detok else None
-            status = self._check_stop(seq, stop_string)
-            if status is not None:
-                seq.metrics.finished_time = now
-                self.scheduler.finish_requests(request.request_id, status)
-            # "final_only" requests are reported once, when they end
-            kind = request.sampling_params.output_kind
-            if status is not None or kind != "final_only":
-                touched[seq.parent_id] = None
-        return [self._make_output(parent_id) for parent_id in touched]
+        stopped, touched = self.output_processor.update(updated, result)
+        for request_id, status in stopped:
+            self.scheduler.finish_requests(request_id, status)
+        outputs, forgotten = self.output_processor.make_outputs(touched)
+        for child_id in forgotten:
+            self.model_runner.remove_request(child_id)
+        return outputs
 
-    # %% chapters/07_engine.md:1780
-    def _make_output(self, parent_id: str) -> RequestOutput:
-        parent = self.parents[parent_id]
-        completions = [self._completion(child_id) for child_id in parent.children]
-        done = all(c.finished for c in completions)
-        output = RequestOutput(
-            parent_id,
-            parent.prompt,
-            parent.prompt_token_ids,
-            completions,
-            done,
-            completions[0].metrics,
-            self._prompt_logprobs_out(parent),
-        )
-        if done:
-            del self.parents[parent_id]
-            for child_id in parent.children:
-                self._forget(child_id)
-        return output
-
-    def _completion(self, child_id: str) -> CompletionOutput:
-        seq = self.sequences[child_id]
-        request, logprobs = seq.request, seq.logprobs
-        text = seq.detokenizer.text(request.is_finished) if seq.detokenizer else ""
-        tokens, chars, lps = 0, 0, 0  # from the start: everything so far
-        if request.sampling_params.output_kind == "delta":  # after the last output
-            tokens, chars, lps = seq.shown
-            seq.shown = (request.num_output_tokens, len(text), len(logprobs or ()))
-        cumulative = None if logprobs is None else seq.cumulative_logprob
-        return CompletionOutput(
-            seq.index,
-            text[chars:],
-            request.output_token_ids[tokens:],
-            request.status.finish_reason,
-            seq.stop_reason,
-            None if logprobs is None else logprobs[lps:],
-            cumulative,
-            seq.metrics,
-        )
-
-    # %% chapters/07_engine.md:1832
     def _check_max_logprobs(self, params: SamplingParams) -> None:
         """vLLM's max_logprobs cap (its default 20; -1: none), if the configuration
         has the option."""
@@ -433,34 +343,7 @@ class LLMEngine:
             if limit != -1 and asked is not None and asked > limit:
                 raise SamplingParamsError(name, asked, f"at most max_logprobs={limit}")
 
-    def _decoder(self, request: Request):
-        """token id -> its text (None without a tokenizer or with detokenize off)."""
-        if self.tokenizer is None or not request.sampling_params.detokenize:
-            return lambda token_id: None
-        return lambda token_id: self.tokenizer.decode([token_id], False)
-
-    def _add_prompt_logprobs(self, result: ModelRunnerOutput) -> None:
-        for request_id, (start, rows) in result.prompt_logprobs.items():
-            seq = self.sequences.get(request_id)
-            if seq is None:
-                continue
-            parent = self.parents[seq.parent_id]
-            scored = parent.prompt_logprobs = parent.prompt_logprobs or [None]
-            decode = self._decoder(seq.request)
-            for position, lp in enumerate(rows, start=start):
-                if position == len(scored):
-                    scored.append(position_logprobs(lp, decode))
-
-    def _prompt_logprobs_out(self, parent: _Parent) -> PromptLogprobs | None:
-        params = self.sequences[parent.children[0]].request.sampling_params
-        if params.prompt_logprobs is None:
-            return None
-        if params.output_kind == "delta":
-            shown, parent.prompt_logprobs_shown = parent.prompt_logprobs_shown, True
-            return [] if shown else list(parent.prompt_logprobs or [None])
-        return list(parent.prompt_logprobs or [None])
-
-    # %% chapters/07_engine.md:1911
+    # %% chapters/07_engine.md:2053
     def kv_cache_bytes(self) -> int:
         k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
         return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
@@ -469,7 +352,7 @@ class LLMEngine:
         """Abort every request and give the engine's memory back (idempotent)."""
         if self.is_shut_down:
             return
-        self.abort_request(list(self.parents))
+        self.abort_request(list(self.output_processor.parents))
         if hasattr(self.model_runner, "shutdown"):  # e.g. chapter 18's workers
             self.model_runner.shutdown()
         self.model_runner = self.stepper = None  # graphs, buffers, sampler
@@ -485,35 +368,7 @@ class LLMEngine:
             raise RuntimeError("this engine was shut down: build a new one")
 
 
-# %% chapters/07_engine.md:1532
-@dataclass
-class _Sequence:
-    request: Request
-    parent_id: str
-    index: int
-    # None when the engine runs without a tokenizer
-    detokenizer: IncrementalDetokenizer | None
-    metrics: RequestMetrics
-    # one {token id: Logprob} per output token (vLLM's shape), if asked for
-    logprobs: list[LogprobsOnePosition] | None
-    stop_reason: int | str | None = None
-    # tokens, characters and logprobs its outputs have shown (output_kind="delta")
-    shown: tuple[int, int, int] = (0, 0, 0)
-    cumulative_logprob: float = 0.0  # the sampled tokens' logprobs, summed
-
-
-@dataclass
-class _Parent:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    children: list[str] = field(default_factory=list)
-    # [None, {token id: Logprob}, ...] as the prompt's chunks are scored
-    prompt_logprobs: PromptLogprobs | None = None
-    prompt_logprobs_shown: bool = False  # output_kind="delta": sent once
-
-
-# %% chapters/07_engine.md:1887
+# %% chapters/07_engine.md:2026
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
 
 

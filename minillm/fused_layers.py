@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1291
+# %% chapters/11_cuda_graph.md:1290
 """Fused layers (chapter 11, "Fewer kernels"): the decoder layer rearranged so that
 torch.compile makes fewer kernels — q and k normed and rotated as one tensor, each
 residual sum made by the kernel of the norm that reads it, the MLP's activation made
@@ -33,7 +33,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/11_cuda_graph.md:1331
+# %% chapters/11_cuda_graph.md:1330
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
@@ -67,7 +67,7 @@ class FusedAttention(MergedAttention):
         return self.o_proj(out.reshape(*lead, q_size))
 
 
-# %% chapters/11_cuda_graph.md:1368
+# %% chapters/11_cuda_graph.md:1367
 def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     """One RMSNorm over heads (n_heads + n_kv_heads, head_dim), or None without q/k
     norms.
@@ -87,7 +87,7 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/11_cuda_graph.md:1397
+# %% chapters/11_cuda_graph.md:1396
 class FusedMLP(MergedMLP):
     """MergedMLP whose down projection makes the activation as it loads its input."""
 
@@ -99,7 +99,7 @@ class FusedMLP(MergedMLP):
         return silu_and_linear(gate_up, self.down_proj.weight)
 
 
-# %% chapters/11_cuda_graph.md:1425
+# %% chapters/11_cuda_graph.md:1424
 def norm_and_project(
     x: Tensor, residual: Tensor | None, norm: RMSNorm, proj: nn.Module
 ) -> tuple[Tensor, Tensor]:
@@ -113,14 +113,14 @@ def norm_and_project(
     return proj(norm(s)), s
 
 
-# %% chapters/11_cuda_graph.md:1600
+# %% chapters/11_cuda_graph.md:1607
 def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
     return (
         qkv.is_cuda
         and type(kv_cache) is PagedKVCache
         and kv_cache.attn_backend is not None
-        and kv_cache.key_cache.dtype == qkv.dtype
+        and (kv_cache.key_cache.dtype == qkv.dtype or kv_cache.scaled)
         and head_dim & (head_dim - 1) == 0  # a power of two
     )
 
@@ -138,15 +138,15 @@ def attend_rotated(
     and cache write, then the cache's attention backend. Returns (T, n_heads, D)."""
     layer = attn.layer_idx
     keys, values = kv_cache.key_cache[layer], kv_cache.value_cache[layer]
-    norm = attn.qk_norm
+    norm, scales = attn.qk_norm, kv_cache.scales(layer)  # scales: an FP8 cache's
     q = qk_norm_rope_write(
         qkv, None if norm is None else norm.weight, 0.0 if norm is None else norm.eps,
-        cos, sin, keys, values, attn_metadata.slot_mapping, attn.n_heads,
+        cos, sin, keys, values, attn_metadata.slot_mapping, attn.n_heads, **scales,
     )  # fmt: skip
-    return kv_cache.attn_backend(q, keys, values, attn_metadata)
+    return kv_cache.attn_backend(q, keys, values, attn_metadata, **scales)
 
 
-# %% chapters/11_cuda_graph.md:1639
+# %% chapters/11_cuda_graph.md:1646
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -182,7 +182,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1681
+# %% chapters/11_cuda_graph.md:1688
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:443
+# %% chapters/11_cuda_graph.md:442
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minillm.async_scheduling import AsyncStepper, InFlight
+from minillm.async_scheduling import InFlight
 from minillm.compilation import compile_layers
 from minillm.config import EngineConfig
 from minillm.cuda_graph import CUDAGraphRunner, default_capture_sizes
@@ -32,7 +32,6 @@ from minillm.decode_linear import use_decode_linear
 from minillm.fused_layers import fuse_layers
 from minillm.input_batch import InputBatch, StepInputs, prepare_inputs, upload
 from minillm.kv_cache import PagedKVCache
-from minillm.kv_cache_manager import KVCacheManager
 from minillm.merged_projections import merge_projections
 from minillm.model import CausalLM
 from minillm.model_runner import ModelRunner, ModelRunnerOutput
@@ -51,7 +50,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:501
+# %% chapters/11_cuda_graph.md:499
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -78,7 +77,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:543
+# %% chapters/11_cuda_graph.md:541
 # run the LM head at every row count at start-up (False: the stalls come back)
 WARM_LM_HEAD = True
 # steady decoding's placeholders filled by one copy ("Overlapping the CPU and the
@@ -97,7 +96,7 @@ def warm_lm_head(model: CausalLM, max_rows: int) -> None:
         model.lm_head(hidden[:rows])
 
 
-# %% chapters/11_cuda_graph.md:563
+# %% chapters/11_cuda_graph.md:561
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -151,7 +150,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:622
+    # %% chapters/11_cuda_graph.md:620
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -182,19 +181,16 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:663
+    # %% chapters/11_cuda_graph.md:661
     def forward(
-        self,
-        output: SchedulerOutput,
-        kv_cache_manager: KVCacheManager,
-        patch_input_ids=None,
+        self, output: SchedulerOutput, patch_input_ids=None
     ) -> tuple[StepInputs, Tensor]:
         """The step's inputs and hidden states; patch_input_ids(ids), if given, edits
         the ids on the device.
         """
         for request_id in (*output.finished_req_ids, *output.preempted_req_ids):
             self.input_batch.remove(request_id)
-        inputs = prepare_inputs(self.input_batch, output, kv_cache_manager)
+        inputs = prepare_inputs(self.input_batch, output)
         graphs = self.graphs_for(inputs, patch_input_ids)
         if graphs is not None:
             # (num_tokens, hidden): a decode step, one token per sequence
@@ -220,14 +216,15 @@ class GPUModelRunner(ModelRunner):
             return graphs
         return None
 
-    # %% chapters/11_cuda_graph.md:709
+    def block_ids(self, request_id: str) -> list[int]:  # the rows hold the tables
+        return self.input_batch.block_ids(request_id)
+
+    # %% chapters/11_cuda_graph.md:707
     @torch.inference_mode()
-    def execute_model(
-        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-    ) -> ModelRunnerOutput:
+    def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         # a step run here samples on the CPU's side: no placeholders follow it
         self.previous = None
-        inputs, hidden = self.forward(output, kv_cache_manager)
+        inputs, hidden = self.forward(output)
         if inputs.all_sample and inputs.max_query_len == 1:
             requests = output.scheduled_requests
             logits = self.model.compute_logits(hidden)
@@ -237,7 +234,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2252
+    # %% chapters/11_cuda_graph.md:2259
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -276,16 +273,18 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2437
+    # %% chapters/11_cuda_graph.md:2445
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
         # other (none on a CPU, where nothing runs ahead of the Python thread)
-        self.host_tokens = []
+        self.host_tokens, self.ready_events = [], []
         if self.device.type == "cuda":
-            for _ in range(2):
+            for _ in range(2):  # and an event per buffer: its copy has landed
                 buffer = torch.empty(max_num_seqs, dtype=torch.int64)
                 self.host_tokens.append(buffer.pin_memory())
+                self.ready_events.append(torch.cuda.Event())
+            self.stream = torch.cuda.current_stream(self.device)  # looked up once
         self.host_slot = 0
         # each row's counts for the penalties ("Penalties and token rules ahead")
         self.penalties = PenaltiesState(max_num_seqs, self.device, max_model_len)
@@ -313,11 +312,9 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2523
+    # %% chapters/11_cuda_graph.md:2533
     @torch.inference_mode()
-    def launch(
-        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-    ) -> InFlight | None:
+    def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
         done) unless the device can draw every token (draws_ahead).
         """
@@ -332,7 +329,7 @@ class GPUModelRunner(ModelRunner):
             masks = self._prepare_masks(chosen, previous)
         holes = [i for i in sampling if requests[i].num_output_placeholders]
         patch = self._patch_for(output, holes, previous) if holes else None
-        inputs, hidden = self.forward(output, kv_cache_manager, patch)
+        inputs, hidden = self.forward(output, patch)
         if not (inputs.all_sample and inputs.max_query_len == 1):  # the sampling rows
             last = inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1
             hidden = hidden[upload(last, self.device)]
@@ -353,12 +350,12 @@ class GPUModelRunner(ModelRunner):
             self.host_slot ^= 1
             host = self.host_tokens[self.host_slot][: len(sampling)]
             host.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
+            ready = self.ready_events[self.host_slot]
+            ready.record(self.stream)
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/11_cuda_graph.md:2575
+    # %% chapters/11_cuda_graph.md:2583
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -386,6 +383,7 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
+    # %% chapters/11_cuda_graph.md:2617
     def _to_host(self, lp: LogprobsTensors) -> LogprobsTensors:
         """The logprobs' tensors on their way to pinned memory (on a GPU)."""
         if self.device.type != "cuda":
@@ -399,7 +397,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/11_cuda_graph.md:2623
+    # %% chapters/11_cuda_graph.md:2638
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -432,7 +430,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3196
+    # %% chapters/11_cuda_graph.md:3235
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -453,7 +451,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/11_cuda_graph.md:3225
+    # %% chapters/11_cuda_graph.md:3264
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -485,6 +483,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
+    # %% chapters/11_cuda_graph.md:3302
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 6's: True where request may not go.
         Made once per request."""
@@ -495,7 +494,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3798
+    # %% chapters/11_cuda_graph.md:3850
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -516,11 +515,8 @@ class GPUModelRunner(ModelRunner):
     def num_reserved_blocks(cls, config: EngineConfig, parts: dict[str, Any]) -> int:
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
-    def make_stepper(self, engine) -> AsyncStepper | None:
-        return AsyncStepper(engine) if self.async_scheduling else None
 
-
-# %% chapters/11_cuda_graph.md:3739
+# %% chapters/11_cuda_graph.md:3791
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -568,5 +564,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3830
+# %% chapters/11_cuda_graph.md:3879
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

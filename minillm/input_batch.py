@@ -18,10 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minillm.block_pool import KVCacheBlock
-from minillm.kv_cache_manager import KVCacheManager
 from minillm.model import AttentionMetadata
-from minillm.request import Request
 from minillm.scheduler import SchedulerOutput
 
 
@@ -37,34 +34,36 @@ class InputBatch:
         self.block_table = np.zeros(shape, dtype=np.int64)
         # how many entries of each row are filled in
         self.num_blocks = [0] * max_num_reqs
-        # the request's num_preemptions when its row was filled
-        self.preemptions = [0] * max_num_reqs
         self.req_to_row: dict[str, int] = {}
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
 
-    # %% chapters/11_cuda_graph.md:288
-    def row_for(self, request: Request, blocks: list[KVCacheBlock]) -> int:
-        """request's row, with its block table brought up to date from blocks (the
-        manager's list).
+    # %% chapters/11_cuda_graph.md:284
+    def row_for(self, request_id: str, new_ids: list[int], resumed: bool) -> int:
+        """The request's row, its table extended by new_ids (replaced by them if
+        resumed: a new request, or one back from preemption).
         """
-        row = self.req_to_row.get(request.request_id)
+        row = self.req_to_row.get(request_id)
         if row is None:
+            if not resumed:
+                raise RuntimeError(f"no block table was sent for {request_id!r}")
             if not self.free_rows:
                 raise RuntimeError(
                     f"more running requests than the batch's {len(self.num_blocks)} "
                     "rows"
                 )
             row = self.free_rows.pop()
-            self.req_to_row[request.request_id] = row
-            self.num_blocks[row], self.preemptions[row] = 0, request.num_preemptions
-        elif self.preemptions[row] != request.num_preemptions:  # back, other blocks
-            self.num_blocks[row], self.preemptions[row] = 0, request.num_preemptions
-        known = self.num_blocks[row]
-        if len(blocks) > known:
-            new_ids = [b.block_id for b in blocks[known:]]
-            self.block_table[row, known : len(blocks)] = new_ids
-            self.num_blocks[row] = len(blocks)
+            self.req_to_row[request_id] = row
+        if resumed:
+            self.num_blocks[row] = 0
+        if new_ids:
+            known = self.num_blocks[row]
+            self.block_table[row, known : known + len(new_ids)] = new_ids
+            self.num_blocks[row] = known + len(new_ids)
         return row
+
+    def block_ids(self, request_id: str) -> list[int]:
+        row = self.req_to_row[request_id]
+        return self.block_table[row, : self.num_blocks[row]].tolist()
 
     def remove(self, request_id: str) -> None:
         row = self.req_to_row.pop(request_id, None)
@@ -120,16 +119,15 @@ def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
 
 
 # %% chapters/11_cuda_graph.md:389
-def prepare_inputs(
-    batch: InputBatch, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-) -> StepInputs:
+def prepare_inputs(batch: InputBatch, output: SchedulerOutput) -> StepInputs:
     """The step's inputs; request i of output.scheduled_requests is sequence i of the
     batch.
     """
     rows, query_lens, context_lens, token_ids, all_sample = [], [], [], [], True
     for request in output.scheduled_requests:
-        blocks = kv_cache_manager.req_to_blocks[request.request_id]
-        rows.append(batch.row_for(request, blocks))
+        rid = request.request_id
+        new_ids = output.new_block_ids.get(rid, ())
+        rows.append(batch.row_for(rid, new_ids, rid in output.resumed_req_ids))
         n = output.num_scheduled_tokens[request.request_id]
         start = request.num_computed_tokens
         query_lens.append(n)

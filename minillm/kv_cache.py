@@ -106,25 +106,38 @@ def reshape_and_cache(
     key_cache: Tensor,
     value_cache: Tensor,
     slot_mapping: Tensor,
+    k_scale: Tensor | float | None = None,
+    v_scale: Tensor | float | None = None,
 ) -> None:
     """Write key/value (num_tokens, n_kv_heads, head_dim) into their slots of one
     layer's cache, key_cache/value_cache (num_blocks, block_size, n_kv_heads,
     head_dim), in place.
 
     Slots must be distinct and in [0, num_blocks * block_size). vLLM:
-    reshape_and_cache_flash.
+    reshape_and_cache_flash. k_scale, v_scale: a scaled (FP8) cache's scales, see
+    quantize_kv; None for a cache in the model's own type.
     """
     n_kv, head_dim = key_cache.shape[-2:]
-    # (slots, n_kv, D)
-    key_cache.view(-1, n_kv, head_dim).index_copy_(
-        0, slot_mapping, key.to(key_cache.dtype)
-    )
-    value_cache.view(-1, n_kv, head_dim).index_copy_(
-        0, slot_mapping, value.to(value_cache.dtype)
-    )
+    for cache, x, scale in ((key_cache, key, k_scale), (value_cache, value, v_scale)):
+        x = quantize_kv(x, cache.dtype, scale)
+        if cache.element_size() == 1:  # PyTorch's CPU copies FP8 only as bytes
+            cache, x = cache.view(torch.uint8), x.view(torch.uint8)
+        # (slots, n_kv, D)
+        cache.view(-1, n_kv, head_dim).index_copy_(0, slot_mapping, x)
 
 
-# %% chapters/02_paged_kv.md:523
+# %% chapters/02_paged_kv.md:527
+def quantize_kv(x: Tensor, dtype: torch.dtype, scale: Tensor | float | None) -> Tensor:
+    """x in a cache of dtype: x / scale, clamped to dtype's finite range (a scaled,
+    one-byte cache: chapter 13, "An FP8 KV cache"), or the plain cast for scale None.
+    """
+    if scale is None:
+        return x.to(dtype)
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale).clamp_(-limit, limit).to(dtype)
+
+
+# %% chapters/02_paged_kv.md:544
 def gather_kv(
     key_cache: Tensor,
     value_cache: Tensor,
@@ -144,7 +157,7 @@ def gather_kv(
     return k, v
 
 
-# %% chapters/02_paged_kv.md:557
+# %% chapters/02_paged_kv.md:578
 def copy_blocks(
     key_caches: Tensor, value_caches: Tensor, block_mapping: Iterable
 ) -> None:
@@ -178,7 +191,7 @@ def copy_blocks(
     value_caches[:, dst_ids] = value_caches[:, src_ids]
 
 
-# %% chapters/02_paged_kv.md:619
+# %% chapters/02_paged_kv.md:640
 class PagedKVCache:
     """K and V of every layer in num_blocks blocks of block_size token slots.
 
@@ -219,8 +232,12 @@ class PagedKVCache:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.attn_backend = attn_backend
         self.cache_writer = cache_writer
+        # a one-byte (FP8) cache holds K / k_scale and V / v_scale, per layer
+        self.scaled = torch.finfo(dtype).bits == 8
+        ones = torch.ones(config.num_hidden_layers, device=device)
+        self.k_scale, self.v_scale = ones, ones.clone()
 
-    # %% chapters/02_paged_kv.md:672
+    # %% chapters/02_paged_kv.md:701
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
@@ -241,9 +258,18 @@ class PagedKVCache:
             self.key_cache[layer_idx],
             self.value_cache[layer_idx],
             slot_mapping,
+            **self.scales(layer_idx),
         )
 
-    # %% chapters/02_paged_kv.md:704
+    def scales(self, layer_idx: int) -> dict[str, Tensor]:
+        """The keyword arguments a writer or backend takes for layer layer_idx: its
+        k_scale and v_scale (0-d views) for a scaled cache, none otherwise.
+        """
+        if not self.scaled:
+            return {}
+        return {"k_scale": self.k_scale[layer_idx], "v_scale": self.v_scale[layer_idx]}
+
+    # %% chapters/02_paged_kv.md:742
     def attend(
         self,
         layer_idx: int,
@@ -262,7 +288,11 @@ class PagedKVCache:
             )
         self.write(layer_idx, k, v, attn_metadata.slot_mapping)
         return self.attn_backend(
-            q, self.key_cache[layer_idx], self.value_cache[layer_idx], attn_metadata
+            q,
+            self.key_cache[layer_idx],
+            self.value_cache[layer_idx],
+            attn_metadata,
+            **self.scales(layer_idx),
         )
 
     def copy_blocks(self, block_mapping: Iterable) -> None:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1998
+# %% chapters/07_engine.md:2142
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def prompt_of(prompt: str | list[int] | dict) -> str | list[int] | dict:
     return prompt
 
 
-# %% chapters/07_engine.md:2042
+# %% chapters/07_engine.md:2186
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -85,7 +85,7 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:2100
+    # %% chapters/07_engine.md:2244
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
@@ -105,7 +105,7 @@ class LLM:
         ids = self._add(prompts, sampling_params, priority, lora_request)
         return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:2126
+    # %% chapters/07_engine.md:2270
     def _add(self, prompts: list, sampling_params, priority, lora=None) -> list[str]:
         """Submit every prompt (all or none); their request ids."""
         loras = lora if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
@@ -144,7 +144,7 @@ class LLM:
             raise
         return ids
 
-    # %% chapters/07_engine.md:2171
+    # %% chapters/07_engine.md:2315
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
@@ -167,7 +167,7 @@ class LLM:
         bar.close()
         return [finished[i] for i in ids]
 
-    # %% chapters/07_engine.md:2337
+    # %% chapters/07_engine.md:2488
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
@@ -215,7 +215,7 @@ class LLM:
             prompts.append({"prompt_token_ids": ids, "prompt": text})
         return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
 
-    # %% chapters/07_engine.md:2416
+    # %% chapters/07_engine.md:2567
     def get_tokenizer(self) -> Tokenizer | None:
         return self.tokenizer
 
@@ -236,7 +236,7 @@ class LLM:
     def score(self, *args, **kwargs):
         raise _pooling("score")
 
-    # %% chapters/07_engine.md:2442
+    # %% chapters/07_engine.md:2593
     def shutdown(self) -> None:
         """Give the engine's memory back now (idempotent); generate refuses after."""
         self.engine.shutdown()
@@ -247,7 +247,7 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # %% chapters/07_engine.md:2813
+    # %% chapters/07_engine.md:2969
     def beam_search(
         self,
         prompts: list[str | list[int] | dict],
@@ -291,7 +291,7 @@ class LLM:
                 seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=skip)
         return outputs
 
-    # %% chapters/07_engine.md:2863
+    # %% chapters/07_engine.md:3019
     def _token_prompt(self, prompt: str | list[int] | dict) -> dict:
         """A TokensPrompt dict: text is encoded as generate encodes it."""
         if isinstance(prompt, dict):
@@ -305,7 +305,7 @@ class LLM:
         return {"prompt_token_ids": list(prompt)}
 
 
-# %% chapters/07_engine.md:2224
+# %% chapters/07_engine.md:2368
 def load_chat_template(template: str | Path | None) -> str | None:
     """A template given as Jinja text, or as the path of a file holding it."""
     if template is None or any(c in str(template) for c in "{}\n"):
@@ -353,7 +353,7 @@ def _message(message: dict, content_format: str) -> dict:
     return {**message, "content": content}
 
 
-# %% chapters/07_engine.md:2273
+# %% chapters/07_engine.md:2417
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker
 
 
@@ -404,6 +404,7 @@ def render_chat(
     return _cut_at_tag(text) if continue_final_message else text
 
 
+# %% chapters/07_engine.md:2474
 def _cut_at_tag(text: str) -> str:
     """The text before the tag (and before the spaces a template put there)."""
     if CONTINUE_TAG.strip() not in text:
@@ -412,7 +413,7 @@ def _cut_at_tag(text: str) -> str:
     return text[:at] if text[at:].startswith(CONTINUE_TAG) else text[:at].rstrip()
 
 
-# %% chapters/07_engine.md:2396
+# %% chapters/07_engine.md:2547
 class PoolingNotSupportedError(NotImplementedError, ValueError):
     """A pooling entry point (encode, embed, classify, score) on this engine."""
 

@@ -26,6 +26,7 @@ SampleLogprobs = list[LogprobsOnePosition]  # one per output token
 PromptLogprobs = list[LogprobsOnePosition | None]  # None for the first prompt token
 
 
+# %% chapters/07_engine.md:163
 def position_logprobs(
     lp: SamplerLogprobs, decode: Callable[[int], str | None]
 ) -> LogprobsOnePosition:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:474
+# %% chapters/07_engine.md:485
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
 vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 11 builds ours for GPUs
@@ -21,7 +21,6 @@ from torch import Tensor
 from minillm.config import EngineConfig
 from minillm.kv_cache import PagedKVCache, available_kv_cache_memory
 from minillm.kv_cache import num_blocks_for_memory
-from minillm.kv_cache_manager import KVCacheManager
 from minillm.model import CausalLM, build_attention_metadata
 from minillm.request import Request
 from minillm.sampler import Sampler, SampleLogprobs, gather_logprobs
@@ -40,7 +39,7 @@ class ModelRunnerOutput:
     )
 
 
-# %% chapters/07_engine.md:517
+# %% chapters/07_engine.md:527
 class ModelRunner:
     """Runs one scheduled step: builds the flat batch, runs the model over the paged
     cache, samples.
@@ -59,8 +58,10 @@ class ModelRunner:
         self.model, self.kv_cache, self.sampler = model, kv_cache, sampler
         self.device = next(model.parameters()).device
         self.eos_token_ids = eos_token_ids
+        # request id -> its block ids, kept up to date from each SchedulerOutput
+        self.block_tables: dict[str, list[int]] = {}
 
-    # %% chapters/07_engine.md:548
+    # %% chapters/07_engine.md:559
     # None: the cache lives on the model's device; chapter 18's executor says "meta"
     # (its workers hold the cache, the engine keeps only the shape)
     kv_cache_device: str | None = None
@@ -70,32 +71,40 @@ class ModelRunner:
         """Cache blocks this runner keeps out of the pool (none here)."""
         return 0
 
-    def make_stepper(self, engine) -> Any | None:
-        """An object whose step() replaces the engine's; None: the engine's loop."""
-        return None
-
     def add_request(self, request: Request) -> None:
         """A request arrives; this runner keeps nothing per request."""
 
     def remove_request(self, request_id: str) -> None:
         """A request is finished or aborted."""
 
-    # %% chapters/07_engine.md:576
+    # %% chapters/07_engine.md:587
     @torch.inference_mode()
-    def execute_model(
-        self, output: SchedulerOutput, kv_cache_manager: KVCacheManager
-    ) -> ModelRunnerOutput:
-        hidden, metadata = self.run_forward(output, kv_cache_manager)
+    def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        hidden, metadata = self.run_forward(output)
         return self.sample(output, hidden, metadata.query_start_loc[1:].long() - 1)
 
-    def run_forward(self, output, kv_cache_manager, extra=None) -> tuple:
+    def update_block_tables(self, output: SchedulerOutput) -> None:
+        tables = self.block_tables
+        for request_id in (*output.finished_req_ids, *output.preempted_req_ids):
+            tables.pop(request_id, None)
+        for request_id, ids in output.new_block_ids.items():
+            if request_id in output.resumed_req_ids:
+                tables[request_id] = list(ids)
+            else:
+                tables[request_id] += ids
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return self.block_tables[request_id]
+
+    def run_forward(self, output, extra=None) -> tuple:
         """(hidden states (num_tokens, hidden), attention metadata) of the step;
         extra(request): tokens that follow the request's own (chapter 14's
         proposals), which a chunk may run on into."""
+        self.update_block_tables(output)
         requests = output.scheduled_requests
         query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
         seq_lens = [r.num_computed_tokens + n for r, n in zip(requests, query_lens)]
-        tables = [kv_cache_manager.get_block_ids(r.request_id) for r in requests]
+        tables = [self.block_tables[r.request_id] for r in requests]
         positions, metadata = build_attention_metadata(
             query_lens, seq_lens, tables, self.kv_cache.block_size, self.device
         )
@@ -108,7 +117,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return hidden, metadata
 
-    # %% chapters/07_engine.md:615
+    # %% chapters/07_engine.md:638
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -147,7 +156,7 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return out.sampled_token_ids.tolist(), logprobs
 
-    # %% chapters/07_engine.md:686
+    # %% chapters/07_engine.md:713
     def wants_prompt_logprobs(self, output: SchedulerOutput) -> bool:
         return any(
             prompt_rows(r, output.num_scheduled_tokens[r.request_id])
@@ -179,7 +188,7 @@ class ModelRunner:
         return result
 
 
-# %% chapters/07_engine.md:672
+# %% chapters/07_engine.md:695
 PROMPT_LOGPROBS_ROWS = 256  # rows of vocabulary-wide logits computed at once
 
 
@@ -192,7 +201,7 @@ def prompt_rows(request: Request, num_scheduled: int) -> int:
     return max(0, min(start + num_scheduled, request.num_prompt_tokens - 1) - start)
 
 
-# %% chapters/07_engine.md:737
+# %% chapters/07_engine.md:766
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""
@@ -201,12 +210,18 @@ def reclaim_gpu_memory() -> None:
     torch.cuda.empty_cache()
 
 
+def kv_cache_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type: the model's for kv_cache_dtype "auto", else FP8 E4M3
+    (chapter 13, "An FP8 KV cache")."""
+    return model_dtype if config.kv_cache_dtype == "auto" else torch.float8_e4m3fn
+
+
 def profile_num_blocks(model: CausalLM, config: EngineConfig) -> int:
     """KV-cache blocks that fit next to the model on its GPU (after a profiling
     forward).
     """
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    dtype = kv_cache_dtype(config, next(model.parameters()).dtype)
     reclaim_gpu_memory()  # measure from a clean slate
     torch.cuda.reset_peak_memory_stats(device)
     n = config.max_num_batched_tokens

@@ -240,7 +240,7 @@ class ChatCompletionRequest(SamplingRequest):
             max_tokens, (self.top_logprobs or 0) if self.logprobs else None
         )
 
-    # %% chapters/16_server.md:2668
+    # %% chapters/16_server.md:2704
     def checked_tool_choice(self) -> str | ChatCompletionNamedToolChoiceParam | None:
         """tool_choice with OpenAI's default filled in ("auto" with tools): None for
         "none"; InvalidRequestError names a bad field."""
@@ -276,7 +276,7 @@ class ChatCompletionRequest(SamplingRequest):
             )
         return choice
 
-    # %% chapters/16_server.md:2705
+    # %% chapters/16_server.md:2743
     def tool_call_schema(self) -> dict | None:
         """The JSON Schema that a forced call ("required" or a named function) puts
         on the output, as vLLM's get_json_schema_from_tools builds it; else None."""
@@ -351,6 +351,7 @@ class ChatCompletionLogProbs(BaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
+# %% chapters/16_server.md:590
 class FunctionCall(BaseModel):
     name: str
     arguments: str  # the arguments as JSON text, as OpenAI sends them
@@ -385,7 +386,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-# %% chapters/16_server.md:625
+# %% chapters/16_server.md:631
 class DeltaFunctionCall(BaseModel):
     name: str | None = None  # in a call's first chunk
     arguments: str | None = None  # the next piece of the JSON text
@@ -421,7 +422,7 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/16_server.md:665
+# %% chapters/16_server.md:671
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -437,7 +438,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# %% chapters/16_server.md:686
+# %% chapters/16_server.md:692
 class TokenizeRequest(OpenAIBaseModel):
     """Either a prompt or chat messages (rendered with the chat template, as
     /v1/chat/completions does).
@@ -467,7 +468,7 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-# %% chapters/16_server.md:2653
+# %% chapters/16_server.md:2686
 def _parameters(tool: ChatCompletionToolsParam, i: int) -> dict:
     """A tool's parameters schema; none or {}: a call without arguments."""
     params = tool.function.parameters

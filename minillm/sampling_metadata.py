@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1125
+# %% chapters/06_sampler.md:1139
 """A batch's sampling parameters as tensors (chapter 6, "A batch of requests").
 
 vLLM: vllm/v1/sample/metadata.py. `SamplingMetadata.from_requests` turns the requests'
@@ -21,7 +21,7 @@ from torch import Tensor
 from minillm.sampling_params import LogitsProcessor, SamplingParams, SamplingType
 
 
-# %% chapters/06_sampler.md:1151
+# %% chapters/06_sampler.md:1165
 def int64_seed(seed: int) -> int:
     """A Python int seed as the signed 64-bit word with the same low 64 bits."""
     return (seed + 2**63) % 2**64 - 2**63
@@ -40,7 +40,7 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:1181
+# %% chapters/06_sampler.md:1195
 @dataclass
 class SamplingMetadata:
     """What the sampler needs to know about the requests of one batch; row i is request
@@ -82,12 +82,12 @@ class SamplingMetadata:
     # row -> its bad words as token sequences (SamplingParams.bad_words_token_ids)
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
 
-    # %% chapters/06_sampler.md:1227
+    # %% chapters/06_sampler.md:1241
     @property
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1413
+    # %% chapters/06_sampler.md:1427
     @classmethod
     def from_requests(
         cls,
@@ -117,7 +117,7 @@ class SamplingMetadata:
         )
 
 
-# %% chapters/06_sampler.md:1252
+# %% chapters/06_sampler.md:1266
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
@@ -158,7 +158,7 @@ def _sampling_fields(
     )
 
 
-# %% chapters/06_sampler.md:1304
+# %% chapters/06_sampler.md:1318
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -186,7 +186,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:1339
+# %% chapters/06_sampler.md:1353
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,
@@ -228,7 +228,7 @@ def _constraint_fields(
     )
 
 
-# %% chapters/06_sampler.md:1389
+# %% chapters/06_sampler.md:1403
 def _bias_fields(
     params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
 ) -> dict:

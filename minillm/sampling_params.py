@@ -430,7 +430,7 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
 
 # %% chapters/06_sampler.md:904
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
-    """(field, ok, allowed) for stop strings, token-id lists, processors, flags."""
+    """(field, ok, allowed) for stop strings, bad words and the logit bias."""
     return [
         (
             "stop",
@@ -458,6 +458,13 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
             ),
             "None or a dict of token id (>= 0) -> bias in [-100, 100]",
         ),
+    ]
+
+
+# %% chapters/06_sampler.md:941
+def _token_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
+    """(field, ok, allowed) for token-id lists, processors and flags."""
+    return [
         (
             "bad_words_token_ids",
             p.bad_words_token_ids is None
@@ -507,13 +514,16 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:988
+# %% chapters/06_sampler.md:999
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).
     """
     checks = (
-        _distribution_checks(params) + _length_checks(params) + _list_checks(params)
+        _distribution_checks(params)
+        + _length_checks(params)
+        + _list_checks(params)
+        + _token_checks(params)
     )
     for name, ok, allowed in checks:
         if not ok:

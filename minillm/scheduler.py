@@ -54,7 +54,7 @@ class SchedulerConfig:
             )
 
 
-# %% chapters/05_scheduler.md:540
+# %% chapters/05_scheduler.md:547
 @dataclass
 class SchedulerOutput:
     scheduled_requests: list[Request]  # batch order
@@ -66,6 +66,10 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     # (device, cpu) pairs, chapter 9
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    # request id -> block ids gained since the runner last saw it (absent: none);
+    # for the ids in resumed_req_ids (new, or back from preemption) the whole table
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    resumed_req_ids: set[str] = field(default_factory=set)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -81,7 +85,7 @@ class SchedulerOutput:
         )
 
 
-# %% chapters/05_scheduler.md:578
+# %% chapters/05_scheduler.md:589
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (continuous batching).
 
@@ -107,11 +111,13 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
+        # request id -> (num_preemptions, blocks) when its blocks were last sent
+        self.blocks_sent: dict[str, tuple[int, int]] = {}
         # check(request, running) -> bool: False holds a waiting request back this
         # step, keeping its place (chapter 19: at most max_loras adapters at once)
         self.admission_checks: list = []
 
-    # %% chapters/05_scheduler.md:619
+    # %% chapters/05_scheduler.md:632
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -130,7 +136,7 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    # %% chapters/05_scheduler.md:666
+    # %% chapters/05_scheduler.md:679
     def schedule(self) -> SchedulerOutput:
         """This step's batch: running requests first, then waiting ones, as far as the
         token budget, the seats and the cache go.
@@ -145,9 +151,26 @@ class Scheduler:
         batch = [r for r in self.running if r.request_id in scheduled]
         output = SchedulerOutput(batch, scheduled, preempted, self.finished_req_ids)
         self.finished_req_ids = set()
+        self._add_block_updates(output)
         return output
 
-    # %% chapters/05_scheduler.md:698
+    # %% chapters/05_scheduler.md:709
+    def _add_block_updates(self, output: SchedulerOutput) -> None:
+        """Each scheduled request's blocks past those it was last sent with; all of
+        them for a new request, or one preempted since (its blocks are others)."""
+        sent, tables = self.blocks_sent, self.kv_cache_manager.req_to_blocks
+        for r in output.scheduled_requests:
+            rid, blocks = r.request_id, tables[r.request_id]
+            generation, known = sent.get(rid, (-1, 0))
+            if generation != r.num_preemptions:
+                output.resumed_req_ids.add(rid)
+                known = 0
+            elif known == len(blocks):
+                continue  # most decode steps: no new block
+            output.new_block_ids[rid] = [b.block_id for b in blocks[known:]]
+            sent[rid] = (r.num_preemptions, len(blocks))
+
+    # %% chapters/05_scheduler.md:738
     def _schedule_running(
         self, budget: int, scheduled: dict[str, int], preempted: list[str]
     ) -> int:
@@ -176,7 +199,7 @@ class Scheduler:
                 budget -= num_new
         return budget
 
-    # %% chapters/05_scheduler.md:742
+    # %% chapters/05_scheduler.md:782
     def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
         """Pass 2: admit waiting requests, first come first served."""
         held: list[Request] = []  # refused by an admission check, for this step
@@ -211,7 +234,7 @@ class Scheduler:
             budget -= num_new
         self.waiting.extendleft(reversed(held))
 
-    # %% chapters/05_scheduler.md:795
+    # %% chapters/05_scheduler.md:835
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's cache and queue it to run again
         first.
@@ -226,7 +249,7 @@ class Scheduler:
         request.num_preemptions += 1
         self._add_waiting(request, front=True)
 
-    # %% chapters/05_scheduler.md:822
+    # %% chapters/05_scheduler.md:862
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
@@ -252,7 +275,7 @@ class Scheduler:
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         return updated
 
-    # %% chapters/05_scheduler.md:857
+    # %% chapters/05_scheduler.md:897
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -272,12 +295,13 @@ class Scheduler:
             else:
                 self.waiting.remove(request)
             self.kv_cache_manager.free(request)
+            self.blocks_sent.pop(request_id, None)
             request.status = status
             # a token in flight for it is thrown away (chapter 11)
             request.num_output_placeholders = 0
             self.finished_req_ids.add(request_id)
 
-    # %% chapters/05_scheduler.md:1163
+    # %% chapters/05_scheduler.md:1204
     def _add_waiting(self, request: Request, front: bool = False) -> None:
         """Queue request: FCFS at the back (a preempted one at the front); priority
         in (priority, arrival_time) order."""
@@ -300,7 +324,7 @@ class Scheduler:
         return self.running[-1]  # the most recently admitted
 
 
-# %% chapters/05_scheduler.md:653
+# %% chapters/05_scheduler.md:666
 def _tokens_to_go(request: Request) -> int:
     """Tokens of request not yet computed; a placeholder (chapter 11) and a proposed
     token (chapter 14) count as one each."""
@@ -312,7 +336,7 @@ def _tokens_to_go(request: Request) -> int:
     )
 
 
-# %% chapters/05_scheduler.md:1188
+# %% chapters/05_scheduler.md:1229
 def _urgency(request: Request) -> tuple[int, float]:
     """Sort key of priority scheduling: smaller is served first."""
     return request.priority, request.arrival_time

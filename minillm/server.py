@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2942
+# %% chapters/16_server.md:2980
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -56,12 +56,12 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2997
+# %% chapters/16_server.md:3035
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:3018
+# %% chapters/16_server.md:3056
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -86,7 +86,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:3051
+# %% chapters/16_server.md:3089
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -115,7 +115,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:3088
+# %% chapters/16_server.md:3126
 router = APIRouter()
 
 
@@ -138,7 +138,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:3117
+# %% chapters/16_server.md:3155
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -160,7 +160,7 @@ async def metrics(raw: Request):
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:3151
+# %% chapters/16_server.md:3189
 def create_app(
     engine: LLMEngine | EngineCoreClient,
     served_model_name: str = "minillm-tiny",
@@ -193,7 +193,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:3189
+# %% chapters/16_server.md:3227
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -219,7 +219,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:3224
+    # %% chapters/16_server.md:3262
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -244,7 +244,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3689
+# %% chapters/16_server.md:3727
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -280,7 +280,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% chapters/16_server.md:3729
+# %% chapters/16_server.md:3767
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -312,7 +312,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3770
+# %% chapters/16_server.md:3808
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -365,6 +365,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
 SERVER_EXTENSIONS: list = []
 
 
+# %% chapters/16_server.md:3865
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="minillm serve", description="An OpenAI-compatible server for minillm."
@@ -378,7 +379,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3842
+# %% chapters/16_server.md:3885
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -428,7 +429,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3896
+# %% chapters/16_server.md:3939
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -467,6 +468,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3940
+# %% chapters/16_server.md:3983
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1697
+# %% chapters/16_server.md:1723
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
     from minillm.engine_core import EngineCoreClient
 
 
-# %% chapters/16_server.md:1749
+# %% chapters/16_server.md:1775
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -72,7 +72,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1779
+# %% chapters/16_server.md:1805
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -97,7 +97,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1814
+# %% chapters/16_server.md:1840
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -118,7 +118,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1844
+# %% chapters/16_server.md:1870
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -147,6 +147,7 @@ class OpenAIServing:
         self._template = compile_chat_template(self.chat_template)
         self.lora_modules: dict[str, Any] = {}  # name -> LoRARequest (chapter 19)
 
+    # %% chapters/16_server.md:1904
     def check_model(self, model: str | None) -> Any:
         """The adapter that `model` names (chapter 19), or None for the base model;
         404 for any other name."""
@@ -160,7 +161,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1894
+    # %% chapters/16_server.md:1927
     def render_chat(
         self,
         messages: list[ChatMessage],
@@ -194,7 +195,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1935
+    # %% chapters/16_server.md:1968
     def list_models(self) -> ModelList:
         base = ModelCard(
             id=self.model_name, root=self.model_path, max_model_len=self.max_model_len
@@ -227,7 +228,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:1975
+    # %% chapters/16_server.md:2008
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -241,7 +242,7 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:2002
+    # %% chapters/16_server.md:2035
     def constrain(
         self,
         req: SamplingRequest,
@@ -272,7 +273,7 @@ class OpenAIServing:
             message = str(e).removeprefix("structured_outputs: ")
             raise InvalidRequestError(message, field) from e
 
-    # %% chapters/16_server.md:2108
+    # %% chapters/16_server.md:2141
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -306,7 +307,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:2044
+# %% chapters/16_server.md:2077
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -330,7 +331,7 @@ def with_adapter(prompt: str | list[int], lora_request) -> str | list[int] | dic
     return {key: prompt, "lora_request": lora_request}
 
 
-# %% chapters/16_server.md:2075
+# %% chapters/16_server.md:2108
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

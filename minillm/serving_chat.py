@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2420
+# %% chapters/16_server.md:2453
 """`/v1/chat/completions` (chapter 16, "The endpoints"): messages through the chat
 template, one answer or a stream of deltas out. vLLM's counterpart:
 vllm/entrypoints/openai/chat_completion/serving.py.
@@ -43,7 +43,7 @@ from minillm.serving import with_adapter
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2465
+# %% chapters/16_server.md:2498
 class OpenAIServingChat(OpenAIServing):
     """The chat completions endpoint."""
 
@@ -67,7 +67,7 @@ class OpenAIServingChat(OpenAIServing):
             ]
         )
 
-    # %% chapters/16_server.md:2497
+    # %% chapters/16_server.md:2530
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
@@ -108,7 +108,7 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2545
+    # %% chapters/16_server.md:2578
     async def _stream_chat(
         self,
         req: ChatCompletionRequest,
@@ -158,7 +158,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2603
+    # %% chapters/16_server.md:2636
     def _chat_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> ChatCompletionResponseStreamChoice:
@@ -172,7 +172,7 @@ class OpenAIServingChat(OpenAIServing):
             else self.chat_logprobs(piece.logprobs, num_logprobs),
         )
 
-    # %% chapters/16_server.md:2751
+    # %% chapters/16_server.md:2789
     def forced_tool_call(self, req: ChatCompletionRequest) -> ForcedToolCall | None:
         choice, schema = req.checked_tool_choice(), req.tool_call_schema()
         if choice == "auto":
@@ -198,7 +198,7 @@ class OpenAIServingChat(OpenAIServing):
         return ForcedToolCall(StructuredOutputsParams(json=schema), name)
 
 
-# %% chapters/16_server.md:2741
+# %% chapters/16_server.md:2779
 class ForcedToolCall(NamedTuple):
     """A tool_choice that forces a call: the output's schema, and the function's
     name (None for "required": the output names its functions)."""
@@ -206,7 +206,7 @@ class ForcedToolCall(NamedTuple):
     constraint: StructuredOutputsParams
     name: str | None
 
-    # %% chapters/16_server.md:2823
+    # %% chapters/16_server.md:2861
     def stream_choice(self, piece: StreamPiece, texts: dict[int, str]):
         """A piece of a streamed forced call as a choice, or None (nothing yet)."""
         first = piece.index not in texts
@@ -234,7 +234,7 @@ class ForcedToolCall(NamedTuple):
         )  # fmt: skip
 
 
-# %% chapters/16_server.md:2786
+# %% chapters/16_server.md:2824
 def tool_calls_in(text: str, name: str | None) -> list[ToolCall] | None:
     """The calls in a forced call's output; None if it does not hold them."""
     if name is not None:  # the named function's arguments

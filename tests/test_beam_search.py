@@ -196,7 +196,7 @@ def test_bad_arguments_raise_and_change_nothing(llm):
     with pytest.raises(ValueError, match="empty"):
         llm.beam_search([[]], params)
     engine = llm.engine
-    assert not engine.has_unfinished_requests() and not engine.parents
+    assert not engine.has_unfinished_requests() and not engine.output_processor.parents
 
 
 def test_prefix_cache_shares_the_beams_blocks(llm):

@@ -170,8 +170,8 @@ def test_steps_too_large_to_draft_keep_no_features(tiny, quick_eagle):
     runner, seen = engine.model_runner, []
     execute = runner.execute_model
 
-    def recording(output, kv_cache_manager):
-        result = execute(output, kv_cache_manager)
+    def recording(output):
+        result = execute(output)
         seen.append((len(output.scheduled_requests), len(runner.proposer.features)))
         return result
 

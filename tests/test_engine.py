@@ -360,8 +360,8 @@ def test_bad_requests_raise_and_change_nothing(tiny, prompt, params, message):
         engine.add_request("x", prompt, params)
     assert (
         not engine.has_unfinished_requests()
-        and not engine.parents
-        and not engine.sequences
+        and not engine.output_processor.parents
+        and not engine.output_processor.request_states
     )
     engine.add_request("x", "The", SamplingParams(max_tokens=2))  # the id is still free
     assert engine.has_unfinished_requests()
@@ -469,10 +469,11 @@ def test_a_colliding_request_id_is_refused_and_changes_nothing(first, second):
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     engine.add_request(first[0], [5, 6, 7], dataclasses.replace(params, n=first[1]))
-    before = (dict(engine.parents), dict(engine.sequences))
+    op = engine.output_processor
+    before = (dict(op.parents), dict(op.request_states))
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request(second[0], [8, 9], dataclasses.replace(params, n=second[1]))
-    assert (dict(engine.parents), dict(engine.sequences)) == before
+    assert (dict(op.parents), dict(op.request_states)) == before
     outputs = []
     while engine.has_unfinished_requests():
         outputs += engine.step()

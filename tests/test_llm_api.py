@@ -164,7 +164,7 @@ def test_chat_errors_change_nothing(llm):
     # a bad conversation in a batch submits none of them
     with pytest.raises(ValueError):
         llm.chat([CHAT, BEGUN], GREEDY, continue_final_message=True)
-    assert not engine.has_unfinished_requests() and not engine.parents
+    assert not engine.has_unfinished_requests() and not engine.output_processor.parents
 
 
 def test_chat_template_from_a_file(tmp_path):
@@ -200,7 +200,7 @@ def test_generate_takes_vllm_keywords(llm):
         llm.generate("The", GREEDY, lora_request=object())
     with pytest.raises(ValueError, match="priority"):
         llm.generate(["a", "b", "c"], GREEDY, priority=[0, 1])
-    assert not llm.engine.parents
+    assert not llm.engine.output_processor.parents
     text = llm.generate({"prompt": "The"}, GREEDY, use_tqdm=False)[0]
     ids = llm.generate({"prompt_token_ids": text.prompt_token_ids}, GREEDY)[0]
     assert text.prompt == "The" and ids.prompt is None

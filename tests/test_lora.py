@@ -210,9 +210,9 @@ def test_scheduler_runs_at_most_max_loras_adapters_per_step(adapter_dirs):
         assert len(ids) <= 1
         seen |= ids
         if out.scheduled_requests:
-            result = engine.model_runner.execute_model(out, engine.kv_cache_manager)
+            result = engine.model_runner.execute_model(out)
             updated = engine.scheduler.update_from_output(out, result.sampled_token_ids)
-            engine._apply_tokens(updated, result)
+            engine.process_outputs(updated, result)
     assert seen == {1, 2, 3}
 
 

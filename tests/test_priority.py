@@ -89,7 +89,10 @@ def test_engine_add_request_takes_priority_and_checks_it(tiny):
     for bad in ["1", 1.5, True, None]:
         with pytest.raises(ValueError, match="priority"):
             engine.add_request("bad", [5], GREEDY, priority=bad)
-    assert "bad" not in engine.parents and len(engine.scheduler.waiting) == 3
+    assert (
+        "bad" not in engine.output_processor.parents
+        and len(engine.scheduler.waiting) == 3
+    )
     engine.abort_request(["late", "urgent", "middle"])
 
 

@@ -2,6 +2,8 @@
 preemption.
 """
 
+from types import SimpleNamespace
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
@@ -14,6 +16,7 @@ from hypothesis.stateful import (
 )
 
 from minillm.kv_cache_manager import KVCacheManager
+from minillm.model_runner import ModelRunner
 from minillm.request import Request, RequestStatus
 from minillm.scheduler import Scheduler, SchedulerConfig
 
@@ -25,8 +28,15 @@ def token_for(request_id: str, position: int) -> int:
     return (hash(request_id) * 31 + position * 7) % 997
 
 
-def step(scheduler, output_lens, finished):
+def step(scheduler, output_lens, finished, runner=None):
     out = scheduler.schedule()
+    if runner is not None:  # a runner's tables, kept from the outputs alone
+        ModelRunner.update_block_tables(runner, out)
+        manager = scheduler.kv_cache_manager
+        for r in out.scheduled_requests:
+            assert runner.block_tables[r.request_id] == manager.get_block_ids(
+                r.request_id
+            )
     sampled = {
         r.request_id: [token_for(r.request_id, r.num_tokens)]
         for r in out.scheduled_requests
@@ -118,6 +128,26 @@ def test_preemption_takes_the_newest_and_it_resumes_with_identical_output():
         "new"
     ] == expected_output("new", 8, 12)
     assert kv.block_pool.get_num_free_blocks() == 8
+
+
+def test_outputs_carry_the_blocks_a_runner_needs():
+    """A runner that keeps its tables from the outputs alone (never reading the
+    manager) has each scheduled request's table, through growth and a preemption
+    that hands the request other blocks; finished requests leave it."""
+    scheduler, _ = make(num_blocks=6, block_size=2, max_num_seqs=2, max_model_len=12)
+    runner, lens, finished = SimpleNamespace(block_tables={}), {}, {}
+    for rid in ("a", "b"):
+        lens[rid] = 6
+        scheduler.add_request(Request(rid, [1] * 4))
+    outputs = []
+    while scheduler.has_unfinished_requests():
+        outputs.append(step(scheduler, lens, finished, runner))
+    assert any(o.preempted_req_ids for o in outputs)  # the cache was short
+    resumed = [o.resumed_req_ids for o in outputs]
+    assert sum(rid in ids for ids in resumed for rid in "ab") >= 3  # 2 new + 1 back
+    # the finished ids reach the runner with the next step's output
+    ModelRunner.update_block_tables(runner, scheduler.schedule())
+    assert not runner.block_tables
 
 
 def test_finish_frees_blocks_at_once_and_is_idempotent():
@@ -212,6 +242,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             set(),
         )
         self.last_output = None
+        self.runner = SimpleNamespace(block_tables={})
 
     @rule(prompt_len=st.integers(1, 40), output_len=st.integers(1, 20))
     def add(self, prompt_len, output_len):
@@ -224,7 +255,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def run_step(self):
-        self.last_output = step(self.scheduler, self.output_lens, self.finished)
+        self.last_output = step(
+            self.scheduler, self.output_lens, self.finished, self.runner
+        )
 
     @precondition(lambda self: self.scheduler.requests)
     @rule(data=st.data())
@@ -271,7 +304,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(2000):
             if not self.scheduler.has_unfinished_requests():
                 break
-            step(self.scheduler, self.output_lens, self.finished)
+            step(self.scheduler, self.output_lens, self.finished, self.runner)
         assert not self.scheduler.has_unfinished_requests(), (
             "the scheduler stopped making progress"
         )

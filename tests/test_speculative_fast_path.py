@@ -83,9 +83,9 @@ def test_steps_launched_ahead_neither_verify_nor_propose(tiny):
     runner, launched = engine.model_runner, []
     launch = runner.launch
 
-    def recording(output, kv_cache_manager):
+    def recording(output):
         requests = output.scheduled_requests
-        step = launch(output, kv_cache_manager)
+        step = launch(output)
         if step is not None:
             launched.append(
                 (len(requests), sum(len(r.spec_token_ids) for r in requests))

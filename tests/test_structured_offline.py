@@ -128,12 +128,12 @@ def test_chapter_15s_subclass_is_the_same_constraint(llm):
     ],
 )
 def test_a_bad_constraint_is_a_value_error_and_changes_nothing(llm, so, words):
-    engine = llm.engine
-    before = (set(engine.sequences), set(engine.parents))
+    op = llm.engine.output_processor
+    before = (set(op.request_states), set(op.parents))
     params = structured(so)
     with pytest.raises(ValueError, match=r"^structured_outputs: .*" + re.escape(words)):
         llm.generate(PROMPTS, params, use_tqdm=False)
-    assert (set(engine.sequences), set(engine.parents)) == before == (set(), set())
+    assert (set(op.request_states), set(op.parents)) == before == (set(), set())
     assert params.logits_processors == []
     ok = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, temperature=0),
                       use_tqdm=False)  # fmt: skip

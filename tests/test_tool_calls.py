@@ -259,7 +259,7 @@ def test_bad_tools_are_400s_naming_the_field(client, live, body, param):
     kwargs = {k: body.pop(k) for k in ("tools", "tool_choice", "stream") if k in body}
     err = bad_request(client, extra_body=body, **kwargs)
     assert err["param"] == param, err
-    assert not live.engine.sequences  # nothing reached the engine
+    assert not live.engine.output_processor.request_states  # nothing reached the engine
     ok = chat(client, tools=TOOLS, tool_choice=NAMED, temperature=0, max_tokens=40)
     check_calls(ok.choices[0].message)  # and the server serves on
 

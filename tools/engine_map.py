@@ -97,6 +97,7 @@ VLLM: dict[str, str | None] = {
     "logprobs": "vllm/logprobs.py",
     "outputs": "vllm/outputs.py",
     "engine": "vllm/v1/engine/llm_engine.py",
+    "output_processor": "vllm/v1/engine/output_processor.py",
     "llm": "vllm/entrypoints/llm.py",
     "beam_search": "vllm/entrypoints/generate/beam_search/",
     # 08-09 reuse and pressure
@@ -140,6 +141,7 @@ VLLM: dict[str, str | None] = {
     ),
     "quantization.w8a8": "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_int8.py",  # noqa: E501
     "quantization.fp8": "vllm/model_executor/layers/quantization/fp8.py",
+    "quantization.kv_fp8": "vllm/model_executor/layers/quantization/kv_cache.py",
     "quantization.checkpoint": "vllm/model_executor/layers/quantization/auto_gptq.py",
     "quantization.quality": None,
     "kernels.w8a8": (

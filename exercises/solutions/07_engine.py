@@ -15,6 +15,7 @@ import minillm.sampling_params as sampling_params
 from minillm.engine import LLMEngine
 from minillm.kv_cache_manager import KVCacheManager
 from minillm.llm import LLM
+from minillm.output_processor import OutputProcessor
 from minillm.registry import KV_CACHE_MANAGERS
 from minillm.sampling_params import SamplingParamsError
 
@@ -81,7 +82,7 @@ class SamplingParams(sampling_params.SamplingParams):
 
 
 _add_request = LLMEngine.add_request
-_make_output = LLMEngine._make_output
+_make_outputs = OutputProcessor.make_outputs
 
 
 def add_request_best_of(self, request_id, prompt, params=None, *args, **kwargs):
@@ -98,18 +99,23 @@ def add_request_best_of(self, request_id, prompt, params=None, *args, **kwargs):
         output_kind="final_only",  # the best are known only when all have finished
     )
     _add_request(self, request_id, prompt, run, *args, **kwargs)
-    self.parents[request_id].best_of = (params.n, params.logprobs is not None)
+    parent = self.output_processor.parents[request_id]
+    parent.best_of = (params.n, params.logprobs is not None)
 
 
-def make_output_best_of(self, parent_id):
-    n, keep_logprobs = getattr(self.parents[parent_id], "best_of", (None, True))
-    output = _make_output(self, parent_id)
-    if n is not None and output.finished:
-        ranked = sorted(output.outputs, key=lambda c: -c.cumulative_logprob)
-        output.outputs = ranked[:n]
-        for completion in output.outputs if not keep_logprobs else []:
-            completion.logprobs = None
-    return output
+def make_outputs_best_of(self, parent_ids):
+    """The output processor's outputs, a best_of parent's cut to its n best once
+    all have finished (the note is read first: a finished parent is forgotten)."""
+    notes = {p: getattr(self.parents[p], "best_of", None) for p in parent_ids}
+    outputs, forgotten = _make_outputs(self, parent_ids)
+    for output in outputs:
+        n, keep_logprobs = notes[output.request_id] or (None, True)
+        if n is not None and output.finished:
+            ranked = sorted(output.outputs, key=lambda c: -c.cumulative_logprob)
+            output.outputs = ranked[:n]
+            for completion in output.outputs if not keep_logprobs else []:
+                completion.logprobs = None
+    return outputs, forgotten
 
 
 # 7.4
@@ -137,11 +143,11 @@ LLM.stream = stream
 SamplingParams.__module__ = "minillm.sampling_params"
 sampling_params.SamplingParams = SamplingParams
 LLMEngine.add_request = add_request_best_of
-LLMEngine._make_output = make_output_best_of
+OutputProcessor.make_outputs = make_outputs_best_of
 
 SOLUTIONS = {
     "prompt_logprobs": prompt_logprobs,
     "stream": stream,
-    "best_of": (SamplingParams, add_request_best_of, make_output_best_of),
+    "best_of": (SamplingParams, add_request_best_of, make_outputs_best_of),
     "counting": CountingKVCacheManager,
 }

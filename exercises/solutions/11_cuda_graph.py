@@ -80,7 +80,7 @@ def _draw_ahead(self, logits: Tensor, chosen, previous, masks) -> Tensor:
 
 
 @torch.inference_mode()
-def launch(self, output, kv_cache_manager) -> InFlight | None:
+def launch(self, output) -> InFlight | None:
     """Chapter 11's launch; the one change is where the logprobs come from."""
     requests = output.scheduled_requests
     sampling = [i for i, r in enumerate(requests) if output.samples(r)]
@@ -93,7 +93,7 @@ def launch(self, output, kv_cache_manager) -> InFlight | None:
         masks = self._prepare_masks(chosen, previous)
     holes = [i for i in sampling if requests[i].num_output_placeholders]
     patch = self._patch_for(output, holes, previous) if holes else None
-    inputs, hidden = self.forward(output, kv_cache_manager, patch)
+    inputs, hidden = self.forward(output, patch)
     if not (inputs.all_sample and inputs.max_query_len == 1):
         last = inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1
         hidden = hidden[upload(last, self.device)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from minillm.quantization import apply, awq, rotation, sequential, w8a8
+from minillm.quantization import apply, awq, kv_fp8, rotation, sequential, w8a8
 from minillm.quantization.calibration import LinearStats, decoder_linears, recording
 from minillm.quantization.gptq import gptq_quantize
 from minillm.quantization.rotation import random_hadamard
@@ -138,11 +138,33 @@ def rotate_values(model: nn.Module, seed: int = 0) -> None:
                 attn.o_proj.weight[:, cols] = (w_o @ r).to(attn.o_proj.weight.dtype)
 
 
+# 13.6
+def fp8_kv_head_scales(model: nn.Module, windows: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-layer, per-KV-head (k_scale, v_scale), each (num_layers, n_kv_heads): the
+    largest |K| and |V| of each head the windows write, over E4M3's largest value."""
+
+    class HeadMaxCache(kv_fp8.PagedKVCache):
+        def write(self, layer_idx, key, value, slot_mapping):
+            if not hasattr(self, "absmax"):
+                self.absmax = torch.zeros(2, self.key_cache.shape[0], key.shape[1])
+            for row, x in ((0, key), (1, value)):
+                seen = x.detach().abs().amax(dim=(0, 2)).float().cpu()  # (n_kv,)
+                most = self.absmax[row, layer_idx]
+                self.absmax[row, layer_idx] = torch.maximum(most, seen)
+            super().write(layer_idx, key, value, slot_mapping)
+
+    dtype = next(model.parameters()).dtype
+    cache = kv_fp8.window_cache(model, windows, dtype, cls=HeadMaxCache)
+    kv_fp8.paged_window_nll(model, windows, cache)
+    return cache.absmax[0] / kv_fp8.E4M3_MAX, cache.absmax[1] / kv_fp8.E4M3_MAX
+
+
 awq.awq_clip = awq_clip
 w8a8.quantize_int8_static = quantize_int8_static
 apply.gptq_gain = gptq_gain
 sequential.gptq_true_sequential = gptq_true_sequential
 rotation.rotate_values = rotate_values
+kv_fp8.fp8_kv_head_scales = fp8_kv_head_scales
 
 SOLUTIONS = {
     "clip": awq_clip,
@@ -150,4 +172,5 @@ SOLUTIONS = {
     "three_bits": gptq_gain,
     "true_sequential": gptq_true_sequential,
     "rotate_values": rotate_values,
+    "head_scales": fp8_kv_head_scales,
 }

@@ -18,7 +18,7 @@ import socket
 
 import minillm.server as server_module
 from minillm import protocol
-from minillm.async_llm import AsyncLLM, RequestStream, _Add, _Sink
+from minillm.async_llm import AsyncLLM, RequestStream, Sink, _Add
 from minillm.engine_core import (
     EngineCoreClient,
     run_engine_core,
@@ -53,7 +53,7 @@ class CoalescingQueue(asyncio.Queue):
 async def generate(self, requests, coalesce: bool = False) -> RequestStream:
     """AsyncLLM.generate; coalesce=True: a slow reader finds only the newest output
     of each request in its queue, which never holds more than one per request."""
-    sink = _Sink()
+    sink = Sink()
     if coalesce:
         sink.queue = CoalescingQueue()  # put_now, on the loop, puts into it
     request_ids = [request_id for request_id, _, _ in requests]

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1344
+# %% chapters/10_triton_decode.md:1376
 """The Triton attention backend for the paged KV cache (chapter 10, "Paged attention in
 Triton").
 
@@ -27,7 +27,7 @@ from minillm.model import AttentionMetadata
 from minillm.registry import ATTENTION_BACKENDS
 
 
-# %% chapters/10_triton_decode.md:1370
+# %% chapters/10_triton_decode.md:1402
 # decode batches of at least this many sequences start the longest first (0: never),
 # with these knobs of paged_decode
 ORDER_DECODES_FROM = 65
@@ -45,10 +45,14 @@ def decode_order(md: AttentionMetadata) -> Tensor:
 
 
 def triton_paged_attention(
-    q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata
+    q: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    attn_metadata: AttentionMetadata,
+    **scales: Tensor,
 ) -> Tensor:
     """Drop-in for chapter 4's paged_attention_ref: (num_tokens, n_heads, D) -> same
-    shape.
+    shape. scales: a scaled cache's k_scale and v_scale (chapter 2), or none.
     """
     md = attn_metadata
     if md.max_query_len == 1:
@@ -56,14 +60,16 @@ def triton_paged_attention(
             return paged_decode(
                 q, key_cache, value_cache, md.block_tables, md.seq_lens,
                 md.max_seq_len, order=decode_order(md), **ORDERED_DECODE_KNOBS,
+                **scales,
             )  # fmt: skip
         return paged_decode(
-            q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len
-        )
-    return paged_prefill(q, key_cache, value_cache, md)
+            q, key_cache, value_cache, md.block_tables, md.seq_lens, md.max_seq_len,
+            **scales,
+        )  # fmt: skip
+    return paged_prefill(q, key_cache, value_cache, md, **scales)
 
 
-# %% chapters/10_triton_decode.md:1737
+# %% chapters/10_triton_decode.md:1786
 @ATTENTION_BACKENDS.register("triton", preferred_on=("cuda",))
 def triton_attention():
     """This chapter's kernels: paged attention and the one-kernel cache write."""

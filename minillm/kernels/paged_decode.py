@@ -36,6 +36,8 @@ def _decode_kernel(
     m_ptr,
     l_ptr,
     order_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     scale,
     stride_qt,
     stride_qh,
@@ -59,6 +61,7 @@ def _decode_kernel(
     IEEE: tl.constexpr,
     PDL: tl.constexpr = 0,
     ORDERED: tl.constexpr = False,
+    SCALED: tl.constexpr = False,
 ):
     # (1) the program's sequence, KV head and split: which tokens it reads
     _launched_early(PDL)
@@ -89,6 +92,8 @@ def _decode_kernel(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D_P2], tl.float32)
+    if SCALED:  # an FP8 cache holds K / k_scale: the scores take the factor back
+        scale = scale * tl.load(k_scale_ptr)
     # (3) a tile of BLOCK_N tokens: their keys, found through the block table
     for t0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         t = t0 + tl.arange(0, BLOCK_N)  # token positions of this tile
@@ -107,7 +112,7 @@ def _decode_kernel(
             + d[None, :],
             mask=kv_mask,
             other=0.0,
-        )  # (N, D)
+        ).to(q.dtype)  # (N, D); an FP8 cache's keys are converted here
         # (4) scores on the tensor cores, and the online-softmax update
         # float32 inputs: exact products, not TF32, so tests can compare at 1e-5
         if IEEE:
@@ -128,7 +133,7 @@ def _decode_kernel(
             + d[None, :],
             mask=kv_mask,
             other=0.0,
-        )  # (N, D)
+        ).to(q.dtype)  # (N, D)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(
                 p.to(v.dtype), v, input_precision="ieee"
@@ -136,7 +141,9 @@ def _decode_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    # (5) the partial result of this split, to the workspace
+    # (5) the partial result of this split, to the workspace (V's scale applied)
+    if SCALED:
+        acc = acc * tl.load(v_scale_ptr)
     # workspace rows: (seq, head, split)
     row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split
     tl.store(
@@ -148,7 +155,7 @@ def _decode_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
 
-# %% chapters/10_triton_decode.md:474
+# %% chapters/10_triton_decode.md:481
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -189,7 +196,7 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:527
+# %% chapters/10_triton_decode.md:534
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -225,7 +232,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:604
+# %% chapters/10_triton_decode.md:611
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -254,7 +261,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:640
+# %% chapters/10_triton_decode.md:647
 def decode_partials(
     q: Tensor,
     key_cache: Tensor,
@@ -268,11 +275,13 @@ def decode_partials(
     split_tokens: int,
     pdl: int = 0,
     order: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
     num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
     pdl: launched early (Hopper). order (num_seqs,): the sequences in the order their
-    programs should start.
+    programs should start. k_scale, v_scale: a scaled (FP8) cache's, one element each.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -287,7 +296,9 @@ def decode_partials(
     # fmt: off
     _decode_kernel[grid](
         q, key_cache, value_cache, block_tables, seq_lens, acc, m, l,
-        seq_lens if order is None else order, head_dim**-0.5,
+        seq_lens if order is None else order,
+        seq_lens if k_scale is None else k_scale,
+        seq_lens if v_scale is None else v_scale, head_dim**-0.5,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -297,13 +308,14 @@ def decode_partials(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         SPLIT_TOKENS=split_tokens, NUM_STAGES=num_stages,
         IEEE=q.dtype == torch.float32, PDL=pdl,
-        ORDERED=order is not None, num_warps=num_warps, launch_pdl=pdl > 0,
+        ORDERED=order is not None, SCALED=k_scale is not None,
+        num_warps=num_warps, launch_pdl=pdl > 0,
     )
     # fmt: on
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:693
+# %% chapters/10_triton_decode.md:705
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -321,7 +333,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:714
+# %% chapters/10_triton_decode.md:726
 def paged_decode(
     q: Tensor,
     key_cache: Tensor,
@@ -337,6 +349,8 @@ def paged_decode(
     split_tokens: int = 0,
     pdl: int | None = None,
     order: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
     cached in key_cache, value_cache (num_blocks, block_size, n_kv_heads, D).
@@ -344,7 +358,8 @@ def paged_decode(
     Returns (num_seqs, n_heads, D). num_splits (or pieces of split_tokens tokens, a
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
     pdl: launched early (None: default_launch; see _launched_early). order: the
-    sequences' start order (decode_order), or None.
+    sequences' start order (decode_order), or None. k_scale, v_scale: a scaled (FP8)
+    cache's scales (chapter 13), one-element float32 tensors, or None.
     """
     pdl = default_launch(q.device) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:
@@ -368,5 +383,7 @@ def paged_decode(
         split_tokens,
         pdl,
         order,
+        k_scale,
+        v_scale,
     )
     return reduce_splits(acc, m, l, out, pdl)

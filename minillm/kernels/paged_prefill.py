@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:885
+# %% chapters/10_triton_decode.md:909
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 10, "Paged attention in Triton").
 
@@ -28,7 +28,7 @@ from minillm.model import AttentionMetadata
 LOG2_E = math.log2(math.e)
 
 
-# %% chapters/10_triton_decode.md:918
+# %% chapters/10_triton_decode.md:942
 @triton.jit
 def _load_kv(
     base, block, slot, stride_b, stride_s, t_ok,
@@ -46,7 +46,7 @@ def _load_kv(
     return x
 
 
-# %% chapters/10_triton_decode.md:944
+# %% chapters/10_triton_decode.md:968
 @triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
@@ -62,7 +62,7 @@ def _key_tiles(
         block = tl.load(bt_row + t // BLOCK_SIZE, mask=t_ok, other=0)
         slot = t % BLOCK_SIZE
         k = _load_kv(k_base, block, slot, stride_kb, stride_ks, t_ok,
-                     HEAD_DIM, D_P2, MASKED)  # fmt: skip
+                     HEAD_DIM, D_P2, MASKED).to(q.dtype)  # fmt: skip
         if IEEE:  # float32: exact products, not TF32, so tests compare at 1e-5
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -75,7 +75,7 @@ def _key_tiles(
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = _load_kv(v_base, block, slot, stride_vb, stride_vs, t_ok,
-                     HEAD_DIM, D_P2, MASKED)  # fmt: skip
+                     HEAD_DIM, D_P2, MASKED).to(q.dtype)  # fmt: skip
         if IEEE:
             acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
         else:
@@ -84,19 +84,19 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:986
+# %% chapters/10_triton_decode.md:1010
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, tile_seq_ptr, tile_start_ptr,
-    qk_scale,
+    k_scale_ptr, v_scale_ptr, qk_scale,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
     stride_vh, stride_bt, stride_ot, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-    DIAG_N: tl.constexpr = 0,
+    DIAG_N: tl.constexpr = 0, SCALED: tl.constexpr = False,
 ):  # fmt: skip
     # (1) the program's tile; neighbouring programs share a tile, not a KV head
     tile = tl.program_id(0) // NUM_KV_HEADS
@@ -129,6 +129,8 @@ def _prefill_kernel(
     last = tl.where(real, tl.minimum(seq_len, context + q_first + BLOCK_M), 0)
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
     bt_row = block_tables_ptr + seq * stride_bt
+    if SCALED:  # an FP8 cache (chapter 13): K's scale goes into the scores
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     # (4) the two loops: full tiles, then the diagonal
     acc, m_i, l_i = _key_tiles(
         acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
@@ -142,6 +144,8 @@ def _prefill_kernel(
     )  # fmt: skip
     # (5) normalise and store the real rows (a spare tile's l_i is 0)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if SCALED:  # and V's into the output
+        out = out * tl.load(v_scale_ptr)
     out_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(
         out_ptrs + d[None, :],
@@ -150,7 +154,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1091
+# %% chapters/10_triton_decode.md:1119
 def prefill_tile_map(
     md: AttentionMetadata,
     block_m: int,
@@ -199,7 +203,7 @@ def prefill_tile_map(
     return cached[block_m, longest_first, align_end]
 
 
-# %% chapters/10_triton_decode.md:1161
+# %% chapters/10_triton_decode.md:1189
 # tile knobs by the element size of q: chosen from the sweeps (see the text);
 # maxnreg caps each thread's registers (None: Triton's choice)
 PREFILL_KNOBS = {
@@ -218,7 +222,7 @@ def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
     return max(1, 16 // group_p2, tokens)
 
 
-# %% chapters/10_triton_decode.md:1184
+# %% chapters/10_triton_decode.md:1212
 def paged_prefill(
     q: Tensor,
     key_cache: Tensor,
@@ -232,11 +236,13 @@ def paged_prefill(
     align_end: bool | None = None,
     diag_n: int | None = None,
     maxnreg: int | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """Attention for a flat batch of query chunks (any lengths) over the paged cache.
     Returns q's shape. Knobs left None take PREFILL_KNOBS' values; diag_n: the key
     tile of the masked (diagonal) loop; align_end: see prefill_tile_map; maxnreg:
-    registers per thread at most (0: no cap).
+    registers per thread at most (0: no cap). k_scale, v_scale: as paged_decode's.
     """
     md = attn_metadata
     _, num_heads, head_dim = q.shape
@@ -260,7 +266,8 @@ def paged_prefill(
     _prefill_kernel[(tile_seq.shape[0] * num_kv_heads,)](
         q, key_cache, value_cache, out,
         md.block_tables, md.seq_lens, md.query_start_loc, tile_seq, tile_start,
-        head_dim**-0.5 * LOG2_E,
+        tile_seq if k_scale is None else k_scale,
+        tile_seq if v_scale is None else v_scale, head_dim**-0.5 * LOG2_E,
         q.stride(0), q.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -269,6 +276,7 @@ def paged_prefill(
         HEAD_DIM=head_dim, D_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n, IEEE=q.dtype == torch.float32, DIAG_N=diag_n,
+        SCALED=k_scale is not None,
         num_warps=num_warps or knobs["num_warps"],
         num_stages=num_stages or knobs["num_stages"], **extra,
     )

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1453
+# %% chapters/11_cuda_graph.md:1452
 """Q/K norms, rotary embedding and the KV-cache write in one Triton kernel (chapter 11,
 "Fused layers").
 
@@ -39,13 +39,14 @@ def _normed(
     return x
 
 
-# %% chapters/11_cuda_graph.md:1491
+# %% chapters/11_cuda_graph.md:1490
 @triton.jit(do_not_specialize=["T"])  # T changes with every prompt step
 def _qk_norm_rope_write_kernel(
     qkv_ptr, g_ptr, cos_ptr, sin_ptr, q_ptr, key_cache_ptr, value_cache_ptr,
-    slot_ptr, eps, T, stride_t, stride_cos,
+    slot_ptr, eps, T, stride_t, stride_cos, k_scale_ptr, v_scale_ptr,
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr,
     NORM: tl.constexpr, PDL: tl.constexpr, TOKENS: tl.constexpr,
+    FP8_MAX: tl.constexpr = 0.0,
 ):  # fmt: skip
     _launched_early(PDL)  # see chapter 10's paged_decode
     h = tl.program_id(1)  # a query or key head, of TOKENS tokens from t[0]
@@ -72,12 +73,15 @@ def _qk_norm_rope_write_kernel(
         slot = tl.load(slot_ptr + t, mask=ok, other=0).to(tl.int64)  # slot * row: big
         kv = h - N_HEADS
         at = (slot * N_KV + kv) * D + d
-        tl.store(key_cache_ptr + at, out, mask=ok)
         v = tl.load(qkv_ptr + t * stride_t + (N_HEADS + N_KV + kv) * D + d, mask=ok)
-        tl.store(value_cache_ptr + at, v, mask=ok)
+        if FP8_MAX > 0:  # a scaled FP8 cache (chapter 13), as chapter 10's write
+            out = tl.clamp(out.to(tl.float32) / tl.load(k_scale_ptr), -FP8_MAX, FP8_MAX)
+            v = tl.clamp(v.to(tl.float32) / tl.load(v_scale_ptr), -FP8_MAX, FP8_MAX)
+        tl.store(key_cache_ptr + at, out.to(key_cache_ptr.dtype.element_ty), mask=ok)
+        tl.store(value_cache_ptr + at, v.to(value_cache_ptr.dtype.element_ty), mask=ok)
 
 
-# %% chapters/11_cuda_graph.md:1530
+# %% chapters/11_cuda_graph.md:1533
 # tokens a program takes: one for a single token, else a tile of up to 16 (see below)
 ONE_TOKEN_UP_TO = 1
 TOKENS_PER_PROGRAM = 16
@@ -96,13 +100,15 @@ def qk_norm_rope_write(
     pdl: int | None = None,
     num_warps: int | None = None,
     tokens: int | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """qkv (T, (n_heads + 2 n_kv) D); norm_weight (n_heads + n_kv, D) or None; cos,
     sin (T, D); caches (num_blocks, block_size, n_kv, D), contiguous. Returns the
     normed, rotated queries (T, n_heads, D); stores keys and values at slot_mapping.
     A program takes one head of `tokens` tokens (a power of two; None: one for T <=
     ONE_TOKEN_UP_TO, else up to TOKENS_PER_PROGRAM) with num_warps (None: 8 from 8
-    tokens on, else 4).
+    tokens on, else 4). k_scale, v_scale: a scaled FP8 cache's (chapter 2), or None.
     """
     T = qkv.shape[0]
     _, _, n_kv, D = key_cache.shape
@@ -125,12 +131,14 @@ def qk_norm_rope_write(
     q = torch.empty(T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
     pdl = default_launch(qkv.device) if pdl is None else pdl
     g = norm_weight if norm_weight is not None else q  # not read without a norm
+    fp8_max = 0.0 if k_scale is None else torch.finfo(key_cache.dtype).max
     # fmt: off
     _qk_norm_rope_write_kernel[(triton.cdiv(T, tokens), n_heads + n_kv)](
         qkv, g, cos, sin, q, key_cache, value_cache, slot_mapping, eps, T,
-        qkv.stride(0), cos.stride(0),
+        qkv.stride(0), cos.stride(0), q if k_scale is None else k_scale,
+        q if v_scale is None else v_scale,
         N_HEADS=n_heads, N_KV=n_kv, D=D, NORM=norm_weight is not None, PDL=pdl,
-        TOKENS=tokens, launch_pdl=pdl > 0, num_warps=num_warps,
+        TOKENS=tokens, launch_pdl=pdl > 0, num_warps=num_warps, FP8_MAX=fp8_max,
     )
     # fmt: on
     return q

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1599
+# %% chapters/10_triton_decode.md:1637
 """Chapter 2's reshape_and_cache in one Triton kernel launch (chapter 10, "Writing the
 cache in one launch").
 
@@ -14,6 +14,7 @@ TRITON_INTERPRET=1 before importing this module.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -21,7 +22,7 @@ from torch import Tensor
 from minillm.kernels.paged_decode import _launched_early, default_launch
 
 
-# %% chapters/10_triton_decode.md:1619
+# %% chapters/10_triton_decode.md:1658
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -31,9 +32,12 @@ def _write_kv_kernel(
     slot_mapping_ptr,
     stride_kt,
     stride_vt,
+    k_scale_ptr,
+    v_scale_ptr,
     ROW: tl.constexpr,
     ROW_P2: tl.constexpr,
     PDL: tl.constexpr = 0,
+    FP8_MAX: tl.constexpr = 0.0,
 ):
     _launched_early(PDL)  # see paged_decode's launch options
     t = tl.program_id(0)  # one program per new token
@@ -42,28 +46,29 @@ def _write_kv_kernel(
     # the token's n_kv_heads * head_dim values, contiguous in q/k/v and in the cache
     i = tl.arange(0, ROW_P2)
     ok = i < ROW
-    tl.store(
-        key_cache_ptr + slot * ROW + i,
-        tl.load(k_ptr + t * stride_kt + i, mask=ok),
-        mask=ok,
-    )
-    tl.store(
-        value_cache_ptr + slot * ROW + i,
-        tl.load(v_ptr + t * stride_vt + i, mask=ok),
-        mask=ok,
-    )
+    k = tl.load(k_ptr + t * stride_kt + i, mask=ok)
+    v = tl.load(v_ptr + t * stride_vt + i, mask=ok)
+    if FP8_MAX > 0:  # a scaled cache (chapter 13): x / scale, clamped, to FP8
+        k = k.to(tl.float32) / tl.load(k_scale_ptr)
+        v = v.to(tl.float32) / tl.load(v_scale_ptr)
+        k = tl.clamp(k, -FP8_MAX, FP8_MAX).to(key_cache_ptr.dtype.element_ty)
+        v = tl.clamp(v, -FP8_MAX, FP8_MAX).to(value_cache_ptr.dtype.element_ty)
+    tl.store(key_cache_ptr + slot * ROW + i, k, mask=ok)
+    tl.store(value_cache_ptr + slot * ROW + i, v, mask=ok)
 
 
-# %% chapters/10_triton_decode.md:1657
+# %% chapters/10_triton_decode.md:1698
 def triton_reshape_and_cache(
     key: Tensor,
     value: Tensor,
     key_cache: Tensor,
     value_cache: Tensor,
     slot_mapping: Tensor,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> None:
     """Chapter 2's reshape_and_cache in one kernel launch (both K and V); same
-    arguments, same result.
+    arguments, same result (a scaled cache's scales: float32 tensors of one element).
     """
     num_tokens, n_kv, head_dim = key.shape
     if key_cache.shape[-2:] != (n_kv, head_dim) or value.shape != key.shape:
@@ -79,17 +84,21 @@ def triton_reshape_and_cache(
         return
     # in the cache's dtype (rounded by PyTorch, as chapter 2 does), and each token's
     # (n_kv, head_dim) values one contiguous run; the rows themselves may be strided
-    # (v is a slice of the merged qkv)
-    key, value = key.to(key_cache.dtype), value.to(value_cache.dtype)
+    # (v is a slice of the merged qkv); a scaled cache converts in the kernel
+    if k_scale is None:
+        key, value = key.to(key_cache.dtype), value.to(value_cache.dtype)
     key = key if key.stride()[1:] == (head_dim, 1) else key.contiguous()
     value = value if value.stride()[1:] == (head_dim, 1) else value.contiguous()
     row = n_kv * head_dim
     pdl = default_launch(key.device)
+    fp8_max = 0.0 if k_scale is None else torch.finfo(key_cache.dtype).max
     # fmt: off
     _write_kv_kernel[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping,
         key.stride(0), value.stride(0),
+        slot_mapping if k_scale is None else k_scale,
+        slot_mapping if v_scale is None else v_scale,
         ROW=row, ROW_P2=triton.next_power_of_2(row),
-        PDL=pdl, launch_pdl=pdl > 0,
+        PDL=pdl, launch_pdl=pdl > 0, FP8_MAX=fp8_max,
     )
     # fmt: on

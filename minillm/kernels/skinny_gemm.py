@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1906
+# %% chapters/10_triton_decode.md:1955
 """A Triton matrix product for the few rows of a decode step (chapter 10, "Matrix
 products for a handful of rows").
 
@@ -30,7 +30,7 @@ from minillm.kernels.paged_decode import default_launch
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:1951
+# %% chapters/10_triton_decode.md:2000
 @triton.jit
 def _load_x(x_ptr, offs, mask, K, GATED: tl.constexpr, NORM: tl.constexpr, r_ptr,
             g, rstd):  # fmt: skip
@@ -51,7 +51,7 @@ def _load_x(x_ptr, offs, mask, K, GATED: tl.constexpr, NORM: tl.constexpr, r_ptr
     return x
 
 
-# %% chapters/10_triton_decode.md:1973
+# %% chapters/10_triton_decode.md:2022
 @triton.jit
 def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.constexpr,
          K_P2: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
@@ -75,7 +75,7 @@ def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.conste
     return rstd
 
 
-# %% chapters/10_triton_decode.md:2004
+# %% chapters/10_triton_decode.md:2053
 @triton.jit
 def _load_w(w_ptr, n, n_ok, kk, K, stride_wn):
     """W's rows n at columns kk: (BLOCK_N, BLOCK_K), runs of contiguous bytes."""
@@ -115,7 +115,7 @@ def _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, kk, M, K, stride_xm,
     return acc
 
 
-# %% chapters/10_triton_decode.md:2047
+# %% chapters/10_triton_decode.md:2096
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -214,7 +214,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:2204
+# %% chapters/10_triton_decode.md:2253
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -253,7 +253,7 @@ def default_config(
     return cfg
 
 
-# %% chapters/10_triton_decode.md:2249
+# %% chapters/10_triton_decode.md:2298
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -272,7 +272,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:2277
+# %% chapters/10_triton_decode.md:2326
 def skinny_linear(
     x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
 ) -> Tensor:
@@ -336,7 +336,7 @@ def skinny_linear(
     return y
 
 
-# %% chapters/10_triton_decode.md:2350
+# %% chapters/10_triton_decode.md:2399
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -364,7 +364,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2383
+# %% chapters/10_triton_decode.md:2432
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
@@ -394,7 +394,7 @@ def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# %% chapters/10_triton_decode.md:2419
+# %% chapters/10_triton_decode.md:2468
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Chapter 1's RMSNorm of x, with the norm's weight and eps."""
     x32 = x.float()

@@ -81,17 +81,17 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
                 return None
             return config.max_loras, adapter_names(s.running), adapter_names(s.waiting)
 
-        def run_forward(self, output, kv_cache_manager, extra=None) -> tuple:
+        def run_forward(self, output, extra=None) -> tuple:
             self.lora_manager.set_step(output)  # chapter 7's runner
             try:
-                return super().run_forward(output, kv_cache_manager, extra)
+                return super().run_forward(output, extra)
             finally:
                 self.lora_manager.clear_batch()
 
-        def forward(self, output, kv_cache_manager, patch_input_ids=None):
+        def forward(self, output, patch_input_ids=None):
             self.lora_manager.set_step(output)  # chapter 11's, eager and async steps
             try:
-                return super().forward(output, kv_cache_manager, patch_input_ids)
+                return super().forward(output, patch_input_ids)
             finally:
                 self.lora_manager.clear_batch()
 

@@ -71,7 +71,7 @@ class ParallelConfig:
             )
 
 
-# %% chapters/18_parallelism.md:1427
+# %% chapters/18_parallelism.md:1425
 @dataclass
 class WorkerSpec:
     """What a worker needs besides the model: the engine's choices."""
@@ -85,18 +85,7 @@ class WorkerSpec:
     dtype: torch.dtype
 
 
-class BlockTables:
-    """The block ids of this step's requests: what a runner reads from the KV-cache
-    manager, which stays in the engine."""
-
-    def __init__(self, tables: dict[str, list[int]]):
-        self.tables = tables
-
-    def get_block_ids(self, request_id: str) -> list[int]:
-        return self.tables[request_id]
-
-
-# %% chapters/18_parallelism.md:1456
+# %% chapters/18_parallelism.md:1443
 def build_worker(model, spec: WorkerSpec, device: torch.device):
     """This rank's runner: its shard of the weights and its share of the cache,
     built as chapter 7's engine builds its own."""
@@ -126,7 +115,7 @@ def build_worker(model, spec: WorkerSpec, device: torch.device):
     )
 
 
-# %% chapters/18_parallelism.md:1493
+# %% chapters/18_parallelism.md:1480
 def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None:
     """A worker's life: join the group, build, then run what the engine sends until
     it says shutdown or goes away (its pipe closes)."""
@@ -153,7 +142,7 @@ def worker_main(rank, world_size, init_file, model, spec, backend, conn) -> None
             dist.destroy_process_group()
 
 
-# %% chapters/18_parallelism.md:1527
+# %% chapters/18_parallelism.md:1514
 class TPExecutor:
     """Stands in for the engine's model runner and runs it in tensor_parallel_size
     worker processes. A worker's error or death, or a step that outlasts the
@@ -174,7 +163,7 @@ class TPExecutor:
             kv_cache.block_size,
             eos_token_ids,
             max_model_len,
-            param.dtype,
+            kv_cache.key_cache.dtype,  # the cache's element type (FP8, chapter 13)
         )
         backend = "nccl" if param.device.type == "cuda" else "gloo"
         pipes = [context().Pipe() for _ in range(self.world_size)]
@@ -191,20 +180,17 @@ class TPExecutor:
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         self._replies()  # every worker "ready"
 
-    # %% chapters/18_parallelism.md:1570
+    # %% chapters/18_parallelism.md:1557
     @classmethod
     def num_reserved_blocks(cls, config, parts) -> int:
         inner = MODEL_RUNNERS[parts["persistent_batch"]]
         return inner.num_reserved_blocks(config, parts)
 
-    def make_stepper(self, engine) -> None:
-        return None
-
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    # %% chapters/18_parallelism.md:1594
+    # %% chapters/18_parallelism.md:1578
     def _send(self, method: str, *args) -> None:
         if self.failure:
             raise WorkerError(self.failure)
@@ -237,6 +223,7 @@ class TPExecutor:
             self._fail_if_dead(got)
         return [got[rank] for rank in range(self.world_size)]
 
+    # %% chapters/18_parallelism.md:1617
     def _fail_if_dead(self, answered: dict) -> None:
         """Fail with the first ended worker's last word, or its death."""
         for rank, p in enumerate(self.procs):
@@ -255,7 +242,7 @@ class TPExecutor:
                 f"{p.exitcode}"
             )
 
-    # %% chapters/18_parallelism.md:1648
+    # %% chapters/18_parallelism.md:1639
     def _fail(self, message: str) -> None:
         self.failure = message + "; the engine's workers are shut down"
         self.shutdown()
@@ -271,17 +258,13 @@ class TPExecutor:
     def remove_request(self, request_id: str) -> None:
         self._send("remove_request", request_id)
 
-    def execute_model(self, output, kv_cache_manager):
+    def execute_model(self, output):
         """Broadcast the step, wait for every rank; rank 0's ModelRunnerOutput."""
-        tables = {
-            r.request_id: list(kv_cache_manager.get_block_ids(r.request_id))
-            for r in output.scheduled_requests
-        }
-        self._send("execute_model", output, BlockTables(tables))
+        self._send("execute_model", output)
         return self._replies()[0]
 
 
-# %% chapters/18_parallelism.md:1676
+# %% chapters/18_parallelism.md:1663
 def _shutdown(conns, procs) -> None:
     for conn in conns:
         try:

@@ -138,7 +138,7 @@ def pp_run(rank, world_size, config, steps, seed, tp_size, schedule, m, shape=(8
     return (losses if stage.last else []), grads, timelines
 
 
-# %% chapters/18_parallelism.md:1772
+# %% chapters/18_parallelism.md:1754
 @torch.inference_mode()
 def forward_ms(rank, world_size, config, num_tokens, repeats=9):
     """(ms with, ms without the collectives) of one tensor-parallel forward pass

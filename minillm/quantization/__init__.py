@@ -9,6 +9,7 @@ calibration              chapters/13_quantization.md
 checkpoint               chapters/13_quantization.md
 fp8                      chapters/13_quantization.md
 gptq                     chapters/13_quantization.md
+kv_fp8                   chapters/13_quantization.md
 methods                  chapters/13_quantization.md
 quality                  chapters/13_quantization.md
 rotation                 chapters/13_quantization.md

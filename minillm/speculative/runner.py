@@ -205,16 +205,11 @@ class SpeculativeRunnerMixin:
 
     # %% chapters/14_speculative.md:1788
     @torch.inference_mode()
-    def execute_model(self, output, kv_cache_manager) -> ModelRunnerOutput:
+    def execute_model(self, output) -> ModelRunnerOutput:
         requests = output.scheduled_requests
         query_lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
-        if isinstance(self.proposer, DraftModelProposer):  # it writes the same slots
-            self.block_tables = {
-                r.request_id: kv_cache_manager.get_block_ids(r.request_id)
-                for r in requests
-            }
         patch = self.patch_for_pending(output)  # EAGLE's drafts, on the device
-        hidden = self.forward_with_proposals(output, kv_cache_manager, patch)
+        hidden = self.forward_with_proposals(output, patch)
         self.settle_proposals()  # to the host, for the verification
         ends = list(accumulate(query_lens))  # each sequence's end in the flat batch
         rows, drafts = {}, {}
@@ -232,22 +227,22 @@ class SpeculativeRunnerMixin:
                     self.proposer.observe(r.request_id, start, hidden[end - n : end])
         return self.verify_and_propose(requests, hidden, rows, drafts)
 
-    # %% chapters/14_speculative.md:1825
-    def forward_with_proposals(self, output, kv_cache_manager, patch=None) -> Tensor:
+    # %% chapters/14_speculative.md:1820
+    def forward_with_proposals(self, output, patch=None) -> Tensor:
         """Hidden states (num_tokens, hidden) of the step, each request's chunk
         running on into its proposals; patch(ids): see patch_for_pending."""
         if isinstance(self, GPUModelRunner):  # its persistent batch reads them
             self.previous = None  # sampled in step: no placeholder follows
-            return self.forward(output, kv_cache_manager, patch)[1]
+            return self.forward(output, patch)[1]
         # chapter 7's inputs, each chunk running on into the request's proposals
-        return self.run_forward(output, kv_cache_manager, lambda r: r.spec_token_ids)[0]
+        return self.run_forward(output, lambda r: r.spec_token_ids)[0]
 
     def speculating(self, batch_size: int) -> bool:
         """False once a step holds disable_by_batch_size requests or more."""
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/14_speculative.md:1863
+    # %% chapters/14_speculative.md:1858
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -283,7 +278,7 @@ class SpeculativeRunnerMixin:
             r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
 
-    # %% chapters/14_speculative.md:1908
+    # %% chapters/14_speculative.md:1903
     def propose(self, requests, contexts, ks) -> list[list[int]]:
         """Up to ks[i] tokens to follow contexts[i], for each request."""
         if isinstance(self.proposer, NgramProposer):
@@ -295,7 +290,8 @@ class SpeculativeRunnerMixin:
             if self.proposer.graphs is not None:  # read in the next step
                 return self.proposer.propose_async(ids, contexts, ks)
             return self.proposer.propose(ids, contexts, ks)
-        tables = [self.block_tables[r.request_id] for r in requests]
+        # the runner's own tables (a draft model writes the same slots)
+        tables = [self.block_ids(r.request_id) for r in requests]
         # a draft model writes K/V up to the last proposal but one: only as far
         # as the blocks the request holds
         size = self.kv_cache.block_size
@@ -313,7 +309,7 @@ class SpeculativeRunnerMixin:
             for r, proposal in zip(chosen, read()):
                 r.spec_token_ids = proposal
 
-    # %% chapters/14_speculative.md:1947
+    # %% chapters/14_speculative.md:1943
     def patch_for_pending(self, output):
         """A function writing the drafts still on the device into the step's token
         ids on the device, where the chunks reach them (None: nothing to write)."""
@@ -351,7 +347,7 @@ class SpeculativeRunnerMixin:
             self.patch_indices[key] = upload(dst, self.device), upload(src, self.device)
         return self.patch_indices[key]
 
-    # %% chapters/14_speculative.md:1993
+    # %% chapters/14_speculative.md:1989
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
         stop token id), as the engine's stop check sees them one by one."""
@@ -363,7 +359,7 @@ class SpeculativeRunnerMixin:
                 return tokens[: i + 1]
         return tokens
 
-    # %% chapters/14_speculative.md:2027
+    # %% chapters/14_speculative.md:2023
     def verify(self, verified, hidden: Tensor, rows, drafts) -> dict[str, list[int]]:
         flat = [i for r in verified for i in rows[r.request_id]]
         logits = self.model.compute_logits(hidden[flat])  # (num_rows, vocab)
@@ -385,6 +381,7 @@ class SpeculativeRunnerMixin:
             out[r.request_id], row = tokens, row + n
         return out
 
+    # %% chapters/14_speculative.md:2052
     def verify_greedy(self, chosen, hidden: Tensor, rows, drafts):
         """New tokens of plainly greedy requests, from one argmax of all rows."""
         flat = [i for r in chosen for i in rows[r.request_id]]
@@ -412,7 +409,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/14_speculative.md:2564
+    # %% chapters/14_speculative.md:2568
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 11's buckets whose tokens fit the step's budget, sharing chapter
@@ -439,7 +436,7 @@ class SpeculativeRunnerMixin:
             return verify
         return graphs
 
-    def launch(self, output, kv_cache_manager):
+    def launch(self, output):
         """Chapter 11's step launched ahead, for a step that neither verifies nor
         proposes; None (run it in step) for any other."""
         requests = output.scheduled_requests
@@ -448,9 +445,9 @@ class SpeculativeRunnerMixin:
         if isinstance(self.proposer, EagleProposer):
             self.proposer.features.clear()  # as a step too large to draft keeps none
         self.settle_proposals()  # none of them in this step; read them all the same
-        return super().launch(output, kv_cache_manager)
+        return super().launch(output)
 
-    # %% chapters/14_speculative.md:2713
+    # %% chapters/14_speculative.md:2717
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -465,7 +462,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
 
-# %% chapters/14_speculative.md:2083
+# %% chapters/14_speculative.md:2087
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls
