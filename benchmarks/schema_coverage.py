@@ -5,8 +5,12 @@ For every schema file, each library compiles it (a refusal is classified: minill
 GrammarError naming a keyword, another failure, or the time limit); then, for each
 library that compiled it, a seeded "random model" (a uniform choice among the tokens
 the mask allows) writes a few outputs in compact JSON, and jsonschema checks every
-output that finished. Each (schema, library) job runs in a forked child with a time
-limit, so a compile that hangs (in Python or in C++) is counted and stopped.
+output that finished. Each mask is timed twice: wall-clock, and as the thread's CPU
+time (which leaves out the time the OS gave other processes: on a shared machine the
+wall-clock p99 is mostly that). minillm also writes one walk with jump-forward
+decoding (the forced bytes' tokens appended without a model step), counted apart.
+Each (schema, library) job runs in a forked child with a time limit, so a compile
+that hangs (in Python or in C++) is counted and stopped.
 
     python benchmarks/schema_coverage.py /path/to/jsonschemabench/data/Glaiveai2K \
         /path/to/jsonschemabench/data/Github_medium --limit 50 \
@@ -34,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import environment, require_committed, save  # noqa: E402
 from minillm.structured.ir import GrammarError  # noqa: E402
+from minillm.structured.matcher import jump_forward_tokens  # noqa: E402
 from minillm.structured.processor import (  # noqa: E402
     GrammarCompiler,
     StructuredOutputsParams,
@@ -98,19 +103,20 @@ class Libraries:
             keyword, message = getattr(e, "keyword", None), str(e).splitlines()[0]
             if "is too few for this schema" in message:  # compiled; cannot finish
                 send(("compiled", 1e3 * (time.perf_counter() - t0), []))
-                return send(("outputs", [{"end": "over_budget"}] * walks, []))
+                return send(("outputs", [{"end": "over_budget"}] * walks, ([], [])))
             kind = "unsupported" if keyword else "refused"
             return send(("refused", kind, keyword or message[:120], message[:200]))
         ms = 1e3 * (time.perf_counter() - t0)
         send(("compiled", ms, [str(w.message)[:160] for w in caught]))
-        eos, outputs, mask_us = set(self.index.eos_token_ids), [], []
+        eos, outputs, mask_us, mask_cpu = set(self.index.eos_token_ids), [], [], []
         for _ in range(walks):
             proc = params.logits_processor(self.compiler, max_tokens=max_tokens)
             out, done = [], None
             for _ in range(max_tokens + 1):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 words = proc.next_token_mask(out)  # the mask alone, timed
                 mask_us.append(1e6 * (time.perf_counter() - t0))
+                mask_cpu.append(1e6 * (time.thread_time() - c0))
                 bits = torch.from_numpy(words.view("int32"))[:, None] >> SHIFTS & 1
                 allowed = torch.nonzero(bits.flatten()[: self.index.vocab_size])
                 allowed = allowed.flatten().tolist()
@@ -126,7 +132,35 @@ class Libraries:
             outputs.append(
                 {"end": done or "unfinished", "text": text, "special": special}
             )
-        send(("outputs", outputs, mask_us))
+        jump = self.jump_forward_walk(params, rng, max_tokens)
+        send(("outputs", outputs, (mask_us, mask_cpu), [jump]))
+
+    def jump_forward_walk(self, params, rng, max_tokens):
+        """One more walk, with jump-forward: the forced bytes' canonical tokens
+        (less the last) appended without a model step; counts both."""
+        proc = params.logits_processor(self.compiler, max_tokens=max_tokens)
+        eos, out, steps, done = set(self.index.eos_token_ids), [], 0, None
+        appended = 0
+        while len(out) <= max_tokens and done is None:
+            forced = jump_forward_tokens(proc.matcher(out))[: max_tokens - len(out)]
+            out += forced
+            appended += len(forced)
+            bits = torch.from_numpy(proc.next_token_mask(out).view("int32"))
+            bits = (bits[:, None] >> SHIFTS & 1).flatten()[: self.index.vocab_size]
+            allowed = torch.nonzero(bits).flatten().tolist()
+            steps += 1  # one model step: a token sampled under the mask
+            if not allowed:
+                done = "stuck"
+            elif (token := rng.choice(allowed)) in eos:
+                done = "finished"
+            elif len(out) < max_tokens:
+                out.append(token)
+            else:
+                break
+        text, special = self.text(out)
+        end = done or "unfinished"
+        return {"end": end, "text": text, "special": special, "tokens": len(out),
+                "model_steps": steps, "appended": appended}  # fmt: skip
 
     def xgrammar(self, schema, rng, walks, max_tokens, send):
         """Compile with xgrammar (compact JSON, its own defaults otherwise), walk."""
@@ -140,13 +174,14 @@ class Libraries:
             return send(("refused", "refused", message[:120], message[:200]))
         send(("compiled", 1e3 * (time.perf_counter() - t0)))
         bitmask = xgr.allocate_token_bitmask(1, self.xgr_info.vocab_size)
-        outputs, mask_us = [], []
+        outputs, mask_us, mask_cpu = [], [], []
         for _ in range(walks):
             m, out, done = xgr.GrammarMatcher(compiled), [], None
             for _ in range(max_tokens + 1):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 m.fill_next_token_bitmask(bitmask)
                 mask_us.append(1e6 * (time.perf_counter() - t0))
+                mask_cpu.append(1e6 * (time.thread_time() - c0))
                 bits = (bitmask[0, :, None] >> SHIFTS) & 1  # (words, 32)
                 allowed = torch.nonzero(bits.flatten()).flatten().tolist()
                 if not allowed:
@@ -164,7 +199,7 @@ class Libraries:
             outputs.append(
                 {"end": done or "unfinished", "text": text, "special": special}
             )
-        send(("outputs", outputs, mask_us))
+        send(("outputs", outputs, (mask_us, mask_cpu)))
 
 
 SHIFTS = torch.arange(32, dtype=torch.int32)
@@ -205,7 +240,9 @@ def run_job(libs, lib, schema, seed, walks, max_tokens, limit_s):
             if len(message) > 2 and message[2]:
                 row["warnings"] = message[2]
         if message[0] == "outputs":
-            row["outputs"], row["mask_us"] = message[1], message[2]
+            row["outputs"], (row["mask_us"], row["mask_cpu_us"]) = message[1:3]
+            if len(message) > 3:  # minillm's jump-forward walk
+                row["jump"] = message[3]
             break
     proc.kill()
     proc.join()
@@ -253,16 +290,18 @@ def judge(validator, outputs, relaxed=None):
     return verdicts
 
 
-def mask_percentiles(times: list[float]) -> dict:
-    """p50 / p99 of the per-token mask times (microseconds), over every step."""
+def mask_percentiles(times: list[float], name: str = "mask_us") -> dict:
+    """p50 / p99 of the per-token mask times (microseconds), over every step:
+    wall-clock ("mask_us"), or the thread's CPU time ("mask_cpu_us": the time
+    the mask took, less the time the OS gave other processes meanwhile)."""
     if not times:
-        return {"mask_us_p50": None, "mask_us_p99": None, "mask_steps": 0}
+        return {f"{name}_p50": None, f"{name}_p99": None, "mask_steps": 0}
     times = sorted(times)
     p50, p99 = (
         times[len(times) // 2],
         times[min(len(times) - 1, len(times) * 99 // 100)],
     )
-    return {"mask_us_p50": round(p50, 1), "mask_us_p99": round(p99, 1),
+    return {f"{name}_p50": round(p50, 1), f"{name}_p99": round(p99, 1),
             "mask_steps": len(times)}  # fmt: skip
 
 
@@ -270,6 +309,24 @@ def relaxed_checker(schema):
     """checker() of guaranteed(schema), or None where the two are the same."""
     loose = guaranteed(schema)
     return None if loose == schema else checker(loose)
+
+
+def jump_summary(jobs) -> dict:
+    """The jump-forward walks: tokens written, model steps taken, verdicts."""
+    walks = [o for j in jobs for o in j.get("jump", [])]
+    if not walks:
+        return {}
+    verdicts = collections.Counter(v for j in jobs for v in j.get("jump_verdicts", []))
+    tokens = sum(o["tokens"] for o in walks)
+    steps = sum(o["model_steps"] for o in walks)
+    return {"jump_forward": {
+        "walks": len(walks), "tokens": tokens, "model_steps": steps,
+        "tokens_appended": sum(o["appended"] for o in walks),
+        "finished": sum(verdicts[v] for v in ("valid", "invalid", "approximated",
+                                              "unchecked")),
+        "valid": verdicts["valid"], "invalid": verdicts["invalid"],
+        "approximated": verdicts["approximated"],
+    }}  # fmt: skip
 
 
 def summarize(rows):
@@ -303,6 +360,9 @@ def summarize(rows):
             },
             "compile_ms_median": ms[len(ms) // 2] if ms else None,
             **mask_percentiles([t for r in rows for t in r[lib].get("mask_us", [])]),
+            **mask_percentiles(
+                [t for r in rows for t in r[lib].get("mask_cpu_us", [])], "mask_cpu_us"
+            ),
             "schemas_with_warnings": sum(bool(r[lib].get("warnings")) for r in rows),
             "outputs_with_special_tokens": sum(r[lib].get("special", 0) for r in rows),
             "refusals": dict(
@@ -310,6 +370,7 @@ def summarize(rows):
                     r[lib]["detail"] for r in rows if r[lib]["status"] != "compiled"
                 ).most_common()
             ),
+            **jump_summary([r[lib] for r in rows]),
             "schemas_all_valid": sum(
                 bool(r[lib].get("verdicts")) and set(r[lib]["verdicts"]) == {"valid"}
                 for r in rows
@@ -376,6 +437,10 @@ def main():
                     if v == "invalid"
                 ]
                 job["special"] = sum(o.get("special", 0) > 0 for o in outputs)
+                if "jump" in job:  # judged as the others; its text is not kept
+                    job["jump_verdicts"] = judge(validator, job["jump"], relaxed)
+                    for o in job["jump"]:
+                        o.pop("text")
                 row[lib] = job
             rows.append(row)
             print(
@@ -392,6 +457,7 @@ def main():
         for row in rows:  # the per-step times live on in the summary's percentiles
             for lib in ("minillm", "xgrammar"):
                 row[lib].pop("mask_us", None)
+                row[lib].pop("mask_cpu_us", None)
     from importlib.metadata import version
 
     env = environment()
@@ -425,6 +491,15 @@ def main():
             f"{s['minillm']['finished']}, xgrammar {s['xgrammar']['valid']}/"
             f"{s['xgrammar']['finished']}"
         )
+        for lib in ("minillm", "xgrammar"):
+            t = s[lib]
+            print(
+                f"  {lib}: compile median {t['compile_ms_median']} ms; mask p50/p99 "
+                f"{t['mask_us_p50']}/{t['mask_us_p99']} us wall, "
+                f"{t['mask_cpu_us_p50']}/{t['mask_cpu_us_p99']} us CPU"
+            )
+        if "jump_forward" in s["minillm"]:
+            print(f"  jump-forward: {s['minillm']['jump_forward']}")
     print(f"wrote {path}")
     return path
 

@@ -218,3 +218,26 @@ def test_set_bits_equals_setting_each_bit():
             expected[t >> 5] |= np.uint32(1 << (t & 31))
         set_bits(words, tokens)
         assert np.array_equal(words, expected)
+
+
+def test_bound_counts_the_tokens_that_leave_a_rule(compiler):
+    """Where a token leaves a rule and enters another that needs many tokens (`","`
+    inside a long string of an array: a new string of 150 or more characters), the
+    budget's bound counts that token on the real stacks, and its masks equal the
+    reference's for every room up to past the bound."""
+    schema = {"type": "array", "items": {"type": "string", "minLength": 150,
+              "maxLength": 600}}  # fmt: skip
+    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    proc = params.logits_processor(compiler, max_tokens=200)
+    budget, c = proc.budget, proc.compiled
+    stacks = c.advance(c.initial, b'["' + b"a" * 160)
+    closed = c.closure(stacks)
+    assert len(c.unsure_tokens(closed))  # `"` closes a string of a rule of its own
+    worst = max(
+        int(budget.dist[list(s[:-1])].sum()) + budget.worst_after(s[-1]) for s in closed
+    )
+    bound = budget.bound(stacks)
+    assert bound > worst  # raised by a token that starts the next string
+    for remaining in range(1, bound + 4):
+        expected = reference_next_token_mask(proc, (stacks, False), remaining)
+        assert np.array_equal(budget.final_mask(stacks, remaining), expected)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3742
+# %% chapters/15_structured_output.md:3942
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -28,13 +28,12 @@ from minillm.structured.token_index import TokenIndex
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3769
+# %% chapters/15_structured_output.md:3969
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
         self.dist = token_distances(compiled)
         self.worst: dict[int, int] = {}  # state -> the largest distance after a token
-        self.walks: dict[int, tuple] = {}  # state -> (token ids, their end states)
         # stacks -> the room below which the budget may cut tokens (INF: always)
         self.bites_below: OrderedDict[Stacks, int] = OrderedDict()
         self.cuts: OrderedDict[tuple[Stacks, int], np.ndarray] = OrderedDict()
@@ -46,12 +45,9 @@ class FinishBudget:
         return min(int(self.dist[list(s)].sum()) for s in self.compiled.closure(stacks))
 
     def token_walk(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """The tokens state g accepts inside its rule, and the state each ends in."""
-        if g not in self.walks:
-            c = self.compiled
-            accepted, _ = c.index.walk(c.grammar.table, g, c.events)
-            self.walks[g] = c.index.token_ids(accepted, with_states=True)
-        return self.walks[g]
+        """The tokens state g accepts inside its rule, and the state each ends in
+        (the mask's own walk, not a second one)."""
+        return self.compiled.token_walk(g)
 
     def worst_after(self, g: int) -> int:
         """The largest distance left after one token that stays in state g's rule."""
@@ -59,10 +55,11 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:3980
+    # %% chapters/15_structured_output.md:4176
     def bound(self, stacks: Stacks) -> int:
-        """The room below which the budget may cut tokens from the mask of stacks
-        (INF: any room, where uncertain tokens leave a rule), remembered per stacks."""
+        """The room below which the budget may cut tokens from the mask of stacks:
+        the most tokens any allowed token leaves to finish (an uncertain one's
+        counted on the real stacks, as mask does), remembered per stacks."""
         bound = self.bites_below.get(stacks)
         if bound is None:
             c = self.compiled
@@ -71,7 +68,9 @@ class FinishBudget:
                 int(self.dist[list(s[:-1])].sum()) + self.worst_after(s[-1])
                 for s in closed
             )
-            bound = INF if len(c.unsure_tokens(closed)) else worst
+            token_bytes = c.index.token_bytes
+            after = (c.advance(closed, token_bytes[t]) for t in c.unsure_tokens(closed))
+            bound = max([worst, *(self.min_tokens(a) for a in after if a is not None)])
             c._remember(self.bites_below, stacks, bound)
         return bound
 
@@ -97,7 +96,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:4049
+    # %% chapters/15_structured_output.md:4252
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow). Remembered per stacks where the
@@ -132,7 +131,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:3810
+# %% chapters/15_structured_output.md:4006
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -172,7 +171,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:3861
+# %% chapters/15_structured_output.md:4057
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -218,7 +217,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/15_structured_output.md:4021
+# %% chapters/15_structured_output.md:4220
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

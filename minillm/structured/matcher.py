@@ -47,6 +47,7 @@ class CompiledGrammar:
         self.num_words = (index.vocab_size + 31) // 32
         self.eos = np.array(index.eos_token_ids, dtype=np.int64)
         self.state_masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.walks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ids, end states
         self.masks: OrderedDict[Stacks, np.ndarray] = OrderedDict()
         self.closures: OrderedDict[Stacks, Stacks] = OrderedDict()
         # (stacks, token id) -> stacks after it: the engine's per-step advance
@@ -63,21 +64,54 @@ class CompiledGrammar:
     def state_mask(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """(packed mask of the tokens DFA state g accepts, uncertain token ids)."""
         if g not in self.state_masks:
-            accepted, uncertain = self.index.walk(self.grammar.table, g, self.events)
+            ids, ends, uncertain = self.walk_state(g)
+            self.walks[g] = (ids, ends)  # the budget's walk: the same one, kept
             allowed = np.zeros(self.index.vocab_size, bool)
-            allowed[self.index.token_ids(accepted)] = True
-            self.state_masks[g] = (
-                pack(allowed, self.num_words),
-                self.index.token_ids(uncertain),
-            )
+            allowed[ids] = True
+            self.state_masks[g] = (pack(allowed, self.num_words), uncertain)
         return self.state_masks[g]
+
+    def full_walk(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(accepted ids, the state each ends in, uncertain ids): the whole trie
+        walked from g (the reference for walk_state, below)."""
+        accepted, uncertain = self.index.walk(self.grammar.table, g, self.events)
+        ids, ends = self.index.token_ids(accepted, with_states=True)
+        return ids, ends, self.index.token_ids(uncertain)
+
+    def token_walk(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens state g accepts inside its rule, and the state each ends in
+        (one trie walk per state serves the mask and the finish budget)."""
+        if g not in self.walks:
+            self.state_mask(g)
+        return self.walks[g]
 
     def precompute(self) -> None:
         """Every state's mask now (as outlines and xgrammar do when compiling)."""
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:3450
+    # %% chapters/15_structured_output.md:3536
+    def walk_state(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """full_walk(g): plain tokens by their lengths along plain_chain, where
+        it holds, and the other tokens walked apart."""
+        index, table, sink = self.index, self.grammar.table, self.grammar.SINK
+        chain = None
+        if (table[g] != sink).sum() >= 128:  # inside a string, perhaps
+            chain = plain_chain(table, self.events, g, len(index.levels))
+        if chain is None:
+            return self.full_walk(g)
+        ids, lengths, others = plain_index(index)
+        ends = chain[lengths]
+        alive = ends != sink
+        accepted, uncertain = others.walk(table, g, self.events)
+        other_ids, other_ends = others.token_ids(accepted, with_states=True)
+        return (
+            np.concatenate([ids[alive], other_ids]),
+            np.concatenate([ends[alive], other_ends]),
+            others.token_ids(uncertain),
+        )
+
+    # %% chapters/15_structured_output.md:3560
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -106,7 +140,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:3488
+    # %% chapters/15_structured_output.md:3598
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -150,7 +184,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:3542
+    # %% chapters/15_structured_output.md:3652
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -168,7 +202,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/15_structured_output.md:3576
+    # %% chapters/15_structured_output.md:3686
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -195,7 +229,48 @@ class CompiledGrammar:
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
 
-# %% chapters/15_structured_output.md:3605
+# %% chapters/15_structured_output.md:3491
+PLAIN = np.array(sorted(set(range(0x20, 0x7F)) - {ord('"'), ord("\\")}))
+
+
+def plain_chain(table: np.ndarray, events, g: int, depth: int) -> np.ndarray | None:
+    """(depth + 1,) the states that 0, 1, ..., depth plain bytes lead to from g
+    (SINK once they die); None where some state on the way moves its plain bytes
+    to different states, or may leave the rule on one (an event)."""
+    sink = table.shape[0] - 1
+    chain, s = np.full(depth + 1, sink, np.int64), g
+    for n in range(depth + 1):
+        chain[n] = s
+        if s == sink or n == depth:
+            break
+        row = table[s, PLAIN]
+        if (row != row[0]).any() or (events is not None and events[s, PLAIN].any()):
+            return None
+        if row[0] == s:  # a loop: the same state for every length from here
+            chain[n:] = s
+            break
+        s = int(row[0])
+    return chain
+
+
+def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
+    """(plain token ids, their lengths, the other tokens as an index of their
+    own), kept on the index: once per tokenizer."""
+    if "plain" not in index.__dict__:
+        ok = np.zeros(256, bool)
+        ok[PLAIN] = True
+        spelled = [b or b"\0" for b in index.token_bytes]  # a special: not plain
+        lengths = np.array([len(b) for b in spelled], np.int64)
+        bad = ~ok[np.frombuffer(b"".join(spelled), np.uint8)]  # one pass, all bytes
+        plain = np.add.reduceat(bad, np.cumsum(lengths) - lengths) == 0
+        ids = np.flatnonzero(plain)
+        rest = [None if p else b for p, b in zip(plain.tolist(), index.token_bytes)]
+        others = TokenIndex(rest, index.eos_token_ids)
+        index.__dict__["plain"] = (ids, lengths[ids], others)
+    return index.__dict__["plain"]
+
+
+# %% chapters/15_structured_output.md:3715
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -209,7 +284,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:3620
+# %% chapters/15_structured_output.md:3730
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -245,7 +320,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:3663
+    # %% chapters/15_structured_output.md:3773
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
@@ -277,3 +352,34 @@ class GrammarMatcher:
             out.append(nexts.pop())
             stacks = c.advance(stacks, bytes(out[-1:]))
         return bytes(out)
+
+
+# %% chapters/15_structured_output.md:3860
+def canonical_tokens(index: TokenIndex, data: bytes) -> list[int]:
+    """data cut into the vocabulary's longest tokens, left to right."""
+    table = index.__dict__.get("token_of")
+    if table is None:  # bytes -> the lowest id that spells them, once per index
+        table = index.__dict__["token_of"] = {}
+        for i, b in enumerate(index.token_bytes):
+            if b:
+                table.setdefault(b, i)
+    out, i, longest = [], 0, len(index.levels)
+    while i < len(data):
+        for n in range(min(longest, len(data) - i), 0, -1):
+            t = table.get(data[i : i + n])
+            if t is not None:
+                out.append(t)
+                i += n
+                break
+        else:
+            raise ValueError(f"no token spells byte {data[i]:#x}")
+    return out
+
+
+def jump_forward_tokens(matcher: GrammarMatcher) -> list[int]:
+    """The tokens to append without a model step: the forced bytes' canonical
+    tokens less the last (the model samples that one, under the mask)."""
+    forced = matcher.find_jump_forward_string()
+    if not forced:
+        return []
+    return canonical_tokens(matcher.compiled.index, forced)[:-1]

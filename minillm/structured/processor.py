@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:4292
+# %% chapters/15_structured_output.md:4495
 """Structured output in the engine: vLLM's StructuredOutputsParams compiled into a
 logits processor, a compiler with caches, and the hook that applies a request's
 `structured_outputs` (chapter 15).
@@ -36,12 +36,17 @@ from minillm.structured.charset import utf8
 from minillm.structured.grammar import Grammar
 from minillm.structured.ir import GrammarError, alt, lit
 from minillm.structured.json_schema import JsonOptions, SchemaCompiler
-from minillm.structured.matcher import CompiledGrammar, GrammarMatcher, set_bits
+from minillm.structured.matcher import (
+    CompiledGrammar,
+    GrammarMatcher,
+    plain_index,
+    set_bits,
+)
 from minillm.structured.regex import regex_expr
 from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 
 
-# %% chapters/15_structured_output.md:4332
+# %% chapters/15_structured_output.md:4540
 def grammar_rules(so: sampling_params.StructuredOutputsParams) -> dict:
     """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
     options = JsonOptions(not so.disable_any_whitespace, so.whitespace_pattern)
@@ -82,7 +87,7 @@ def logits_processor(so, compiler, max_tokens: int | None = None):
     return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:4374
+# %% chapters/15_structured_output.md:4582
 class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
     """Chapter 6's constraint (vLLM's fields) with this chapter's functions as
     methods; chapter 6's own instances compile the same way."""
@@ -97,7 +102,7 @@ class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
         return logits_processor(self, compiler, max_tokens)
 
 
-# %% chapters/15_structured_output.md:4395
+# %% chapters/15_structured_output.md:4603
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -113,6 +118,7 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self.fingerprint = vocabulary_fingerprint(self.index)
         COMPILERS.setdefault(self.fingerprint, self)  # "Sent elsewhere"
+        plain_index(self.index)  # the walk by plain bytes' split, built once
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         key = constraint_key(params)
@@ -131,7 +137,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4435
+# %% chapters/15_structured_output.md:4644
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -164,7 +170,7 @@ class StructuredOutputLogitsProcessor:
         params, fingerprint = self.source
         return _rebuild, (params, self.max_tokens, fingerprint)
 
-    # %% chapters/15_structured_output.md:4475
+    # %% chapters/15_structured_output.md:4684
     def matcher(self, output_token_ids) -> GrammarMatcher:
         if self.last is not None:  # the last output, extended: no key to build
             seen, m = self.last  # seen: the processor's own list
@@ -200,7 +206,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4514
+    # %% chapters/15_structured_output.md:4723
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -218,7 +224,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4554
+    # %% chapters/15_structured_output.md:4763
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -265,7 +271,7 @@ class StructuredOutputLogitsProcessor:
         return apply
 
 
-# %% chapters/15_structured_output.md:4603
+# %% chapters/15_structured_output.md:4812
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -275,7 +281,7 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4622
+# %% chapters/15_structured_output.md:4831
 def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     """[p.next_token_mask(ids) for each row], the common case inlined."""
     masks = []
@@ -306,14 +312,14 @@ def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     return masks
 
 
-# %% chapters/15_structured_output.md:4654
+# %% chapters/15_structured_output.md:4863
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4689
+# %% chapters/15_structured_output.md:4898
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -351,7 +357,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4763
+# %% chapters/15_structured_output.md:4972
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -384,7 +390,7 @@ def structured_outputs_from_response_format(
         raise GrammarError(str(e)) from None
 
 
-# %% chapters/15_structured_output.md:4841
+# %% chapters/15_structured_output.md:5050
 def structured_outputs_hook(engine, params: SamplingParams) -> SamplingParams:
     """Chapter 7's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
     logits processor, compiled for the engine's tokenizer."""
@@ -422,7 +428,7 @@ REQUEST_HOOKS[:] = [h for h in REQUEST_HOOKS if h.__name__ != "structured_output
 REQUEST_HOOKS.append(structured_outputs_hook)
 
 
-# %% chapters/15_structured_output.md:5369
+# %% chapters/15_structured_output.md:5579
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 

@@ -1,0 +1,70 @@
+"""Chapter 15's walk by plain bytes: inside a string, plain tokens allowed by their
+length along the chain of states, the other tokens walked apart, against the whole
+trie walked from each state."""
+
+import pytest
+
+from minillm.structured.matcher import (
+    PLAIN,
+    CompiledGrammar,
+    plain_chain,
+    plain_index,
+)
+from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
+
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "code": {"type": "string", "pattern": "^[a-z]+$"},
+            "short": {"type": "string", "maxLength": 5},
+            "long": {"type": "string", "minLength": 3, "maxLength": 120},
+        },
+        "required": ["name"],
+    },
+    {"type": "array", "items": {"type": "string", "maxLength": 700}},
+    {"type": "string", "format": "date-time"},
+]
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny):
+    return GrammarCompiler(tiny[1])
+
+
+def same_walk(a, b) -> bool:
+    """Two (ids, end states, uncertain ids): the same tokens, each ending in the
+    same state, and the same uncertain tokens."""
+    pairs = set(zip(a[0].tolist(), a[1].tolist()))
+    ref = set(zip(b[0].tolist(), b[1].tolist()))
+    return pairs == ref and len(a[0]) == len(b[0]) and set(a[2]) == set(b[2])
+
+
+def test_plain_index_splits_the_vocabulary(compiler):
+    index = compiler.index
+    ids, lengths, others = plain_index(index)
+    plain = set(PLAIN.tolist())
+    for t, n in zip(ids.tolist(), lengths.tolist()):
+        assert set(index.token_bytes[t]) <= plain and len(index.token_bytes[t]) == n
+    rest = {int(t) for t in others.sorted_ids}
+    spelled = {t for t, b in enumerate(index.token_bytes) if b}
+    assert rest | set(ids.tolist()) == spelled and not rest & set(ids.tolist())
+
+
+@pytest.mark.parametrize("whitespace", [True, False])
+def test_walk_by_plain_bytes_equals_the_whole_walk_on_every_state(compiler, whitespace):
+    index, chained = compiler.index, 0
+    for schema in SCHEMAS:
+        params = StructuredOutputsParams(
+            json=schema, disable_any_whitespace=not whitespace
+        )
+        compiled = CompiledGrammar(compiler.compile(params).grammar, index)
+        g_ = compiled.grammar
+        for g in range(g_.num_states):
+            assert same_walk(compiled.walk_state(g), compiled.full_walk(g)), g
+            dense = (g_.table[g] != g_.SINK).sum() >= 128
+            args = (g_.table, compiled.events, g, len(index.levels))
+            chained += bool(dense and plain_chain(*args) is not None)
+    assert chained >= 10  # plain strings and bounded ones took the chain
