@@ -6,13 +6,17 @@ decoder layer (q/k/v and gate/up merged, as the engine runs them), M = 1 .. 256 
 bf16 activations, RTN weights with groups of 128. In the same run:
 
 - `cublas`: F.linear on the bf16 weight (the unquantized baseline);
+- `w4a16`: `w4a16_matmul` at its default knobs on the weights in the kernel's layout
+  (`shuffle_int4`), one kernel for every M: what `Int4Linear` runs;
+- `w4a16_plain`: the same kernel on `pack_int4`'s layout (the shuffle's A/B);
 - `fused`: `int4_matmul` at its default knobs (the fused Triton kernel);
 - `fused_nofold`: the same with fold=False (scale and zero applied to every weight),
   on the Llama-3.1-8B shapes;
 - `gemv`: `int4_gemv` at its default knobs (the CUDA-core GEMV, a program per row),
   up to 16 rows;
 - `dequant_cublas`: `dequantize_int4` then cuBLAS on the dense weight;
-- `int4_linear`: what the engine runs (the path picked by M, FUSED_MAX_M);
+- `int4_linear`: what the engine runs on the shuffled weights (`w4a16` through the
+  custom operator);
 - `tinygemm`: `torch._weight_int4pack_mm` on the same codes, scales and zeros.
 
 Each product is checked against the reference (the dequantized weight through
@@ -23,6 +27,9 @@ come from HBM. Achieved bandwidth: the bytes of the weights as stored (bf16, or 
 scales + zeros) over the time, next to the device-to-device copy bandwidth measured in
 the same run.
 
+--w4a16-sweep: a grid of w4a16_matmul's knobs on the four Llama-3.1-8B projections at
+every M of --rows (where w4a16_config's knobs come from).
+--methods: time only these methods (cublas and tinygemm are the baselines).
 --sweep: a grid of the fused kernel's knobs on Llama-3.1-8B's down_proj and
 gate_up_proj at M = 1, 16, 64, 256 (where default_config's knobs come from).
 --gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1 (stored by
@@ -59,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import copy_bandwidth, environment, require_committed, save  # noqa: E402
 from benchmarks.decode_gemm import LLAMA_8B_SHAPES  # noqa: E402
 from benchmarks.decode_gemm import SHAPES as GEMM_SHAPES  # noqa: E402
-from minillm.int4 import Int4Weight, quantize_rtn  # noqa: E402
+from minillm.int4 import Int4Weight, quantize_rtn, shuffle_int4  # noqa: E402
 from minillm.kernels.int4_gemm import (  # noqa: E402
     FUSED_MAX_M,
     GEMV_MAX_M,
@@ -70,6 +77,9 @@ from minillm.kernels.int4_gemm import (  # noqa: E402
     int4_linear,
     int4_matmul,
     num_sms,
+    w4a16_config,
+    w4a16_matmul,
+    w4a16_split,
 )
 
 # (model, projection) -> (N, K): out_features, in_features
@@ -81,6 +91,8 @@ ROTATE_BYTES = 200 << 20
 TOLERANCE = 2e-2  # max |y - reference| / max |reference| in bf16
 METHODS = (
     "cublas",
+    "w4a16",
+    "w4a16_plain",
     "fused",
     "fused_nofold",
     "gemv",
@@ -162,6 +174,8 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
             n_dense = n_int4 = 2
         dense_copies = [dense] + [dense.roll(i, 0) for i in range(1, n_dense)]
         int4_copies = rotated_int4(qw, n_int4)
+        shuffled = Int4Weight(shuffle_int4(qw.qweight), qw.scales, qw.zeros, GROUP)
+        shuffled_copies = rotated_int4(shuffled, n_int4)  # the kernel's layout
         tiny_copies = None
         if device.type == "cuda":
             try:
@@ -173,22 +187,32 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
             ref = F.linear(x, dense)
             fns = {
                 "cublas": lambda w: F.linear(x, w),
+                "w4a16": lambda w: w4a16_matmul(x, w),
+                "w4a16_plain": lambda w: w4a16_matmul(x, w, shuffled=False),
                 "fused": lambda w: int4_matmul(x, w),
                 # scale and zero applied per weight (the fold's baseline), 8B only
                 "fused_nofold": lambda w: int4_matmul(x, w, fold=False),
                 "gemv": lambda w: int4_gemv(x, w),  # up to 16 rows
                 "dequant_cublas": lambda w: x @ dequantize_int4(w),
-                "int4_linear": lambda w: int4_linear(x, w),
+                "int4_linear": lambda w: int4_linear(x, w, shuffled=True),
                 "tinygemm": lambda w: torch._weight_int4pack_mm(x, w[0], GROUP, w[1]),
             }
             row = dict(model=model, name=name, N=N, K=K, M=M)
             row.update(bf16_bytes=w0.nbytes, int4_bytes=int4_bytes(qw))
             row["config"] = default_config(M, N, K, GROUP, num_sms(device))
             row["gemv_config"] = gemv_config(M, N, K, GROUP, num_sms(device))
+            cfg = w4a16_config(M, N, K, num_sms(device))
+            bm, bn = cfg["block_m"], cfg["block_n"]
+            split = w4a16_split(M, N, K, bm, bn, num_sms(device))
+            row["w4a16_config"] = {**cfg, "split_k": split}
             for method, fn in fns.items():
                 copies = dict(cublas=dense_copies, tinygemm=tiny_copies).get(
                     method, int4_copies
                 )
+                if method in ("w4a16", "int4_linear"):
+                    copies = shuffled_copies
+                if args.methods and method not in (*args.methods, "cublas"):
+                    copies = None
                 if method == "fused_nofold" and model != "Llama-3.1-8B":
                     copies = None
                 if method == "gemv" and M > 16:
@@ -215,15 +239,23 @@ def products(args, device, per_call_us, copy_bw) -> list[dict]:
                 nbytes = row["bf16_bytes" if method == "cublas" else "int4_bytes"]
                 row[f"{method}_fraction_of_copy"] = nbytes / (us * 1e-6) / copy_bw
             rows.append(row)
-            print(
-                f"{model:12} {name:12} M {M:3}: "
-                + "  ".join(
-                    f"{m} {row[f'{m}_us']:.1f}" if row.get(f"{m}_us") else f"{m} -"
-                    for m in METHODS
-                ),
-                flush=True,
-            )
+            print(summary(row), flush=True)
     return rows
+
+
+def summary(row: dict) -> str:
+    """One line: times, w4a16 against bf16 and tinygemm, its fraction of the copy."""
+    times = "  ".join(
+        f"{m} {row[f'{m}_us']:.1f}" for m in METHODS if row.get(f"{m}_us")
+    )
+    line = f"{row['model']:12} {row['name']:12} M {row['M']:3}: {times}"
+    ours = row.get("w4a16_us")
+    if ours:
+        line += f" | x{row['cublas_us'] / ours:.2f} bf16"
+        if row.get("tinygemm_us"):
+            line += f" x{row['tinygemm_us'] / ours:.2f} tinygemm"
+        line += f" roofline {row['w4a16_fraction_of_copy']:.2f}"
+    return line
 
 
 SWEEP_SHAPES = (("Llama-3.1-8B", "down_proj"), ("Llama-3.1-8B", "gate_up_proj"))
@@ -307,6 +339,85 @@ def sweep(args, device, per_call_us, copy_bw, gemv=False) -> list[dict]:
                     f"best {us:.1f} us {knobs}"
                 )
     return out
+
+
+def w4a16_grid(M: int) -> list[dict]:
+    """The knobs --w4a16-sweep tries at M rows, the likeliest first."""
+    c = []
+    if M <= 2:  # the CUDA cores, a tile of rows as tall as the batch
+        for bn, nw in ((256, 4), (128, 4), (512, 8), (256, 8)):
+            for st in (3, 4):
+                c.append(dict(dot=False, fold=True, block_m=M, block_n=bn,
+                              num_warps=nw, num_stages=st))  # fmt: skip
+    if M <= 16:  # tl.dot on 16 rows, zero point folded
+        for bn, nw in ((128, 4), (64, 4), (256, 8), (128, 8)):
+            for st in (3, 5):
+                c.append(dict(dot=True, fold=True, block_m=16, block_n=bn,
+                              num_warps=nw, num_stages=st))  # fmt: skip
+        c.append(dict(dot=True, fold=False, block_m=16, block_n=128, num_warps=4,
+                      num_stages=3))  # fmt: skip
+        return c
+    bms = (32, 64) if M <= 32 else (64, 128) if M <= 128 else (128, 64)
+    for bm in bms:
+        for bn, nw in ((128, 8), (256, 8), (128, 4)):
+            for st in (3, 4):
+                c.append(dict(dot=True, fold=False, block_m=bm, block_n=bn,
+                              num_warps=nw, num_stages=st))  # fmt: skip
+    c.append(dict(dot=True, fold=True, block_m=bms[0], block_n=128, num_warps=8,
+                  num_stages=3))  # fmt: skip
+    return c
+
+
+def w4a16_sweep(args, device, per_call_us, copy_bw) -> list[dict]:
+    """Every (projection, rows) gets an equal share of the time budget; each knob
+    setting at its automatic split, and below 17 rows at twice that too."""
+    shapes = [k for k in SHAPES if k[0] == "Llama-3.1-8B"]
+    rows_swept = args.rows or ROWS
+    out, share = [], args.sweep_budget_s / (len(shapes) * len(rows_swept))
+    sms = num_sms(device)
+    for model, name in shapes:
+        N, K = SHAPES[model, name]
+        g = torch.Generator().manual_seed(N + K)
+        w0 = (torch.randn(N, K, generator=g) / K**0.5).to(device, torch.bfloat16)
+        qw = quantize_rtn(w0, GROUP)
+        ref_w = qw.dequantize(torch.bfloat16)
+        qs = Int4Weight(shuffle_int4(qw.qweight), qw.scales, qw.zeros, GROUP)
+        copies = rotated_int4(qs, max(2, math.ceil(ROTATE_BYTES / int4_bytes(qw))))
+        for M in rows_swept:
+            x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
+            ref, stop, timed = F.linear(x, ref_w), time.time() + share, []
+            for knobs in [w4a16_config(M, N, K, sms), *w4a16_grid(M)]:
+                auto = w4a16_split(M, N, K, knobs["block_m"], knobs["block_n"], sms)
+                for split in (auto, 2 * auto) if M <= 16 and timed else (auto,):
+                    if time.time() > stop and timed:
+                        break
+                    kn = {**knobs, "split_k": split}
+                    r = sweep_one(x, qs, copies, ref, kn, per_call_us, copy_bw)
+                    out.append(dict(name=name, N=N, K=K, M=M, knobs=kn, **r))
+                    timed += [out[-1]] if r.get("us") else []
+            if timed:
+                best = min(timed, key=lambda r: r["us"])
+                print(f"w4a16 sweep {name} M {M}: {len(timed)} knobs, default "
+                      f"{timed[0]['us']:.1f} us, best {best['us']:.1f} us "
+                      f"{best['knobs']}", flush=True)  # fmt: skip
+    return out
+
+
+def sweep_one(x, w, copies, ref, knobs, per_call_us, copy_bw) -> dict:
+    """One knob setting: checked against ref, then timed over the copies."""
+    try:
+        err = rel_error(w4a16_matmul(x, w, **knobs), ref)
+        if err > TOLERANCE:
+            return dict(rel_error=err, error="wrong result: not timed")
+        calls = [
+            lambda c=copies[i % len(copies)]: w4a16_matmul(x, c, **knobs)
+            for i in range(max(20, len(copies)))
+        ]
+        us = per_call_us(calls)
+    except Exception as e:  # a tile that does not fit: recorded
+        return dict(error=repr(e)[:200])
+    frac = int4_bytes(w) / (us * 1e-6) / copy_bw
+    return dict(us=us, rel_error=err, fraction_of_copy=frac)
 
 
 def generate(engine, request_id: str, prompt: list[int], n: int):
@@ -431,6 +542,8 @@ def main() -> None:
     parser.add_argument("--gemv-sweep", action="store_true", help="int4_gemv's knobs")
     parser.add_argument("--decode", action="store_true", help="batch-1 decode too")
     parser.add_argument("--models", nargs="*", default=None, help="e.g. Llama-3.1-8B")
+    parser.add_argument("--methods", nargs="*", default=None, help="e.g. w4a16 fused")
+    parser.add_argument("--w4a16-sweep", action="store_true", help="its knobs")
     parser.add_argument("--rows", nargs="*", type=int, default=None)
     parser.add_argument("--decode-shapes", nargs="*", default=None)
     parser.add_argument("--decode-repeats", type=int, default=3)
@@ -466,6 +579,8 @@ def main() -> None:
         record["rows"] = products(args, device, per_call_us, copy_bw)
     if args.sweep and device.type == "cuda":
         record["sweep"] = sweep(args, device, per_call_us, copy_bw)
+    if args.w4a16_sweep and device.type == "cuda":
+        record["w4a16_sweep"] = w4a16_sweep(args, device, per_call_us, copy_bw)
     if args.gemv_sweep and device.type == "cuda":
         record["gemv_sweep"] = sweep(args, device, per_call_us, copy_bw, gemv=True)
     if args.decode:

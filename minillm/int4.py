@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:178
+# %% chapters/12_int4_gemm.md:182
 """Weight-only INT4 (W4A16): the packed format, the reference product, the layer and
 the engine's "int4" quantization (chapter 12).
 
@@ -33,7 +33,7 @@ from minillm.model import CausalLM
 from minillm.registry import QUANTIZATION_METHODS, engine_options
 
 
-# %% chapters/12_int4_gemm.md:212
+# %% chapters/12_int4_gemm.md:216
 PACK = 8  # 4-bit codes per int32 word
 
 
@@ -53,7 +53,7 @@ def pack_int4(codes: Tensor) -> Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-# %% chapters/12_int4_gemm.md:235
+# %% chapters/12_int4_gemm.md:239
 def unpack_int4(words: Tensor) -> Tensor:
     """The inverse of pack_int4: words (K // 8, N) int32 -> codes (N, K) uint8."""
     KP, N = words.shape
@@ -62,7 +62,7 @@ def unpack_int4(words: Tensor) -> Tensor:
     return c.reshape(KP * PACK, N).T.to(torch.uint8).contiguous()  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:269
+# %% chapters/12_int4_gemm.md:273
 @dataclass(frozen=True)
 class Int4Weight:
     """A (N, K) weight in 4 bits, in the kernel's layout: qweight (K // 8, N) int32
@@ -104,7 +104,7 @@ class Int4Weight:
             group_size,
         )
 
-    # %% chapters/12_int4_gemm.md:316
+    # %% chapters/12_int4_gemm.md:320
     def to_codes(self) -> tuple[Tensor, Tensor, Tensor]:
         """(codes (N, K) uint8, scales (N, K // g), zeros (N, K // g))."""
         return unpack_int4(self.qweight), self.scales.T, self.zeros.T
@@ -118,7 +118,7 @@ class Int4Weight:
         return ((codes.float() - zeros) * scales).to(dtype)
 
 
-# %% chapters/12_int4_gemm.md:388
+# %% chapters/12_int4_gemm.md:392
 def quantize_rtn(weight: Tensor, group_size: int = 128) -> Int4Weight:
     """Round-to-nearest 4-bit codes for weight (N, K), a scale and zero per group of
     group_size input channels; scales in weight's dtype.
@@ -149,17 +149,40 @@ def int4_linear_ref(x: Tensor, weight: Int4Weight, bias: Tensor | None = None):
     return F.linear(x, weight.dequantize(x.dtype), bias)
 
 
-# %% chapters/12_int4_gemm.md:455
+# %% chapters/12_int4_gemm.md:466
+SHUFFLE = 128  # channels per block of the kernel's layout: one step of its loop
+
+
+def shuffle_int4(words: Tensor, inverse: bool = False) -> Tensor:
+    """pack_int4's words (K // 8, N) -> the same codes in the kernel's layout: in
+    each block of 128 channels, word row i holds channels i, 16 + i, ..., 112 + i
+    (nibble j is channel 16j + i) where pack_int4 put 8i .. 8i + 7.
+    inverse=True takes the kernel's layout back to pack_int4's.
+    """
+    KP, N = words.shape
+    if KP % (SHUFFLE // PACK):
+        raise ValueError(f"K={KP * PACK} is not a multiple of {SHUFFLE}")
+    codes = unpack_int4(words).view(N, KP // 16, 16, 8)  # (N, block, i, j): 8i + j
+    if inverse:  # kernel -> pack_int4: channel 16j + i is codes[.., i, j]
+        codes = codes.transpose(2, 3)  # (N, block, j, i) in the order 16j + i
+    else:  # pack_int4 -> kernel: (j, i) of channel 16j + i, then i-major
+        codes = codes.reshape(N, KP // 16, 8, 16).transpose(2, 3)
+    return pack_int4(codes.reshape(N, KP * PACK).contiguous())
+
+
+# %% chapters/12_int4_gemm.md:488
 class Int4Linear(nn.Module):
     """x @ W.T (+ bias) for a 4-bit W: the Triton kernel on CUDA, the reference
-    elsewhere.
+    elsewhere. qweight is in the kernel's layout (shuffle_int4) when K allows.
     """
 
     def __init__(self, weight: Int4Weight, bias: Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.group_size = weight.group_size
-        self.register_buffer("qweight", weight.qweight)
+        self.shuffled = self.in_features % SHUFFLE == 0  # else pack_int4's layout
+        q = shuffle_int4(weight.qweight) if self.shuffled else weight.qweight
+        self.register_buffer("qweight", q)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("zeros", weight.zeros)
         self.register_buffer("bias", None if bias is None else bias.detach())
@@ -168,15 +191,23 @@ class Int4Linear(nn.Module):
     def from_weight(cls, weight: Int4Weight, bias: Tensor | None = None):
         return cls(weight, bias)
 
+    # %% chapters/12_int4_gemm.md:515
     @property
-    def weight_int4(self) -> Int4Weight:
-        return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size)
+    def weight_int4(self) -> Int4Weight:  # pack_int4's layout, as it came in
+        q = self.qweight
+        if self.shuffled:  # undone once per qweight (the CPU path reads it per call)
+            key = (q.data_ptr(), q.device, q._version)
+            if getattr(self, "_plain_key", None) != key:
+                self._plain, self._plain_key = shuffle_int4(q, inverse=True), key
+            q = self._plain
+        return Int4Weight(q, self.scales, self.zeros, self.group_size)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.is_cuda:
             from minillm.kernels.int4_gemm import int4_linear  # needs Triton
 
-            return int4_linear(x, self.weight_int4, self.bias)
+            w = Int4Weight(self.qweight, self.scales, self.zeros, self.group_size)
+            return int4_linear(x, w, self.bias, shuffled=self.shuffled)
         return int4_linear_ref(x, self.weight_int4, self.bias)
 
     def extra_repr(self) -> str:
@@ -186,7 +217,7 @@ class Int4Linear(nn.Module):
         )
 
 
-# %% chapters/12_int4_gemm.md:502
+# %% chapters/12_int4_gemm.md:552
 PROJECTIONS = (
     *("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"),
     *("gate_proj", "up_proj", "gate_up_proj", "down_proj"),
@@ -212,7 +243,7 @@ def replace_linears(
     return replaced
 
 
-# %% chapters/12_int4_gemm.md:540
+# %% chapters/12_int4_gemm.md:590
 @engine_options
 @dataclass(frozen=True)
 class Int4Options:

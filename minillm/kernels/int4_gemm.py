@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:794
+# %% chapters/12_int4_gemm.md:844
 """A fused W4A16 matrix product in Triton (chapter 12, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -13,9 +13,14 @@ in one launch, as chapter 10's skinny kernel). `dequantize_int4(w)` writes the d
 (K, N) weight with one kernel, for the big batches where cuBLAS on it wins.
 `int4_gemv(x, w)` is the same product for a few rows on the CUDA cores, without
 tl.dot, a program per row (the engine runs it for one row: GEMV_MAX_M = 1).
-`int4_linear` picks between them by the number of rows; `torch.ops.minillm.int4_mm` is
-the same as an operator torch.compile treats as one opaque call. On a machine without
-a GPU, set TRITON_INTERPRET=1 before importing this module.
+`w4a16_matmul(x, w)` is one kernel for every number of rows, on weights in the
+kernel's layout (minillm.int4.shuffle_int4, which Int4Linear applies): each program
+reads a tile of words once for all its rows, and multiplies on the CUDA cores for one
+or two rows, with tl.dot from three. `int4_linear` sends shuffled weights to it, and
+picks among the others by the number of rows for weights in pack_int4's layout;
+`torch.ops.minillm.int4_mm` is the same as an operator torch.compile treats as one
+opaque call. On a machine without a GPU, set TRITON_INTERPRET=1 before importing this
+module.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/12_int4_gemm.md:827
+# %% chapters/12_int4_gemm.md:882
 class Int4Weight(Protocol):
     """What the kernels read of a minillm.int4.Int4Weight (which imports this module
     lazily, so this one cannot import it): qweight (K // 8, N) int32, scales and zeros
@@ -47,7 +52,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:860
+# %% chapters/12_int4_gemm.md:915
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -74,7 +79,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:909
+# %% chapters/12_int4_gemm.md:964
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -93,7 +98,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:937
+# %% chapters/12_int4_gemm.md:992
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -141,7 +146,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:999
+# %% chapters/12_int4_gemm.md:1054
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -169,7 +174,7 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/12_int4_gemm.md:1032
+# %% chapters/12_int4_gemm.md:1087
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts, zero at rest
 
 
@@ -187,7 +192,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:1051
+# %% chapters/12_int4_gemm.md:1106
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -229,7 +234,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1128
+# %% chapters/12_int4_gemm.md:1183
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -256,7 +261,7 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1202
+# %% chapters/12_int4_gemm.md:1257
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured, "Measured on the H200")
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
@@ -305,7 +310,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1264
+# %% chapters/12_int4_gemm.md:1319
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -318,7 +323,7 @@ def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
-# %% chapters/12_int4_gemm.md:1282
+# %% chapters/12_int4_gemm.md:1337
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
     tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
@@ -353,15 +358,238 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1344
+# %% chapters/12_int4_gemm.md:1441
+@triton.jit
+def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
+                   MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """x (BLOCK_M, 16) times nibble j of words (16, BLOCK_N), as OFFSET + code:
+    (BLOCK_M, BLOCK_N) from tl.dot, or the (BLOCK_M, 16, BLOCK_N) products to add."""
+    if DOT:
+        codes = (words >> (4 * j)) & 0xF
+        if MAGIC:  # the 16-bit float bits of 128 + c (bf16) or 1024 + c (fp16)
+            w = (codes | MAGIC).to(tl.int16).to(x.dtype, bitcast=True)
+            out = tl.dot(x, w)
+        else:
+            out = tl.dot(x, codes.to(x.dtype), input_precision="ieee" if IEEE else None)
+    else:
+        if MAGIC:  # float32 bits of 128 + c: the code moved to bit 16, or 0x43000000
+            if j < 4:
+                bits = (words << (16 - 4 * j)) & 0xF0000
+            else:
+                bits = (words >> (4 * j - 16)) & 0xF0000
+            w = (bits | 0x43000000).to(tl.float32, bitcast=True)
+        else:  # float32 activations: converted
+            w = ((words >> (4 * j)) & 0xF).to(tl.float32)
+        if x.shape[0] == 1:  # one row: (16, BLOCK_N), the words' own layout
+            out = tl.sum(x.to(tl.float32), axis=0)[:, None] * w
+        else:
+            out = x.to(tl.float32)[:, :, None] * w[None, :, :]
+    return out
+
+
+@triton.jit
+def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
+          OFFSET: tl.constexpr):  # fmt: skip
+    """acc + scale * (x @ codes - zero * sum(x)) for group g, from part, the sum of
+    x @ (OFFSET + codes), and x_sum, the sum of x, over the group's channels."""
+    if not DOT:  # the CUDA cores' products, added over the 16 channels once
+        if len(part.shape) == 2:  # one row
+            part = tl.sum(part, axis=0)[None, :]
+        else:
+            part = tl.sum(part, axis=1)
+    scale = tl.load(s_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    zero = tl.load(z_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    return acc + (part - x_sum * (zero + OFFSET)[None, :]) * scale[None, :]
+
+
+# %% chapters/12_int4_gemm.md:1489
+@triton.jit
+def _part_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+    if DOT:
+        out = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    elif BLOCK_M == 1:
+        out = tl.zeros([16, BLOCK_N], tl.float32)
+    else:
+        out = tl.zeros([BLOCK_M, 16, BLOCK_N], tl.float32)
+    return out
+
+
+@triton.jit
+def _x_sum(x, BLOCK_N: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """sum(x) over the slice's 16 channels: (BLOCK_M, BLOCK_N) through tl.dot with
+    ones (the tensor cores have room to spare), (BLOCK_M, 1) on the CUDA cores."""
+    if DOT:
+        ones = tl.full([16, BLOCK_N], 1.0, x.dtype)
+        out = tl.dot(x, ones, input_precision="ieee" if IEEE else None)
+    else:
+        out = tl.sum(x.to(tl.float32), axis=1)[:, None]
+    return out
+
+
+@triton.jit
+def _dequantized_slice(words, j: tl.constexpr, s_ptr, z_ptr, g, n, n_ok, N, dtype):
+    """(code - zero) * scale of nibble j of words, in dtype, for tl.dot."""
+    scale = tl.load(s_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    zero = tl.load(z_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    codes = ((words >> (4 * j)) & 0xF).to(tl.float32)
+    return ((codes - zero[None, :]) * scale[None, :]).to(dtype)
+
+
+# %% chapters/12_int4_gemm.md:1539
+@triton.jit(do_not_specialize=["M", "SPLIT_K"])
+def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
+                  M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DOT: tl.constexpr, FOLD: tl.constexpr, MAGIC: tl.constexpr,
+                  OFFSET: tl.constexpr, SHUFFLED: tl.constexpr, SPLIT: tl.constexpr,
+                  IEEE: tl.constexpr, NUM_STAGES: tl.constexpr):  # fmt: skip
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok, m_ok, i = n < N, m < M, tl.arange(0, 16)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    XS: tl.constexpr = BLOCK_N if DOT else 1  # x_sum's width: see _x_sum
+    for k0 in tl.range(k_start, k_end, 128, num_stages=NUM_STAGES):
+        words = tl.load(qw_ptr + (k0 // 8 + i)[:, None] * N + n[None, :],
+                        mask=n_ok[None, :], other=0)  # fmt: skip
+        part = _part_zeros(BLOCK_M, BLOCK_N, DOT)
+        x_sum = tl.zeros([BLOCK_M, XS], tl.float32)
+        for j in tl.static_range(8):  # nibble j of word row i is channel k:
+            k = k0 + 16 * j + i if SHUFFLED else k0 + 8 * i + j
+            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :],
+                        mask=m_ok[:, None], other=0.0)  # fmt: skip
+            g = (k0 + 16 * j) // GROUP  # the slice's group (one per slice)
+            if not FOLD:  # tl.dot on (code - zero) * scale: for big tiles of rows
+                w = _dequantized_slice(words, j, s_ptr, z_ptr, g, n, n_ok, N, x.dtype)
+                acc += tl.dot(x, w, input_precision="ieee" if IEEE else None)
+            else:
+                part += _slice_product(x, words, j, DOT, MAGIC, IEEE)
+                x_sum += _x_sum(x, BLOCK_N, DOT, IEEE)
+                if GROUP % 128 != 0:  # a group may end after any slice
+                    acc = _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT,
+                                OFFSET)  # fmt: skip
+                    part = _part_zeros(BLOCK_M, BLOCK_N, DOT)
+                    x_sum = tl.zeros([BLOCK_M, XS], tl.float32)
+        if FOLD and GROUP % 128 == 0:  # the whole step lies in one group
+            g = k0 // GROUP
+            acc = _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT, OFFSET)
+    _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
+           pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
+
+
+# %% chapters/12_int4_gemm.md:1588
+@triton.jit
+def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
+           pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           SPLIT: tl.constexpr):  # fmt: skip
+    """y = acc; with split-K, the last slice of the tile to arrive adds them up."""
+    y_ptrs = y_ptr + m[:, None] * stride_ym + n[None, :]
+    y_mask = m_ok[:, None] & n_ok[None, :]
+    if not SPLIT:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    else:
+        part_ptrs = part_ptr + m[:, None] * N + n[None, :]
+        tl.store(part_ptrs + pid_k * M * N, acc, mask=y_mask)
+        tl.debug_barrier()  # every thread's store before the announcement
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(0, SPLIT_K):
+                total += tl.load(part_ptrs + s * M * N, mask=y_mask, other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+            tl.store(count_ptr + tile, 0)
+
+
+# %% chapters/12_int4_gemm.md:1622
+def w4a16_config(M: int, N: int, K: int, sms: int = 132) -> dict:
+    """w4a16_matmul's knobs for an (M, N, K) product: the CUDA cores for one or two
+    rows (from a first H100 sweep), tl.dot from three (tiles chosen from the
+    compiled kernel's registers; benchmarks/int4_gemm.py --w4a16-sweep times them)."""
+    if M <= 2:
+        cfg = dict(block_m=M, block_n=256, dot=False, num_warps=4, num_stages=3)
+    elif M <= 16:
+        cfg = dict(block_m=16, block_n=128, dot=True, num_warps=4, num_stages=3)
+    elif M <= 64:
+        cfg = dict(block_m=64, block_n=128, dot=True, num_warps=8, num_stages=3)
+    else:
+        cfg = dict(block_m=128, block_n=128, dot=True, num_warps=8, num_stages=3)
+    return {**cfg, "fold": M <= 16}
+
+
+def w4a16_split(M: int, N: int, K: int, block_m: int, block_n: int, sms: int) -> int:
+    """Split K (in steps of 128) until there are four programs per multiprocessor,
+    keeping four steps or more to every slice."""
+    tiles = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
+    split, steps = 1, K // 128
+    while split < 16 and tiles * split < 4 * sms and steps >= 4 * split:
+        split *= 2
+    return split
+
+
+# %% chapters/12_int4_gemm.md:1649
+def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Tensor:
+    """x (M, K) @ W.T for w's qweight in the kernel's layout (shuffle_int4), or in
+    pack_int4's with shuffled=False (groups of a multiple of 128 only); knobs
+    override w4a16_config (block_m, block_n, dot, split_k, num_warps, ...)."""
+    (M, K), (N, K_w) = x.shape, _nk(w)
+    if K != K_w or M < 1 or K % 128:
+        raise ValueError(f"x {tuple(x.shape)} does not fit a ({N}, {K_w}) weight "
+                         "whose K is a multiple of 128")  # fmt: skip
+    if w.scales.dtype != x.dtype:
+        raise ValueError(f"scales are {w.scales.dtype}, x is {x.dtype}: cast one")
+    if not shuffled and w.group_size % 128:
+        raise ValueError("pack_int4's layout needs a group size that 128 divides")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    sms = num_sms(x.device)
+    cfg = {**w4a16_config(M, N, K, sms), **knobs}
+    bm, bn, magic = cfg["block_m"], cfg["block_n"], MAGIC.get(x.dtype, 0)
+    auto = w4a16_split(M, N, K, bm, bn, sms)
+    steps = K // 128
+    per_split = triton.cdiv(steps, min(cfg.get("split_k") or auto, steps))
+    splits = triton.cdiv(steps, per_split)  # no slice left empty
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), splits)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    part = count = y  # not read without a split
+    if splits > 1:
+        part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+        count = _counters(x.device, grid[0] * grid[1])
+    offset = 0.0 if not magic else 1024.0 if magic == 0x6400 and cfg["dot"] else 128.0
+    # fmt: off
+    _w4a16_kernel[grid](
+        x, w.qweight, w.scales, w.zeros, y, part, count,
+        M, N, K, per_split * 128, splits, x.stride(0), y.stride(0),
+        GROUP=w.group_size, BLOCK_M=bm, BLOCK_N=bn, DOT=cfg["dot"],
+        FOLD=cfg["fold"] or not cfg["dot"], MAGIC=magic, OFFSET=offset,
+        SHUFFLED=shuffled, SPLIT=splits > 1,
+        IEEE=x.dtype == torch.float32, NUM_STAGES=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=1,
+    )
+    # fmt: on
+    return y
+
+
+# %% chapters/12_int4_gemm.md:1728
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
-    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int
+    x: Tensor,
+    qweight: Tensor,
+    scales: Tensor,
+    zeros: Tensor,
+    group_size: int,
+    shuffled: bool = False,
 ) -> Tensor:
     w = SimpleNamespace(
         qweight=qweight, scales=scales, zeros=zeros, group_size=group_size
     )
-    if x.shape[0] > FUSED_MAX_M or x.shape[0] == 0:
+    if x.shape[0] == 0:
+        return x.new_empty(0, qweight.shape[1])
+    if shuffled:  # the kernel's layout: one kernel, its knobs picked by M
+        return w4a16_matmul(x, w)
+    if x.shape[0] > FUSED_MAX_M:  # pack_int4's layout (K not a multiple of 128)
         return x @ dequantize_int4(w)  # (M, K) @ (K, N): cuBLAS
     if x.shape[0] <= GEMV_MAX_M:
         return int4_gemv(x, w)  # one row: the CUDA cores
@@ -369,16 +597,23 @@ def _int4_mm(
 
 
 @_int4_mm.register_fake
-def _(x, qweight, scales, zeros, group_size):  # the output's shape, for the compiler
+def _(x, qweight, scales, zeros, group_size, shuffled=False):  # the output's shape
     return x.new_empty(x.shape[0], qweight.shape[1])
 
 
-def int4_linear(x: Tensor, w: Int4Weight, bias: Tensor | None = None) -> Tensor:
-    """x (..., K) @ w.dequantize().T (+ bias): the GEMV for one row, the fused
-    kernel for a few, dequantize-then-cuBLAS for many.
+# %% chapters/12_int4_gemm.md:1758
+def int4_linear(
+    x: Tensor, w: Int4Weight, bias: Tensor | None = None, shuffled: bool = False
+) -> Tensor:
+    """x (..., K) @ w.dequantize().T (+ bias). Weights in the kernel's layout
+    (shuffled, as Int4Linear keeps them) go through w4a16_matmul at every M; in
+    pack_int4's, the GEMV for one row, int4_matmul for a few, dequantize-then-cuBLAS
+    for many.
     """
     rows, K = x.numel() // x.shape[-1], x.shape[-1]
     x2 = x.reshape(rows, K)
-    y = torch.ops.minillm.int4_mm(x2, w.qweight, w.scales, w.zeros, w.group_size)
+    y = torch.ops.minillm.int4_mm(
+        x2, w.qweight, w.scales, w.zeros, w.group_size, shuffled
+    )
     y = y.reshape(*x.shape[:-1], _nk(w)[0])
     return y if bias is None else y + bias
