@@ -64,7 +64,8 @@ def test_shuffle_needs_k_a_multiple_of_128():
         shuffle_int4(pack_int4(torch.zeros(2, 64, dtype=torch.uint8)))
 
 
-def test_int4_linear_keeps_the_kernel_layout_and_gives_the_weight_back():
+def test_int4_linear_keeps_the_kernel_layout_and_gives_the_weight_back(monkeypatch):
+    monkeypatch.setattr(Int4Linear, "KERNEL_LAYOUT", True)
     _, w, ws = make(1, 24, 256, 64)
     layer = Int4Linear.from_weight(w)
     assert layer.shuffled and torch.equal(layer.qweight, ws.qweight)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_int4_gemm.md:844
+# %% chapters/12_int4_gemm.md:854
 """A fused W4A16 matrix product in Triton (chapter 12, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/12_int4_gemm.md:882
+# %% chapters/12_int4_gemm.md:892
 class Int4Weight(Protocol):
     """What the kernels read of a minillm.int4.Int4Weight (which imports this module
     lazily, so this one cannot import it): qweight (K // 8, N) int32, scales and zeros
@@ -52,7 +52,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/12_int4_gemm.md:915
+# %% chapters/12_int4_gemm.md:925
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr):  # fmt: skip
@@ -79,7 +79,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:964
+# %% chapters/12_int4_gemm.md:974
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -98,7 +98,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:992
+# %% chapters/12_int4_gemm.md:1002
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -146,7 +146,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1054
+# %% chapters/12_int4_gemm.md:1064
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -174,7 +174,7 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/12_int4_gemm.md:1087
+# %% chapters/12_int4_gemm.md:1097
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts, zero at rest
 
 
@@ -192,7 +192,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:1106
+# %% chapters/12_int4_gemm.md:1116
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -234,7 +234,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1183
+# %% chapters/12_int4_gemm.md:1193
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -261,7 +261,7 @@ def dequantize_int4(w: Int4Weight) -> Tensor:
     return out
 
 
-# %% chapters/12_int4_gemm.md:1257
+# %% chapters/12_int4_gemm.md:1267
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured, "Measured on the H200")
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
@@ -310,7 +310,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1319
+# %% chapters/12_int4_gemm.md:1329
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -323,7 +323,7 @@ def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
-# %% chapters/12_int4_gemm.md:1337
+# %% chapters/12_int4_gemm.md:1347
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
     tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
@@ -358,7 +358,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1441
+# %% chapters/12_int4_gemm.md:1451
 @triton.jit
 def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
                    MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -402,7 +402,7 @@ def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
     return acc + (part - x_sum * (zero + OFFSET)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:1489
+# %% chapters/12_int4_gemm.md:1499
 @triton.jit
 def _part_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     if DOT:
@@ -435,7 +435,7 @@ def _dequantized_slice(words, j: tl.constexpr, s_ptr, z_ptr, g, n, n_ok, N, dtyp
     return ((codes - zero[None, :]) * scale[None, :]).to(dtype)
 
 
-# %% chapters/12_int4_gemm.md:1539
+# %% chapters/12_int4_gemm.md:1549
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                   M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -479,7 +479,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
            pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
 
 
-# %% chapters/12_int4_gemm.md:1588
+# %% chapters/12_int4_gemm.md:1598
 @triton.jit
 def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
            pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -504,7 +504,7 @@ def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1622
+# %% chapters/12_int4_gemm.md:1632
 def w4a16_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     """w4a16_matmul's knobs for an (M, N, K) product: the CUDA cores for one or two
     rows (from a first H100 sweep), tl.dot from three (tiles chosen from the
@@ -530,7 +530,7 @@ def w4a16_split(M: int, N: int, K: int, block_m: int, block_n: int, sms: int) ->
     return split
 
 
-# %% chapters/12_int4_gemm.md:1649
+# %% chapters/12_int4_gemm.md:1659
 def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Tensor:
     """x (M, K) @ W.T for w's qweight in the kernel's layout (shuffle_int4), or in
     pack_int4's with shuffled=False (groups of a multiple of 128 only); knobs
@@ -572,7 +572,7 @@ def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Te
     return y
 
 
-# %% chapters/12_int4_gemm.md:1728
+# %% chapters/12_int4_gemm.md:1738
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor,
@@ -601,7 +601,7 @@ def _(x, qweight, scales, zeros, group_size, shuffled=False):  # the output's sh
     return x.new_empty(x.shape[0], qweight.shape[1])
 
 
-# %% chapters/12_int4_gemm.md:1758
+# %% chapters/12_int4_gemm.md:1768
 def int4_linear(
     x: Tensor, w: Int4Weight, bias: Tensor | None = None, shuffled: bool = False
 ) -> Tensor:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1912
+# %% chapters/13_quantization.md:1916
 """The engine's quantization methods "gptq", "awq", "w8a8" and "fp8" (chapter 13),
 registered in chapter 12's QUANTIZATION_METHODS seam; calibrated results are cached
 in $MINILLM_CACHE/quantized/ and loaded on the next build."""
@@ -36,7 +36,7 @@ from minillm.tokenizer import Tokenizer
 CACHE_VERSION = 1  # bump when a method's code changes its output
 
 
-# %% chapters/13_quantization.md:1952
+# %% chapters/13_quantization.md:1956
 @engine_options
 @dataclass(frozen=True)
 class QuantizationOptions:
@@ -70,7 +70,7 @@ class QuantizationOptions:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/13_quantization.md:1991
+# %% chapters/13_quantization.md:1995
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -96,7 +96,7 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/13_quantization.md:2027
+# %% chapters/13_quantization.md:2031
 KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
 
 
@@ -112,7 +112,7 @@ def save_quantized(model: nn.Module, path: Path, everything: bool = False) -> No
     tmp.rename(path)  # atomic: the file appears complete or not at all
 
 
-# %% chapters/13_quantization.md:2044
+# %% chapters/13_quantization.md:2048
 def load_quantized(model: nn.Module, path: Path) -> None:
     from safetensors import safe_open
 
@@ -141,7 +141,7 @@ def load_quantized(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/13_quantization.md:2090
+# %% chapters/13_quantization.md:2094
 def _settings(method: str, config: EngineConfig) -> dict:
     common = {"calib": [config.calibration_samples, config.calibration_seq_len]}
     rotation = [config.quant_rotation, config.quant_rotation_seed]
@@ -171,7 +171,7 @@ def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None
     apply.int4_layers(model, codes)
 
 
-# %% chapters/13_quantization.md:2121
+# %% chapters/13_quantization.md:2125
 def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> None:
     merge_projections(model)
     needs = method != "w8a8" or config.smoothquant_alpha is not None
@@ -190,7 +190,7 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
         save_quantized(model, path, everything=rotated)
 
 
-# %% chapters/13_quantization.md:2141
+# %% chapters/13_quantization.md:2145
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 12's format (calibrated, cached)."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:94
+# %% chapters/13_quantization.md:98
 """Round-to-nearest quantization, per group or per channel (chapter 13).
 
 A weight matrix [N, K] (out_features x in_features) is cut into groups of
@@ -41,7 +41,7 @@ def quantize_with(w: Tensor, scales: Tensor, zeros: Tensor, bits: int) -> Tensor
     return q.clamp(0, 2**bits - 1)
 
 
-# %% chapters/13_quantization.md:139
+# %% chapters/13_quantization.md:143
 def check_group_size(k: int, group_size: int) -> int:
     """The group size in columns (-1: the whole row); it must divide k."""
     g = k if group_size == -1 else group_size
@@ -79,7 +79,7 @@ def fake_quantize(w: Tensor, bits: int = 4, group_size: int = 128) -> Tensor:
     return dequantize_groups(*quantize_rtn_groups(w, bits, group_size)).to(w.dtype)
 
 
-# %% chapters/13_quantization.md:393
+# %% chapters/13_quantization.md:397
 def output_error(w: Tensor, w_hat: Tensor, hessian: Tensor) -> float:
     """||X (W - W_hat)^T||^2 = tr(E H E^T), E = W - W_hat, for H = X^T X."""
     e = (w.detach().double() - w_hat.detach().double()).to(hessian.device)  # (N, K)
