@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import copy_bandwidth, environment, save  # noqa: E402
+from benchmarks.common import copy_bandwidth, environment  # noqa: E402
+from benchmarks.common import require_committed, save  # noqa: E402
 from minillm.attention import paged_attention_ref  # noqa: E402
 from minillm.kernels.paged_attention import triton_paged_attention  # noqa: E402
 from minillm.kv_cache import reshape_and_cache  # noqa: E402
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--name", default="kv_fp8_attention")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    require_committed()  # before measuring: stored runs are of committed code
     env = environment()  # refuses uncommitted code unless forced
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"

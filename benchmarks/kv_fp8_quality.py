@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, save  # noqa: E402
+from benchmarks.common import environment, require_committed, save  # noqa: E402
 from minillm.attention import generate_paged, paged_attention_ref  # noqa: E402
 from minillm.convert import resolve_model  # noqa: E402
 from minillm.hf import load_pretrained  # noqa: E402
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    require_committed()  # before measuring: stored runs are of committed code
     env = environment() | {"threads": args.threads}  # refuses uncommitted code
     torch.set_num_threads(args.threads)
     model, tokenizer = load_pretrained(resolve_model(args.model))
