@@ -132,3 +132,20 @@ def test_engine_builds_a_rotated_gptq_model_once_and_loads_it_after(
     a, b = first.engine.model, second.engine.model
     assert torch.equal(a.lm_head.weight, b.lm_head.weight)
     assert torch.equal(a.model.embed_tokens.weight, b.model.embed_tokens.weight)
+
+
+def test_auto_rotation_is_hadamard_for_gptq_where_one_is_built():
+    from minillm.quantization.methods import rotation_of
+    from minillm.quantization.rotation import hadamard
+
+    auto = EngineConfig()
+    assert auto.quant_rotation == "auto"  # the default
+    assert rotation_of("gptq", auto, 576) == "hadamard"  # SmolLM2's width
+    assert rotation_of("awq", auto, 576) is None
+    assert rotation_of("w8a8", auto, 576) is None
+    assert hadamard(22) is None  # no construction here: no rotation, no error
+    assert rotation_of("gptq", auto, 22) is None
+    off = EngineConfig(quant_rotation=None)
+    assert rotation_of("gptq", off, 576) is None
+    dense = EngineConfig(quant_rotation="orthogonal")
+    assert rotation_of("awq", dense, 22) == "orthogonal"

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1147
+# %% chapters/13_quantization.md:1208
 """Quantizing a whole model: scaling groups, the passes of each method, and the
 modules that replace nn.Linear (chapter 13)."""
 
@@ -24,7 +24,7 @@ from minillm.quantization.sequential import gptq_sequential
 from minillm.quantization.w8a8 import Int8Linear, smooth_scales
 
 
-# %% chapters/13_quantization.md:1170
+# %% chapters/13_quantization.md:1231
 @dataclass
 class ScalingGroup:
     """Projections that read one input, and how to divide that input by s."""
@@ -47,7 +47,7 @@ def _div_norm(norm: nn.Module) -> Callable[[Tensor], None]:
     return lambda s: norm.weight.div_(s.to(norm.weight))
 
 
-# %% chapters/13_quantization.md:1194
+# %% chapters/13_quantization.md:1255
 def scaling_groups(model: nn.Module) -> list[ScalingGroup]:
     """Per decoder layer: (q, k, v) after the first norm; o after v where every
     query head has its own v head; (gate, up) after the second norm; down after up.
@@ -88,7 +88,7 @@ def apply_scales(model: nn.Module, group: ScalingGroup, s: Tensor) -> None:
         group.fold(s)
 
 
-# %% chapters/13_quantization.md:1790
+# %% chapters/13_quantization.md:1851
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
@@ -97,16 +97,18 @@ def int4_codes(
     model: nn.Module, method: str, stats: dict[str, LinearStats] | None,
     group_size: int = 128, act_order: bool = False, damp: float = 0.01,
     sym: bool = False, awq_grid: int = 20, windows: Tensor | None = None,
+    mse: bool = False,
 ) -> dict[str, Codes]:  # fmt: skip
     """4-bit codes of every decoder projection by method ("rtn", "gptq", "awq",
-    "gptq-seq": from calibration windows); awq folds its scales into model."""
+    "gptq-seq": from calibration windows); awq folds its scales into model; mse:
+    the groups' ranges searched (rtn, gptq, gptq-seq)."""
     if method not in ("rtn", "gptq", "awq", "gptq-seq"):
         raise ValueError(f"unknown 4-bit method {method!r}")
     if method == "gptq-seq":
         if windows is None:
             raise ValueError("sequential GPTQ needs the calibration windows")
         args = (4, group_size, damp, act_order, sym)
-        return gptq_sequential(model, windows, *args)[0]
+        return gptq_sequential(model, windows, *args, mse=mse)[0]
     if method != "rtn" and stats is None:
         raise ValueError(f"{method} needs calibration statistics")
     if method == "awq":
@@ -120,14 +122,15 @@ def int4_codes(
         w = linear.weight.detach().float().cpu()
         if method == "gptq":
             h = stats[name].hessian
-            q = gptq_quantize(w, h, 4, group_size, damp, act_order=act_order, sym=sym)
+            q = gptq_quantize(w, h, 4, group_size, damp, act_order=act_order, sym=sym,
+                              mse=mse)  # fmt: skip
         else:
-            q = quantize_rtn_groups(w, 4, group_size, sym)
+            q = quantize_rtn_groups(w, 4, group_size, sym, mse)
         out[name] = q
     return out
 
 
-# %% chapters/13_quantization.md:1837
+# %% chapters/13_quantization.md:1901
 def int4_layers(model: nn.Module, codes: dict[str, Codes]) -> list[str]:
     """Replace each projection named in codes by chapter 12's Int4Linear."""
 
@@ -155,7 +158,7 @@ def fake_quantize_layers(model: nn.Module, codes: dict[str, Codes]) -> None:
             linear.weight.copy_(dequantize_groups(*codes[name]).to(linear.weight))
 
 
-# %% chapters/13_quantization.md:1866
+# %% chapters/13_quantization.md:1930
 @torch.no_grad()
 def w8a8_layers(
     model: nn.Module, stats: dict[str, LinearStats] | None, alpha: float | None

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:469
+# %% chapters/13_quantization.md:527
 """GPTQ (Frantar et al., 2022, arXiv:2210.17323): column-by-column quantization
 with optimal-brain-surgeon updates of the columns not yet quantized (chapter 13).
 
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from minillm.quantization.rtn import check_group_size, group_params, quantize_with
+from minillm.quantization.rtn import mse_group_params
 
 
 def prepare_hessian(hessian: Tensor, damp: float) -> tuple[Tensor, Tensor]:
@@ -37,16 +38,18 @@ def inverse_cholesky(h: Tensor) -> Tensor:
         raise ValueError("the Hessian is not positive definite: raise damp") from e
 
 
-# %% chapters/13_quantization.md:511
+# %% chapters/13_quantization.md:570
 @torch.no_grad()
 def gptq_quantize(
     w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128,
     damp: float = 0.01, block_size: int = 128, act_order: bool = False,
-    sym: bool = False,
+    sym: bool = False, mse: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """(codes uint8 [N, K], scales, zeros [N, K // g]) of w [N, K] for H [K, K]."""
+    """(codes uint8 [N, K], scales, zeros [N, K // g]) of w [N, K] for H [K, K];
+    mse: every group's range searched (mse_group_params), not min-max."""
     n, k = w.shape
     g = check_group_size(k, group_size)
+    params = mse_group_params if mse else group_params
     if block_size % g and g % block_size:
         raise ValueError(f"block_size {block_size} and group size {g} must nest")
     h, dead = prepare_hessian(hessian, damp)
@@ -56,9 +59,8 @@ def gptq_quantize(
     zeros = torch.zeros_like(scales)
     perm = torch.arange(k)
     if act_order:  # static groups: every group's grid from the unquantized W
-        for j in range(k // g):
-            w_group = W[:, j * g : (j + 1) * g]
-            scales[:, j], zeros[:, j] = group_params(w_group, bits, sym)
+        s, z = params(W.reshape(n * (k // g), g), bits, sym)  # all groups at once
+        scales, zeros = s.view(n, k // g), z.view(n, k // g)
         perm = torch.argsort(torch.diag(h), descending=True)
     W, u = W[:, perm], inverse_cholesky(h[perm][:, perm])
     codes = torch.zeros_like(W)  # (N, K), in the order of perm
@@ -70,7 +72,7 @@ def gptq_quantize(
             j = col // g
             if not act_order and col % g == 0:  # a new group starts here
                 src = W1[:, i : i + g] if i + g <= i2 - i1 else W[:, i1 : i1 + g]
-                scales[:, j], zeros[:, j] = group_params(src, bits, sym)
+                scales[:, j], zeros[:, j] = params(src, bits, sym)
             q = quantize_with(W1[:, i], scales[:, j], zeros[:, j], bits)  # (N,)
             codes[:, i1 + i] = q
             e = (W1[:, i] - (q - zeros[:, j]) * scales[:, j]) / u[i1 + i, i1 + i]
@@ -81,16 +83,17 @@ def gptq_quantize(
     return codes.to(torch.uint8), scales.float(), zeros.float()
 
 
-# %% chapters/13_quantization.md:564
+# %% chapters/13_quantization.md:624
 @torch.no_grad()
 def gptq_reference(
     w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128,
-    damp: float = 0.01, sym: bool = False,
+    damp: float = 0.01, sym: bool = False, mse: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """gptq_quantize without act-order, by the closed-form OBS solution after
     every column (slow: for checking)."""
     n, k = w.shape
     g = check_group_size(k, group_size)
+    params = mse_group_params if mse else group_params
     h, dead = prepare_hessian(hessian, damp)
     W0 = w.double().clone()
     W0[:, dead] = 0
@@ -101,7 +104,7 @@ def gptq_reference(
     for c in range(k):
         j = c // g
         if c % g == 0:
-            scales[:, j], zeros[:, j] = group_params(V[:, c : c + g], bits, sym)
+            scales[:, j], zeros[:, j] = params(V[:, c : c + g], bits, sym)
         codes[:, c] = quantize_with(V[:, c], scales[:, j], zeros[:, j], bits)
         fixed[:, c] = (codes[:, c] - zeros[:, j]) * scales[:, j]
         a, b = slice(0, c + 1), slice(c + 1, k)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1916
+# %% chapters/13_quantization.md:1980
 """The engine's quantization methods "gptq", "awq", "w8a8" and "fp8" (chapter 13),
 registered in chapter 12's QUANTIZATION_METHODS seam; calibrated results are cached
 in $MINILLM_CACHE/quantized/ and loaded on the next build."""
@@ -27,7 +27,7 @@ from minillm.merged_projections import merge_projections
 from minillm.quantization import apply
 from minillm.quantization.calibration import capture, token_windows
 from minillm.quantization.fp8 import Fp8Linear
-from minillm.quantization.rotation import ROTATIONS, rotate_residual
+from minillm.quantization.rotation import ROTATIONS, hadamard, rotate_residual
 from minillm.quantization.w8a8 import Int8Linear
 from minillm.registry import QUANTIZATION_METHODS, engine_options
 from minillm.tiny import default_cache_dir, tiny_model_path
@@ -36,7 +36,7 @@ from minillm.tokenizer import Tokenizer
 CACHE_VERSION = 1  # bump when a method's code changes its output
 
 
-# %% chapters/13_quantization.md:1956
+# %% chapters/13_quantization.md:2020
 @engine_options
 @dataclass(frozen=True)
 class QuantizationOptions:
@@ -46,19 +46,24 @@ class QuantizationOptions:
     gptq_sequential: bool = True  # False: one-shot Hessians from the float model
     gptq_damp: float = 0.01  # added to H's diagonal, a share of its mean
     gptq_sym: bool = False  # the zero point fixed at 8, as vLLM's GPTQ needs
+    gptq_mse: bool = True  # each group's range searched (GPTQ's mse), not min-max
+    gptq_group_size: int | None = 32  # None: chapter 12's int4_group_size
     smoothquant_alpha: float | None = 0.5  # None: W8A8 without smoothing
     fp8_per_channel: bool = True  # False: one weight scale per tensor
     calibration_tokenizer: str | None = None  # a model folder, a name, or "tiny"
     calibration_samples: int = 32  # calibration sequences (GPTQ, AWQ, W8A8)
     calibration_seq_len: int = 256  # tokens in each calibration sequence
-    quant_rotation: str | None = None  # "hadamard", "orthogonal": gptq and awq
+    quant_rotation: str | None = "auto"  # auto (gptq: Hadamard), hadamard, orthogonal
     quant_rotation_seed: int = 0  # the random signs / matrix of the rotation
 
     @staticmethod
     def check(config) -> None:
-        if config.quant_rotation not in (None, *ROTATIONS):
+        g = config.gptq_group_size
+        if g is not None and (type(g) is not int or g < 16 or g % 16):
+            raise ValueError(f"gptq_group_size must be None or a multiple of 16: {g!r}")
+        if config.quant_rotation not in (None, "auto", *ROTATIONS):
             raise ValueError(
-                f"quant_rotation must be None or one of {sorted(ROTATIONS)}: "
+                f"quant_rotation must be None, 'auto' or one of {sorted(ROTATIONS)}: "
                 f"{config.quant_rotation!r}"
             )
         alpha = config.smoothquant_alpha
@@ -70,7 +75,7 @@ class QuantizationOptions:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/13_quantization.md:1995
+# %% chapters/13_quantization.md:2064
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -96,7 +101,7 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/13_quantization.md:2031
+# %% chapters/13_quantization.md:2100
 KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
 
 
@@ -112,7 +117,7 @@ def save_quantized(model: nn.Module, path: Path, everything: bool = False) -> No
     tmp.rename(path)  # atomic: the file appears complete or not at all
 
 
-# %% chapters/13_quantization.md:2048
+# %% chapters/13_quantization.md:2117
 def load_quantized(model: nn.Module, path: Path) -> None:
     from safetensors import safe_open
 
@@ -141,13 +146,19 @@ def load_quantized(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/13_quantization.md:2094
+# %% chapters/13_quantization.md:2167
+def gptq_group_size(config: EngineConfig) -> int:
+    """The group size of quantization="gptq": its own, else chapter 12's."""
+    return config.gptq_group_size or config.int4_group_size
+
+
 def _settings(method: str, config: EngineConfig) -> dict:
     common = {"calib": [config.calibration_samples, config.calibration_seq_len]}
     rotation = [config.quant_rotation, config.quant_rotation_seed]
     return {
-        "gptq": {"g": config.int4_group_size, "act_order": config.gptq_act_order,
+        "gptq": {"g": gptq_group_size(config), "act_order": config.gptq_act_order,
                  "damp": config.gptq_damp, "sym": config.gptq_sym,
+                 "mse": config.gptq_mse,
                  "sequential": config.gptq_sequential, "rotation": rotation,
                  **common},
         "awq": {"g": config.int4_group_size, "rotation": rotation, **common},
@@ -155,9 +166,21 @@ def _settings(method: str, config: EngineConfig) -> dict:
     }[method]  # fmt: skip
 
 
+def rotation_of(method: str, config: EngineConfig, hidden: int) -> str | None:
+    """The rotation method applies to a model of that hidden size: quant_rotation,
+    where "auto" is a randomized Hadamard matrix for GPTQ (where one of the hidden
+    size is built here) and none for AWQ; W8A8 never rotates."""
+    rotation = None if method == "w8a8" else config.quant_rotation
+    if rotation == "auto":
+        gptq = method == "gptq" and hadamard(hidden) is not None
+        rotation = "hadamard" if gptq else None
+    return rotation
+
+
 def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None:
-    if method != "w8a8" and config.quant_rotation is not None:
-        rotate_residual(model, config.quant_rotation, config.quant_rotation_seed)
+    hidden = model.model.embed_tokens.weight.shape[1]
+    if (rotation := rotation_of(method, config, hidden)) is not None:
+        rotate_residual(model, rotation, config.quant_rotation_seed)
     if method == "gptq" and config.gptq_sequential:
         method, stats = "gptq-seq", None  # the layers calibrate one by one
     else:
@@ -166,12 +189,14 @@ def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None
         apply.w8a8_layers(model, stats, config.smoothquant_alpha)
         return
     g, act_order, sym = config.int4_group_size, config.gptq_act_order, config.gptq_sym
+    mse = method.startswith("gptq") and config.gptq_mse
+    g = gptq_group_size(config) if method.startswith("gptq") else g
     codes = apply.int4_codes(model, method, stats, g, act_order, config.gptq_damp,
-                             sym, windows=windows)  # fmt: skip
+                             sym, windows=windows, mse=mse)  # fmt: skip
     apply.int4_layers(model, codes)
 
 
-# %% chapters/13_quantization.md:2125
+# %% chapters/13_quantization.md:2218
 def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> None:
     merge_projections(model)
     needs = method != "w8a8" or config.smoothquant_alpha is not None
@@ -185,12 +210,13 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
         if path.is_file():
             return load_quantized(model, path)
         device = next(model.parameters()).device
+        hidden = model.model.embed_tokens.weight.shape[1]
+        rotated = rotation_of(method, config, hidden) is not None
         _build(model, method, config, windows.to(device) if needs else None)
-        rotated = method != "w8a8" and config.quant_rotation is not None
         save_quantized(model, path, everything=rotated)
 
 
-# %% chapters/13_quantization.md:2145
+# %% chapters/13_quantization.md:2239
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 12's format (calibrated, cached)."""

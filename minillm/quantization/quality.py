@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:2488
+# %% chapters/13_quantization.md:2582
 """The quality table: held-out perplexity, with bootstrap intervals over the
 windows, and greedy agreement of each quantization method against the unquantized
 model (chapter 13). Cached in $MINILLM_CACHE/quantized/ under a key that hashes the
@@ -38,7 +38,7 @@ from minillm.tiny import default_cache_dir, tiny_model_path
 QUALITY_VERSION = 4  # 2: sequential GPTQ; 3: rotations; 4: strided windows, bootstrap
 
 
-# %% chapters/13_quantization.md:2531
+# %% chapters/13_quantization.md:2625
 @torch.no_grad()
 def window_nll(
     model: nn.Module, windows: Tensor, score_last: int | None = None,
@@ -67,7 +67,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(nll.mean().exp()), top1
 
 
-# %% chapters/13_quantization.md:2566
+# %% chapters/13_quantization.md:2660
 RESAMPLES, LEVEL, SEED = 2000, 0.95, 0  # every interval's bootstrap
 
 
@@ -95,13 +95,14 @@ def ppl_interval(nll: Tensor) -> tuple[float, float]:
 def ppl_ratio(table: dict, a: str, b: str) -> tuple[float, float, float]:
     """Row a's perplexity over row b's, and the interval of that ratio, the two
     rows resampled on the same windows."""
-    rows = {r["label"]: r for r in table["rows"]}
-    diff = torch.tensor(rows[a]["window_nll"]) - torch.tensor(rows[b]["window_nll"])
+    nll = {r["label"]: torch.tensor(r["window_nll"], dtype=torch.float64)
+           for r in table["rows"]}  # fmt: skip
+    diff = nll[a] - nll[b]  # (W,) in float64: the losses differ by little
     lo, hi = interval(resampled_means(diff))
     return math.exp(float(diff.double().mean())), math.exp(lo), math.exp(hi)
 
 
-# %% chapters/13_quantization.md:2609
+# %% chapters/13_quantization.md:2704
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -140,7 +141,7 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     ]
 
 
-# %% chapters/13_quantization.md:2649
+# %% chapters/13_quantization.md:2744
 def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats,
                        windows: Tensor) -> None:  # fmt: skip
     """Quantize model by one row's method (calibration: stats or windows)."""
@@ -156,7 +157,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:2675
+# %% chapters/13_quantization.md:2770
 # The modules whose code the table's rows run (checkpoint and methods: export and
 # engine only); of minillm.int4 the rows call replace_linears alone.
 TABLE_MODULES = ("rtn", "calibration", "gptq", "sequential", "rotation", "awq",
@@ -194,7 +195,7 @@ def command(name: str, calib, held_out, group_size: int) -> str:
             f"{held_out[1]}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2722
+# %% chapters/13_quantization.md:2817
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256),
     held_out: tuple[int, int] = (64, 256), group_size: int = 128,
@@ -227,7 +228,7 @@ def quality_table(
     return table | {"source": "computed now", "key": key}
 
 
-# %% chapters/13_quantization.md:2759
+# %% chapters/13_quantization.md:2854
 def build_table(name, folder, calib, held_out, group_size) -> dict:
     model, tokenizer = load_pretrained(folder)
     merge_projections(model)  # same results per row, fewer and larger products
@@ -261,7 +262,7 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
     return table
 
 
-# %% chapters/13_quantization.md:2794
+# %% chapters/13_quantization.md:2889
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="compute and print a quality table")
     p.add_argument("model", help='"tiny", "smollm2", or a model folder')
@@ -281,6 +282,6 @@ def main(argv: list[str] | None = None) -> None:
               f"agree {row['agreement']:.1%}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2815
+# %% chapters/13_quantization.md:2910
 if __name__ == "__main__":
     main()

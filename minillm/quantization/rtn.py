@@ -51,13 +51,16 @@ def check_group_size(k: int, group_size: int) -> int:
 
 
 def quantize_rtn_groups(
-    w: Tensor, bits: int = 4, group_size: int = 128, sym: bool = False
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(codes uint8 [N, K], scales [N, K // g], zeros [N, K // g]) of w [N, K]."""
+    w: Tensor, bits: int = 4, group_size: int = 128, sym: bool = False,
+    mse: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(codes uint8 [N, K], scales [N, K // g], zeros [N, K // g]) of w [N, K];
+    mse: each group's range searched (mse_group_params, below), not min-max."""
     n, k = w.shape
     g = check_group_size(k, group_size)
     groups = w.float().reshape(n * (k // g), g)  # (N * G, g)
-    scales, zeros = group_params(groups, bits, sym)  # (N * G,)
+    params = mse_group_params if mse else group_params
+    scales, zeros = params(groups, bits, sym)  # (N * G,)
     codes = quantize_with(groups, scales, zeros, bits)
     return (
         codes.reshape(n, k).to(torch.uint8),
@@ -79,7 +82,29 @@ def fake_quantize(w: Tensor, bits: int = 4, group_size: int = 128) -> Tensor:
     return dequantize_groups(*quantize_rtn_groups(w, bits, group_size)).to(w.dtype)
 
 
-# %% chapters/13_quantization.md:397
+# %% chapters/13_quantization.md:218
+def mse_group_params(
+    w: Tensor, bits: int, sym: bool = False, grid: int = 100,
+    max_shrink: float = 0.8, norm: float = 2.4,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """group_params of each row of w [N, g] with its range shrunk by the factor
+    1 - i / grid (i < max_shrink * grid) whose rounding leaves the least
+    sum |w - w_hat|^norm: GPTQ's and AutoGPTQ's `mse` search (in float32)."""
+    x = w.float()
+    best_err = torch.full((len(x),), float("inf"))
+    best_p = torch.ones(len(x))
+    for i in range(int(max_shrink * grid)):
+        p = 1 - i / grid
+        scales, zeros = group_params(x * p, bits, sym)  # (N,) each
+        q = quantize_with(x, scales, zeros, bits)
+        err = ((q - zeros[:, None]) * scales[:, None] - x).abs_().pow_(norm).sum(1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_p[better] = p
+    return group_params(w * best_p.to(w)[:, None], bits, sym)  # in w's dtype
+
+
+# %% chapters/13_quantization.md:455
 def output_error(w: Tensor, w_hat: Tensor, hessian: Tensor) -> float:
     """||X (W - W_hat)^T||^2 = tr(E H E^T), E = W - W_hat, for H = X^T X."""
     e = (w.detach().double() - w_hat.detach().double()).to(hessian.device)  # (N, K)

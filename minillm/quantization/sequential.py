@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:694
+# %% chapters/13_quantization.md:755
 """Sequential GPTQ (chapter 13): each decoder layer's Hessians from the inputs that
 the already quantized layers before it produce, as GPTQ's reference code and
 AutoGPTQ calibrate."""
@@ -19,12 +19,12 @@ from minillm.quantization.rtn import dequantize_groups
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
-# %% chapters/13_quantization.md:712
+# %% chapters/13_quantization.md:773
 @torch.no_grad()
 def gptq_sequential(
     model: nn.Module, windows: Tensor, bits: int = 4, group_size: int = 128,
     damp: float = 0.01, act_order: bool = False, sym: bool = False,
-    batch_size: int = 4,
+    batch_size: int = 4, mse: bool = False,
 ) -> tuple[dict[str, Codes], dict[str, LinearStats]]:  # fmt: skip
     """GPTQ codes of every decoder projection, layer by layer, and the statistics
     used: layer i's from the outputs of layers < i quantized. model is unchanged."""
@@ -46,7 +46,7 @@ def gptq_sequential(
             for name, linear in mine.items():
                 w, h = linear.weight.detach().float().cpu(), layer_stats[name].hessian
                 c = gptq_quantize(w, h, bits, group_size, damp, act_order=act_order,
-                                  sym=sym)  # fmt: skip
+                                  sym=sym, mse=mse)  # fmt: skip
                 linear.weight.copy_(dequantize_groups(*c).to(linear.weight))
                 codes[name] = c
             inputs = [
