@@ -234,7 +234,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2259
+    # %% chapters/11_cuda_graph.md:2261
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -273,7 +273,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2445
+    # %% chapters/11_cuda_graph.md:2447
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -312,7 +312,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2533
+    # %% chapters/11_cuda_graph.md:2535
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
@@ -355,7 +355,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/11_cuda_graph.md:2583
+    # %% chapters/11_cuda_graph.md:2585
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -383,7 +383,7 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
-    # %% chapters/11_cuda_graph.md:2617
+    # %% chapters/11_cuda_graph.md:2619
     def _to_host(self, lp: LogprobsTensors) -> LogprobsTensors:
         """The logprobs' tensors on their way to pinned memory (on a GPU)."""
         if self.device.type != "cuda":
@@ -397,7 +397,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/11_cuda_graph.md:2638
+    # %% chapters/11_cuda_graph.md:2640
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -430,7 +430,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3235
+    # %% chapters/11_cuda_graph.md:3237
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -451,7 +451,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/11_cuda_graph.md:3264
+    # %% chapters/11_cuda_graph.md:3266
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -483,7 +483,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
-    # %% chapters/11_cuda_graph.md:3302
+    # %% chapters/11_cuda_graph.md:3304
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 6's: True where request may not go.
         Made once per request."""
@@ -494,7 +494,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3850
+    # %% chapters/11_cuda_graph.md:3852
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -516,7 +516,7 @@ class GPUModelRunner(ModelRunner):
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
 
-# %% chapters/11_cuda_graph.md:3791
+# %% chapters/11_cuda_graph.md:3793
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -564,5 +564,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3879
+# %% chapters/11_cuda_graph.md:3881
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

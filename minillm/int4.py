@@ -176,9 +176,9 @@ class Int4Linear(nn.Module):
     elsewhere. qweight is in the kernel's layout (shuffle_int4) when K allows.
     """
 
-    # the kernel's layout (and "One kernel for every M" on a GPU): off until that
-    # kernel's GPU tests have passed; pack_int4's layout keeps the earlier kernels
-    KERNEL_LAYOUT = False
+    # the kernel's layout (and "One kernel for every M" on a GPU); False keeps
+    # pack_int4's layout and the earlier kernels
+    KERNEL_LAYOUT = True
 
     def __init__(self, weight: Int4Weight, bias: Tensor | None = None):
         super().__init__()

@@ -74,14 +74,16 @@ def _qk_norm_rope_write_kernel(
         kv = h - N_HEADS
         at = (slot * N_KV + kv) * D + d
         v = tl.load(qkv_ptr + t * stride_t + (N_HEADS + N_KV + kv) * D + d, mask=ok)
+        key = out.to(tl.float32)  # a new name: a runtime branch keeps `out`'s type
+        v = v.to(tl.float32)
         if FP8_MAX > 0:  # a scaled FP8 cache (chapter 13), as chapter 10's write
-            out = tl.clamp(out.to(tl.float32) / tl.load(k_scale_ptr), -FP8_MAX, FP8_MAX)
-            v = tl.clamp(v.to(tl.float32) / tl.load(v_scale_ptr), -FP8_MAX, FP8_MAX)
-        tl.store(key_cache_ptr + at, out.to(key_cache_ptr.dtype.element_ty), mask=ok)
+            key = tl.clamp(key / tl.load(k_scale_ptr), -FP8_MAX, FP8_MAX)
+            v = tl.clamp(v / tl.load(v_scale_ptr), -FP8_MAX, FP8_MAX)
+        tl.store(key_cache_ptr + at, key.to(key_cache_ptr.dtype.element_ty), mask=ok)
         tl.store(value_cache_ptr + at, v.to(value_cache_ptr.dtype.element_ty), mask=ok)
 
 
-# %% chapters/11_cuda_graph.md:1533
+# %% chapters/11_cuda_graph.md:1535
 # tokens a program takes: one for a single token, else a tile of up to 16 (see below)
 ONE_TOKEN_UP_TO = 1
 TOKENS_PER_PROGRAM = 16
