@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1572
+# %% chapters/07_engine.md:1489
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -42,7 +42,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1620
+# %% chapters/07_engine.md:1537
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -61,7 +61,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1649
+# %% chapters/07_engine.md:1564
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -75,21 +75,7 @@ class LLMEngine:
     ):
         config = config or EngineConfig()
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
-        param = next(model.parameters())
-        # what each part's option stands for here, e.g. {"attention_backend": "torch"}
-        self.parts = {"device": param.device.type}
-        for registry in REGISTRIES:
-            value = getattr(config, registry.option)
-            self.parts[registry.option] = registry.resolve(value, param.device.type)
-        for check in PART_CHECKS:
-            check(config, self.parts)
-        # before the cache is sized: what the weights give back goes to the cache
-        QUANTIZATION_METHODS[self.parts["quantization"]](model, config)
-        runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
-        for extend in RUNNER_EXTENSIONS:
-            runner_cls = extend(runner_cls, config, self.parts)
-        for hook in EXECUTOR_HOOKS:  # e.g. chapter 18's worker processes
-            runner_cls = hook(config, self.parts) or runner_cls
+        runner_cls = self._choose_parts()
         num_blocks = self._num_kv_blocks()
         num_usable = num_blocks - runner_cls.num_reserved_blocks(config, self.parts)
         self.max_model_len = config.max_model_len or min(
@@ -106,7 +92,27 @@ class LLMEngine:
         for hook in ENGINE_HOOKS:  # chapter 11's stepper, chapter 19's adapter limit
             hook(self)
 
-    # %% chapters/07_engine.md:1702
+    # %% chapters/07_engine.md:1604
+    def _choose_parts(self) -> type:
+        """Fill self.parts, check them and quantize the model; the runner class."""
+        config, param = self.config, next(self.model.parameters())
+        # what each part's option stands for here, e.g. {"attention_backend": "torch"}
+        self.parts = {"device": param.device.type}
+        for registry in REGISTRIES:
+            value = getattr(config, registry.option)
+            self.parts[registry.option] = registry.resolve(value, param.device.type)
+        for check in PART_CHECKS:
+            check(config, self.parts)
+        # before the cache is sized: what the weights give back goes to the cache
+        QUANTIZATION_METHODS[self.parts["quantization"]](self.model, config)
+        runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
+        for extend in RUNNER_EXTENSIONS:
+            runner_cls = extend(runner_cls, config, self.parts)
+        for hook in EXECUTOR_HOOKS:  # e.g. chapter 18's worker processes
+            runner_cls = hook(config, self.parts) or runner_cls
+        return runner_cls
+
+    # %% chapters/07_engine.md:1631
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -124,7 +130,7 @@ class LLMEngine:
             self.model.config, config.block_size, dtype, budget
         )
 
-    # %% chapters/07_engine.md:1732
+    # %% chapters/07_engine.md:1661
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -155,7 +161,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1769
+    # %% chapters/07_engine.md:1698
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -178,7 +184,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1800
+    # %% chapters/07_engine.md:1729
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -213,7 +219,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1848
+    # %% chapters/07_engine.md:1777
     def add_request(
         self,
         request_id: str,
@@ -230,18 +236,7 @@ class LLMEngine:
         first under scheduling_policy="priority" (chapter 5). lora_request: the
         adapter to run with (chapter 19's LoRARequest; needs enable_lora).
         """
-        self._check_open()
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
-        text = prompt if isinstance(prompt, str) else None
-        if isinstance(prompt, dict):  # the server's prompts carry their adapter
-            lora_request = prompt.get("lora_request", lora_request)
-            text = prompt.get("prompt")
-            prompt = prompt.get("prompt_token_ids", text)
-        if prompt is None:
-            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if lora_request is not None and not getattr(self.config, "enable_lora", False):
-            raise ValueError("lora_request: this engine was built without enable_lora")
+        prompt, text, lora_request = self._read_prompt(prompt, priority, lora_request)
         # a copy: checking resolves fields (bad words to token ids, logprobs=-1 to
         # the vocabulary), and the caller's params may serve other requests
         params = copy.copy(params or SamplingParams())
@@ -259,7 +254,23 @@ class LLMEngine:
             self.model_runner.add_request(request)
             self.scheduler.add_request(request)
 
-    # %% chapters/07_engine.md:1900
+    # %% chapters/07_engine.md:1819
+    def _read_prompt(self, prompt, priority, lora_request) -> tuple:
+        """(prompt, its text or None, lora_request), or ValueError."""
+        self._check_open()
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        text = prompt if isinstance(prompt, str) else None
+        if isinstance(prompt, dict):  # the server's prompts carry their adapter
+            lora_request = prompt.get("lora_request", lora_request)
+            text = prompt.get("prompt")
+            prompt = prompt.get("prompt_token_ids", text)
+        if prompt is None:
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if lora_request is not None and not getattr(self.config, "enable_lora", False):
+            raise ValueError("lora_request: this engine was built without enable_lora")
+        return prompt, text, lora_request
+
     def _make_children(self, request_id, prompt, text, params, arrival) -> tuple:
         """(the parent, its n child Requests), or ValueError, changing nothing."""
         n = params.n
@@ -275,7 +286,7 @@ class LLMEngine:
             requests.append(Request(child_id, prompt_ids, child, arrival))
         return ParentRequest(request_id, text, prompt_ids), requests
 
-    # %% chapters/07_engine.md:1921
+    # %% chapters/07_engine.md:1856
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -292,7 +303,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.parents)
 
-    # %% chapters/07_engine.md:1949
+    # %% chapters/07_engine.md:1884
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -318,7 +329,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1983
+    # %% chapters/07_engine.md:1918
     def process_outputs(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -343,7 +354,7 @@ class LLMEngine:
             if limit != -1 and asked is not None and asked > limit:
                 raise SamplingParamsError(name, asked, f"at most max_logprobs={limit}")
 
-    # %% chapters/07_engine.md:2053
+    # %% chapters/07_engine.md:1988
     def kv_cache_bytes(self) -> int:
         k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
         return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
@@ -368,7 +379,7 @@ class LLMEngine:
             raise RuntimeError("this engine was shut down: build a new one")
 
 
-# %% chapters/07_engine.md:2026
+# %% chapters/07_engine.md:1961
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
 
 

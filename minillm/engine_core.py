@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:4314
+# %% chapters/16_server.md:3933
 """The engine in a process of its own (chapter 16, the section of that name).
 
 `EngineCoreClient` starts chapter 7's `LLMEngine` in a child process, where
@@ -42,7 +42,7 @@ from minillm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:4360
+# %% chapters/16_server.md:3979
 class OutputDelta(NamedTuple):
     """What one step added to one request's output."""
 
@@ -63,7 +63,7 @@ def times(m: RequestMetrics | None) -> tuple | None:
     return None if m is None else tuple(vars(m).values())
 
 
-# %% chapters/16_server.md:4388
+# %% chapters/16_server.md:4007
 class EngineCore:
     """The child's side: commands from the socket, engine steps, deltas back."""
 
@@ -95,7 +95,7 @@ class EngineCore:
         self.sent.clear()
         self.conn.send(("failed", failed, message, EngineStats.of(self.engine)))
 
-    # %% chapters/16_server.md:4431
+    # %% chapters/16_server.md:4050
     def handle(self, kind: str, *args) -> None:
         if kind == "add":
             call_id, requests = args
@@ -122,7 +122,7 @@ class EngineCore:
             self.sent[request_id] = False
         return ACCEPTED
 
-    # %% chapters/16_server.md:4480
+    # %% chapters/16_server.md:4099
     def step(self) -> None:
         outputs = self.engine.step()
         deltas = [self.delta(o) for o in outputs if o.request_id in self.sent]
@@ -154,7 +154,7 @@ class EngineCore:
         )
 
 
-# %% chapters/16_server.md:4461
+# %% chapters/16_server.md:4080
 def portable(e: Exception) -> Exception:
     """e if it survives pickling, else a ValueError/RuntimeError with its message."""
     try:
@@ -164,7 +164,7 @@ def portable(e: Exception) -> Exception:
         return (ValueError if isinstance(e, ValueError) else RuntimeError)(str(e))
 
 
-# %% chapters/16_server.md:4524
+# %% chapters/16_server.md:4143
 def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
     """The child process: build the engine, say what the front end needs, serve."""
     conn = Connection(sock.detach())  # multiprocessing's framing of messages
@@ -194,7 +194,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
         pass
 
 
-# %% chapters/16_server.md:4572
+# %% chapters/16_server.md:4190
 def read_length(sock: socket.socket) -> int:
     """A message's length, as multiprocessing's Connection frames it."""
     (n,) = struct.unpack("!i", recv_exactly(sock, 4))
@@ -217,7 +217,7 @@ def frame(message) -> bytes:
     return struct.pack("!i", len(data)) + data
 
 
-# %% chapters/16_server.md:4600
+# %% chapters/16_server.md:4218
 def stop_process(process: multiprocessing.Process, timeout: float = 10.0) -> None:
     process.terminate()
     process.join(timeout)
@@ -241,7 +241,7 @@ def start_without_main(process: multiprocessing.Process, build) -> None:
             main.__file__ = path
 
 
-# %% chapters/16_server.md:4625
+# %% chapters/16_server.md:4243
 class EngineCoreClient:
     """The front end's side: an AsyncLLM whose engine runs in a child process.
 
@@ -277,7 +277,7 @@ class EngineCoreClient:
         self._ids = itertools.count()
         self._closed = False
 
-    # %% chapters/16_server.md:4663
+    # %% chapters/16_server.md:4281
     def _wait_ready(self, timeout: float) -> dict:
         """The child's first message: what it serves, or why it could not start."""
         self._socket.settimeout(timeout)
@@ -302,7 +302,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self._process.is_alive() and not self._closed
 
-    # %% chapters/16_server.md:4695
+    # %% chapters/16_server.md:4313
     async def _attach(self) -> None:
         """Streams over the socket on the running loop, and a task reading them."""
         loop = asyncio.get_running_loop()
@@ -322,7 +322,7 @@ class EngineCoreClient:
             raise EngineDeadError("the engine process is not running")
         self._writer.write(frame(message))  # buffered: the loop never blocks
 
-    # %% chapters/16_server.md:4724
+    # %% chapters/16_server.md:4342
     async def generate(self, requests) -> RequestStream:
         """Submit requests (all or none); raises the engine's ValueError if it
         rejects one."""
@@ -357,7 +357,7 @@ class EngineCoreClient:
     async def metrics_text(self) -> bytes:
         return generate_latest(self.metrics.registry)
 
-    # %% chapters/16_server.md:4766
+    # %% chapters/16_server.md:4384
     async def _read_all(self) -> None:
         """The engine's messages, in order, until its end of the socket closes."""
         try:
@@ -381,7 +381,7 @@ class EngineCoreClient:
         for sink in sinks:
             sink.put(error)
 
-    # %% chapters/16_server.md:4799
+    # %% chapters/16_server.md:4417
     def _dispatch(self, kind: str, *args) -> None:
         if kind == "outputs":
             deltas, self._stats, waited = args
@@ -421,7 +421,7 @@ class EngineCoreClient:
             for sink in sinks:
                 sink.put_now(error)
 
-    # %% chapters/16_server.md:4848
+    # %% chapters/16_server.md:4466
     def _apply(self, delta: OutputDelta) -> RequestOutput:
         """The request's output after this delta, as the engine made it."""
         before = self._outputs.get(delta.request_id)
@@ -453,7 +453,7 @@ class EngineCoreClient:
         self._outputs[delta.request_id] = output
         return output
 
-    # %% chapters/16_server.md:4892
+    # %% chapters/16_server.md:4510
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the process (from any thread); callers still waiting get
         EngineDeadError (from the reading task, if a loop still runs it)."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:2142
+# %% chapters/07_engine.md:2076
 """`LLM`: the offline batch API over the engine, shaped like vLLM's (chapter 7)."""
 
 from __future__ import annotations
@@ -41,7 +41,20 @@ def prompt_of(prompt: str | list[int] | dict) -> str | list[int] | dict:
     return prompt
 
 
-# %% chapters/07_engine.md:2186
+# %% chapters/07_engine.md:2119
+def resolve_dtype(dtype: torch.dtype | str | None, device: str) -> torch.dtype:
+    """The model's dtype: a torch dtype, or its name, or "auto" / None (the
+    device's default)."""
+    if isinstance(dtype, str):  # vLLM's spelling: "float32", "bfloat16", "auto"
+        named = None if dtype == "auto" else getattr(torch, dtype, None)
+        if dtype != "auto" and not isinstance(named, torch.dtype):
+            raise ValueError(f"dtype {dtype!r}: not a torch dtype name or 'auto'")
+        dtype = named
+    on_gpu = torch.device(device).type == "cuda"
+    return dtype or (torch.bfloat16 if on_gpu else torch.float32)
+
+
+# %% chapters/07_engine.md:2137
 class LLM:
     """Load a model and generate for batches of prompts.
 
@@ -67,13 +80,7 @@ class LLM:
     ):
         config = EngineConfig(**engine_kwargs)  # a bad keyword fails before loading
         device = device or default_device()
-        on_gpu = torch.device(device).type == "cuda"
-        if isinstance(dtype, str):  # vLLM's spelling: "float32", "bfloat16", "auto"
-            named = None if dtype == "auto" else getattr(torch, dtype, None)
-            if dtype != "auto" and not isinstance(named, torch.dtype):
-                raise ValueError(f"dtype {dtype!r}: not a torch dtype name or 'auto'")
-            dtype = named
-        dtype = dtype or (torch.bfloat16 if on_gpu else torch.float32)
+        dtype = resolve_dtype(dtype, device)
         self.chat_template = load_chat_template(chat_template)
         if model is None:
             net, tokenizer = tiny_model(device=device, dtype=dtype, progress=False)
@@ -85,7 +92,7 @@ class LLM:
         self.engine = LLMEngine(net, self.tokenizer, config)
         self._counter = 0
 
-    # %% chapters/07_engine.md:2244
+    # %% chapters/07_engine.md:2189
     def generate(
         self,
         prompts: str | dict | list[str] | list[list[int]] | list[dict],
@@ -105,7 +112,7 @@ class LLM:
         ids = self._add(prompts, sampling_params, priority, lora_request)
         return self._run(ids, use_tqdm)
 
-    # %% chapters/07_engine.md:2270
+    # %% chapters/07_engine.md:2215
     def _add(self, prompts: list, sampling_params, priority, lora=None) -> list[str]:
         """Submit every prompt (all or none); their request ids."""
         loras = lora if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
@@ -144,7 +151,7 @@ class LLM:
             raise
         return ids
 
-    # %% chapters/07_engine.md:2315
+    # %% chapters/07_engine.md:2260
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(
@@ -167,7 +174,7 @@ class LLM:
         bar.close()
         return [finished[i] for i in ids]
 
-    # %% chapters/07_engine.md:2488
+    # %% chapters/07_engine.md:2468
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
@@ -185,19 +192,10 @@ class LLM:
         mm_processor_kwargs: None = None,
     ) -> list[RequestOutput]:
         """Generate the next turn of a conversation, or of each of a list of them."""
-        _no_lora(lora_request)
-        if self.tokenizer is None:
-            raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
-        if mm_processor_kwargs is not None:
-            raise ValueError("mm_processor_kwargs: minillm has no multimodal models")
-        if chat_template_content_format not in ("auto", "string", "openai"):
-            raise ValueError(
-                "chat_template_content_format must be 'auto', 'string' or 'openai', "
-                f"got {chat_template_content_format!r}"
-            )
-        tok_kwargs = {"add_special_tokens": False, **(tokenization_kwargs or {})}
-        if set(tok_kwargs) != {"add_special_tokens"}:
-            raise ValueError("tokenization_kwargs: only add_special_tokens is known")
+        tok_kwargs, content_format = _chat_options(
+            self.tokenizer, lora_request, mm_processor_kwargs,
+            chat_template_content_format, tokenization_kwargs,
+        )  # fmt: skip
         single = not messages or not isinstance(messages[0], list)
         prompts = []
         for conversation in [messages] if single else messages:
@@ -208,14 +206,14 @@ class LLM:
                 add_generation_prompt,
                 continue_final_message,
                 tools,
-                "openai" if chat_template_content_format == "openai" else "string",
+                content_format,
                 **(chat_template_kwargs or {}),
             )
             ids = self.tokenizer.encode(text, **tok_kwargs)
             prompts.append({"prompt_token_ids": ids, "prompt": text})
         return self._run(self._add(prompts, sampling_params, priority), use_tqdm)
 
-    # %% chapters/07_engine.md:2567
+    # %% chapters/07_engine.md:2538
     def get_tokenizer(self) -> Tokenizer | None:
         return self.tokenizer
 
@@ -236,7 +234,7 @@ class LLM:
     def score(self, *args, **kwargs):
         raise _pooling("score")
 
-    # %% chapters/07_engine.md:2593
+    # %% chapters/07_engine.md:2564
     def shutdown(self) -> None:
         """Give the engine's memory back now (idempotent); generate refuses after."""
         self.engine.shutdown()
@@ -247,7 +245,7 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # %% chapters/07_engine.md:2969
+    # %% chapters/07_engine.md:2936
     def beam_search(
         self,
         prompts: list[str | list[int] | dict],
@@ -258,15 +256,7 @@ class LLM:
     ) -> list[BeamSearchOutput]:
         """The best params.beam_width sequences of each prompt, best first."""
         _no_lora(lora_request)
-        if params.structured_outputs is not None:
-            raise ValueError("structured_outputs: not supported with beam search")
-        prompts = [self._token_prompt(prompt_of(p)) for p in prompts]
-        longest = max((len(p["prompt_token_ids"]) for p in prompts), default=0)
-        if longest + params.max_tokens > self.engine.max_model_len:
-            raise ValueError(
-                f"max_tokens={params.max_tokens} does not fit: a prompt has {longest} "
-                f"tokens and the context is {self.engine.max_model_len}"
-            )
+        prompts = self._beam_prompts(prompts, params)
         step_params = SamplingParams(
             logprobs=2 * params.beam_width,
             max_tokens=1,
@@ -291,7 +281,20 @@ class LLM:
                 seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=skip)
         return outputs
 
-    # %% chapters/07_engine.md:3019
+    # %% chapters/07_engine.md:2978
+    def _beam_prompts(self, prompts: list, params: BeamSearchParams) -> list[dict]:
+        """The prompts as TokensPrompt dicts, or ValueError."""
+        if params.structured_outputs is not None:
+            raise ValueError("structured_outputs: not supported with beam search")
+        prompts = [self._token_prompt(prompt_of(p)) for p in prompts]
+        longest = max((len(p["prompt_token_ids"]) for p in prompts), default=0)
+        if longest + params.max_tokens > self.engine.max_model_len:
+            raise ValueError(
+                f"max_tokens={params.max_tokens} does not fit: a prompt has {longest} "
+                f"tokens and the context is {self.engine.max_model_len}"
+            )
+        return prompts
+
     def _token_prompt(self, prompt: str | list[int] | dict) -> dict:
         """A TokensPrompt dict: text is encoded as generate encodes it."""
         if isinstance(prompt, dict):
@@ -305,7 +308,7 @@ class LLM:
         return {"prompt_token_ids": list(prompt)}
 
 
-# %% chapters/07_engine.md:2368
+# %% chapters/07_engine.md:2313
 def load_chat_template(template: str | Path | None) -> str | None:
     """A template given as Jinja text, or as the path of a file holding it."""
     if template is None or any(c in str(template) for c in "{}\n"):
@@ -340,6 +343,7 @@ def _compile(template: str):
     return env.from_string(template)
 
 
+# %% chapters/07_engine.md:2352
 def _message(message: dict, content_format: str) -> dict:
     """A message as the template reads it: text content as one string (vLLM's
     "string" format) or as a list of text parts ("openai")."""
@@ -353,10 +357,28 @@ def _message(message: dict, content_format: str) -> dict:
     return {**message, "content": content}
 
 
-# %% chapters/07_engine.md:2417
+# %% chapters/07_engine.md:2370
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker
 
 
+def _check_chat(template, conversation, tools, add_generation_prompt, continue_final):
+    if not template:
+        raise ValueError(
+            "this tokenizer has no chat template, and as of transformers v4.44 a "
+            "default one is no longer allowed: pass chat_template= (to LLM or chat)"
+        )
+    if add_generation_prompt and continue_final:
+        raise ValueError(
+            "continue_final_message and add_generation_prompt are not compatible: "
+            "pass add_generation_prompt=False to continue the final message"
+        )
+    if not conversation or any(not isinstance(m, dict) for m in conversation):
+        raise ValueError("a conversation is a non-empty list of message dicts")
+    if any(not isinstance(t, dict) for t in tools or ()):
+        raise ValueError("tools: each tool is a JSON-schema dict")
+
+
+# %% chapters/07_engine.md:2392
 def render_chat(
     tokenizer: Tokenizer,
     conversation: list[dict],
@@ -371,25 +393,13 @@ def render_chat(
     tokenize=False) renders it; kwargs (documents, enable_thinking, ...) go to the
     template."""
     template = chat_template or tokenizer.chat_template
-    if not template:
-        raise ValueError(
-            "this tokenizer has no chat template, and as of transformers v4.44 a "
-            "default one is no longer allowed: pass chat_template= (to LLM or chat)"
-        )
-    if add_generation_prompt and continue_final_message:
-        raise ValueError(
-            "continue_final_message and add_generation_prompt are not compatible: "
-            "pass add_generation_prompt=False to continue the final message"
-        )
-    if not conversation or any(not isinstance(m, dict) for m in conversation):
-        raise ValueError("a conversation is a non-empty list of message dicts")
+    _check_chat(template, conversation, tools, add_generation_prompt,
+                continue_final_message)  # fmt: skip
     if continue_final_message:  # tag the end of the last message
         final = _message(conversation[-1], "string")["content"] or ""
         conversation = [*conversation[:-1], {**conversation[-1]}]
         conversation[-1]["content"] = final + CONTINUE_TAG
     messages = [_message(m, content_format) for m in conversation]
-    if any(not isinstance(t, dict) for t in tools or ()):
-        raise ValueError("tools: each tool is a JSON-schema dict")
     try:
         text = _compile(template).render(
             messages=messages,
@@ -404,7 +414,7 @@ def render_chat(
     return _cut_at_tag(text) if continue_final_message else text
 
 
-# %% chapters/07_engine.md:2474
+# %% chapters/07_engine.md:2432
 def _cut_at_tag(text: str) -> str:
     """The text before the tag (and before the spaces a template put there)."""
     if CONTINUE_TAG.strip() not in text:
@@ -413,7 +423,27 @@ def _cut_at_tag(text: str) -> str:
     return text[:at] if text[at:].startswith(CONTINUE_TAG) else text[:at].rstrip()
 
 
-# %% chapters/07_engine.md:2547
+# %% chapters/07_engine.md:2447
+def _chat_options(tokenizer, lora_request, mm_processor_kwargs, content_format,
+                  tokenization_kwargs) -> tuple[dict, str]:  # fmt: skip
+    """(tokenization kwargs, the template's content format) of a chat call."""
+    _no_lora(lora_request)
+    if tokenizer is None:
+        raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
+    if mm_processor_kwargs is not None:
+        raise ValueError("mm_processor_kwargs: minillm has no multimodal models")
+    if content_format not in ("auto", "string", "openai"):
+        raise ValueError(
+            "chat_template_content_format must be 'auto', 'string' or 'openai', "
+            f"got {content_format!r}"
+        )
+    tok_kwargs = {"add_special_tokens": False, **(tokenization_kwargs or {})}
+    if set(tok_kwargs) != {"add_special_tokens"}:
+        raise ValueError("tokenization_kwargs: only add_special_tokens is known")
+    return tok_kwargs, "openai" if content_format == "openai" else "string"
+
+
+# %% chapters/07_engine.md:2518
 class PoolingNotSupportedError(NotImplementedError, ValueError):
     """A pooling entry point (encode, embed, classify, score) on this engine."""
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2980
+# %% chapters/16_server.md:2982
 """The OpenAI-compatible HTTP server (chapter 16, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
@@ -32,6 +32,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+
+# %% chapters/16_server.md:3014
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
 from minillm.registry import load_plugins
@@ -56,12 +58,12 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:3035
+# %% chapters/16_server.md:3040
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/16_server.md:3056
+# %% chapters/16_server.md:3061
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -86,7 +88,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/16_server.md:3089
+# %% chapters/16_server.md:3094
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -115,7 +117,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/16_server.md:3126
+# %% chapters/16_server.md:3131
 router = APIRouter()
 
 
@@ -138,7 +140,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/16_server.md:3155
+# %% chapters/16_server.md:3160
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -160,7 +162,7 @@ async def metrics(raw: Request):
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/16_server.md:3189
+# %% chapters/16_server.md:3194
 def create_app(
     engine: LLMEngine | EngineCoreClient,
     served_model_name: str = "minillm-tiny",
@@ -193,7 +195,7 @@ def create_app(
     return app
 
 
-# %% chapters/16_server.md:3227
+# %% chapters/16_server.md:3232
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -219,7 +221,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/16_server.md:3262
+    # %% chapters/16_server.md:3267
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -244,7 +246,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/16_server.md:3727
+# %% chapters/16_server.md:3592
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -280,7 +282,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% chapters/16_server.md:3767
+# %% chapters/16_server.md:3632
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -312,7 +314,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/16_server.md:3808
+# %% chapters/16_server.md:3673
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -332,6 +334,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="PyTorch reference (chapter 4) or Triton kernels (chapter 10); auto: "
         "Triton on a GPU",
     )
+    _add_optimisation_flags(p)
+
+
+# %% chapters/16_server.md:3699
+def _add_optimisation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speculative-config",
         type=json.loads,
@@ -365,7 +372,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
 SERVER_EXTENSIONS: list = []
 
 
-# %% chapters/16_server.md:3865
+# %% chapters/16_server.md:3738
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="minillm serve", description="An OpenAI-compatible server for minillm."
@@ -379,7 +386,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/16_server.md:3885
+# %% chapters/16_server.md:3758
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -401,7 +408,14 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
         model, tokenizer = tiny_model(device=device, dtype=dtype, progress=False)
     else:
         model, tokenizer = load_pretrained(args.model, dtype=dtype, device=device)
-    config = EngineConfig(
+    name = args.served_model_name or args.model or "minillm-tiny"
+    return LLMEngine(model, tokenizer, _engine_config(args, extra)), name
+
+
+# %% chapters/16_server.md:3788
+def _engine_config(args: argparse.Namespace, extra: dict) -> EngineConfig:
+    """The EngineConfig of the flags; extra: the SERVER_EXTENSIONS' options."""
+    return EngineConfig(
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -425,11 +439,9 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
         ),
         **extra,  # SERVER_EXTENSIONS' options
     )
-    name = args.served_model_name or args.model or "minillm-tiny"
-    return LLMEngine(model, tokenizer, config), name
 
 
-# %% chapters/16_server.md:3939
+# %% chapters/16_server.md:3821
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -468,6 +480,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/16_server.md:3983
+# %% chapters/16_server.md:3865
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:1723
+# %% chapters/16_server.md:1696
 """What the OpenAI endpoints share (chapter 16, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -25,6 +25,8 @@ import jinja2.sandbox
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+
+# %% chapters/16_server.md:1724
 from minillm.async_llm import AsyncLLM
 from minillm.engine import LLMEngine
 from minillm.outputs import RequestOutput
@@ -50,7 +52,7 @@ if TYPE_CHECKING:  # the section "The engine in a process of its own"
     from minillm.engine_core import EngineCoreClient
 
 
-# %% chapters/16_server.md:1775
+# %% chapters/16_server.md:1754
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -72,7 +74,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/16_server.md:1805
+# %% chapters/16_server.md:1784
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -97,7 +99,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/16_server.md:1840
+# %% chapters/16_server.md:1819
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -118,7 +120,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/16_server.md:1870
+# %% chapters/16_server.md:1849
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
@@ -147,7 +149,7 @@ class OpenAIServing:
         self._template = compile_chat_template(self.chat_template)
         self.lora_modules: dict[str, Any] = {}  # name -> LoRARequest (chapter 19)
 
-    # %% chapters/16_server.md:1904
+    # %% chapters/16_server.md:1883
     def check_model(self, model: str | None) -> Any:
         """The adapter that `model` names (chapter 19), or None for the base model;
         404 for any other name."""
@@ -161,7 +163,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/16_server.md:1927
+    # %% chapters/16_server.md:1906
     def render_chat(
         self,
         messages: list[ChatMessage],
@@ -195,7 +197,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/16_server.md:1968
+    # %% chapters/16_server.md:1947
     def list_models(self) -> ModelList:
         base = ModelCard(
             id=self.model_name, root=self.model_path, max_model_len=self.max_model_len
@@ -228,7 +230,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/16_server.md:2008
+    # %% chapters/16_server.md:1987
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -242,7 +244,7 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/16_server.md:2035
+    # %% chapters/16_server.md:2014
     def constrain(
         self,
         req: SamplingRequest,
@@ -273,7 +275,7 @@ class OpenAIServing:
             message = str(e).removeprefix("structured_outputs: ")
             raise InvalidRequestError(message, field) from e
 
-    # %% chapters/16_server.md:2141
+    # %% chapters/16_server.md:2120
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -307,7 +309,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/16_server.md:2077
+# %% chapters/16_server.md:2056
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -331,7 +333,7 @@ def with_adapter(prompt: str | list[int], lora_request) -> str | list[int] | dic
     return {key: prompt, "lora_request": lora_request}
 
 
-# %% chapters/16_server.md:2108
+# %% chapters/16_server.md:2087
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2453
+# %% chapters/16_server.md:2437
 """`/v1/chat/completions` (chapter 16, "The endpoints"): messages through the chat
 template, one answer or a stream of deltas out. vLLM's counterpart:
 vllm/entrypoints/openai/chat_completion/serving.py.
@@ -17,6 +17,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
+
+# %% chapters/16_server.md:2454
 from minillm.async_llm import RequestStream
 from minillm.protocol import (
     AssistantMessage,
@@ -43,7 +45,7 @@ from minillm.serving import with_adapter
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2498
+# %% chapters/16_server.md:2485
 class OpenAIServingChat(OpenAIServing):
     """The chat completions endpoint."""
 
@@ -67,7 +69,7 @@ class OpenAIServingChat(OpenAIServing):
             ]
         )
 
-    # %% chapters/16_server.md:2530
+    # %% chapters/16_server.md:2517
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
@@ -92,6 +94,12 @@ class OpenAIServingChat(OpenAIServing):
                 pass
         finally:
             stream.abort()
+        return self._chat_response(request_id, output, params, forced)
+
+    # %% chapters/16_server.md:2550
+    def _chat_response(
+        self, request_id: str, output, params, forced
+    ) -> ChatCompletionResponse:
         choices = [
             ChatCompletionResponseChoice(
                 index=c.index,
@@ -108,7 +116,7 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2578
+    # %% chapters/16_server.md:2577
     async def _stream_chat(
         self,
         req: ChatCompletionRequest,
@@ -118,26 +126,9 @@ class OpenAIServingChat(OpenAIServing):
         forced: ForcedToolCall | None = None,
     ) -> AsyncIterator[str]:
         created, states, output, texts = int(time.time()), {}, None, {}
-
-        def chunk(choices: list[ChatCompletionResponseStreamChoice], usage=None):
-            return sse(
-                ChatCompletionStreamResponse(
-                    id=request_id,
-                    created=created,
-                    model=self.model_name,
-                    choices=choices,
-                    usage=usage,
-                )
-            )
-
+        chunk = functools.partial(self._chat_chunk, request_id, created)
         try:
-            role = DeltaMessage(role="assistant", content="")
-            yield chunk(
-                [
-                    ChatCompletionResponseStreamChoice(index=i, delta=role)
-                    for i in range(req.n)
-                ]
-            )
+            yield chunk(self._role_choices(req.n))
             async for output in stream:
                 choices = [
                     self._chat_choice(piece, num_logprobs)
@@ -158,7 +149,27 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2636
+    # %% chapters/16_server.md:2618
+    def _chat_chunk(
+        self, request_id: str, created: int, choices: list, usage=None
+    ) -> str:
+        return sse(
+            ChatCompletionStreamResponse(
+                id=request_id,
+                created=created,
+                model=self.model_name,
+                choices=choices,
+                usage=usage,
+            )
+        )
+
+    @staticmethod
+    def _role_choices(n: int) -> list[ChatCompletionResponseStreamChoice]:
+        role = DeltaMessage(role="assistant", content="")
+        return [
+            ChatCompletionResponseStreamChoice(index=i, delta=role) for i in range(n)
+        ]
+
     def _chat_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> ChatCompletionResponseStreamChoice:
@@ -172,7 +183,7 @@ class OpenAIServingChat(OpenAIServing):
             else self.chat_logprobs(piece.logprobs, num_logprobs),
         )
 
-    # %% chapters/16_server.md:2789
+    # %% chapters/16_server.md:2791
     def forced_tool_call(self, req: ChatCompletionRequest) -> ForcedToolCall | None:
         choice, schema = req.checked_tool_choice(), req.tool_call_schema()
         if choice == "auto":
@@ -198,7 +209,7 @@ class OpenAIServingChat(OpenAIServing):
         return ForcedToolCall(StructuredOutputsParams(json=schema), name)
 
 
-# %% chapters/16_server.md:2779
+# %% chapters/16_server.md:2781
 class ForcedToolCall(NamedTuple):
     """A tool_choice that forces a call: the output's schema, and the function's
     name (None for "required": the output names its functions)."""
@@ -206,7 +217,7 @@ class ForcedToolCall(NamedTuple):
     constraint: StructuredOutputsParams
     name: str | None
 
-    # %% chapters/16_server.md:2861
+    # %% chapters/16_server.md:2863
     def stream_choice(self, piece: StreamPiece, texts: dict[int, str]):
         """A piece of a streamed forced call as a choice, or None (nothing yet)."""
         first = piece.index not in texts
@@ -234,7 +245,7 @@ class ForcedToolCall(NamedTuple):
         )  # fmt: skip
 
 
-# %% chapters/16_server.md:2824
+# %% chapters/16_server.md:2826
 def tool_calls_in(text: str, name: str | None) -> list[ToolCall] | None:
     """The calls in a forced call's output; None if it does not hold them."""
     if name is not None:  # the named function's arguments

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_server.md:2186
+# %% chapters/16_server.md:2165
 """`/v1/completions` (chapter 16, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -31,7 +31,7 @@ from minillm.serving import with_adapter
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/16_server.md:2223
+# %% chapters/16_server.md:2202
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -56,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/16_server.md:2260
+    # %% chapters/16_server.md:2239
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -83,7 +83,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/16_server.md:2295
+    # %% chapters/16_server.md:2274
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -117,7 +117,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/16_server.md:2372
+    # %% chapters/16_server.md:2350
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -129,15 +129,7 @@ class OpenAIServingCompletion(OpenAIServing):
         created, states, last = int(time.time()), {}, {}
 
         def chunk(choices: list[CompletionResponseChoice], usage=None) -> str:
-            return sse(
-                CompletionResponse(
-                    id=request_id,
-                    created=created,
-                    model=self.model_name,
-                    choices=choices,
-                    usage=usage,
-                )
-            )
+            return self._completion_chunk(request_id, created, choices, usage)
 
         envelope = tuple(chunk([]).split('"choices":[]'))
         try:
@@ -164,7 +156,20 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/16_server.md:2427
+    # %% chapters/16_server.md:2398
+    def _completion_chunk(
+        self, request_id: str, created: int, choices: list, usage=None
+    ) -> str:
+        return sse(
+            CompletionResponse(
+                id=request_id,
+                created=created,
+                model=self.model_name,
+                choices=choices,
+                usage=usage,
+            )
+        )
+
     def _completion_choice(
         self, piece: StreamPiece, num_logprobs: int | None
     ) -> CompletionResponseChoice:
@@ -179,7 +184,7 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
 
-# %% chapters/16_server.md:2345
+# %% chapters/16_server.md:2323
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 

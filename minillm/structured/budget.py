@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3942
+# %% chapters/15_structured_output.md:3923
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -28,7 +28,7 @@ from minillm.structured.token_index import TokenIndex
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3969
+# %% chapters/15_structured_output.md:3950
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -55,7 +55,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:4176
+    # %% chapters/15_structured_output.md:4160
     def bound(self, stacks: Stacks) -> int:
         """The room below which the budget may cut tokens from the mask of stacks:
         the most tokens any allowed token leaves to finish (an uncertain one's
@@ -74,6 +74,7 @@ class FinishBudget:
             c._remember(self.bites_below, stacks, bound)
         return bound
 
+    # %% chapters/15_structured_output.md:4182
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -96,7 +97,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:4252
+    # %% chapters/15_structured_output.md:4238
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow). Remembered per stacks where the
@@ -131,7 +132,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:4006
+# %% chapters/15_structured_output.md:3987
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -171,7 +172,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:4057
+# %% chapters/15_structured_output.md:4038
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -199,6 +200,7 @@ def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     return np.array(out, np.int64)
 
 
+# %% chapters/15_structured_output.md:4067
 def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     """The state that state s's way reaches after the longest token it begins with
     (None where the way begins with a call)."""
@@ -217,7 +219,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/15_structured_output.md:4220
+# %% chapters/15_structured_output.md:4208
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

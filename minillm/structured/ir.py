@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:170
+# %% chapters/15_structured_output.md:132
 """Grammar expressions over bytes, and Unicode character sets as UTF-8 (chapter 15)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Rep:
     max: int | None
 
 
-# %% chapters/15_structured_output.md:218
+# %% chapters/15_structured_output.md:180
 @dataclass(frozen=True)
 class Call:
     """The language of another rule: how a grammar recurses (a pushdown step)."""
@@ -77,6 +77,7 @@ class Graph:
     finals: tuple[int, ...]
 
 
+# %% chapters/15_structured_output.md:223
 EMPTY = Seq(())  # the empty string
 NOTHING = Alt(())  # no string at all
 
@@ -86,7 +87,7 @@ def lit(text: str | bytes) -> Seq:
     return Seq(tuple(Bytes(((b, b),)) for b in data))
 
 
-# %% chapters/15_structured_output.md:270
+# %% chapters/15_structured_output.md:234
 def seq(*items) -> Seq:
     return Seq(tuple(items))
 

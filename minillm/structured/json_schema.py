@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:2232
+# %% chapters/15_structured_output.md:2206
 """JSON Schema -> grammar rules: one expression per rule, recursion through Call
 (chapter 15).
 
@@ -40,7 +40,7 @@ from minillm.structured.schema_ops import resolve_ref, type_set, types_of, value
 WS = star(Bytes(((0x20, 0x20), (0x09, 0x0A), (0x0D, 0x0D))))  # space, \t, \n, \r
 
 
-# %% chapters/15_structured_output.md:2271
+# %% chapters/15_structured_output.md:2245
 @dataclass(frozen=True)
 class JsonOptions:
     """How a schema becomes a grammar (vLLM's structured-output options)."""
@@ -52,7 +52,7 @@ class JsonOptions:
     rule_per_schema: bool = True  # False: objects and arrays inlined (one automaton)
 
 
-# %% chapters/15_structured_output.md:2292
+# %% chapters/15_structured_output.md:2266
 class SchemaCompiler:
     """Compiles one schema. `rules()` -> {rule name: expression}; "root" is the
     document."""
@@ -83,7 +83,7 @@ class SchemaCompiler:
                 rules[ref] = self.value(resolve_ref(self.schema, ref, ref), ref)
         return {**rules, **self.extra_rules}
 
-    # %% chapters/15_structured_output.md:2325
+    # %% chapters/15_structured_output.md:2299
     def value(self, schema, path: str):
         """The expression of the JSON values schema admits."""
         if schema is True or schema == {}:
@@ -116,7 +116,7 @@ class SchemaCompiler:
             return self.enum(schema, path)
         return alt(*(self.typed(t, schema, path) for t in types_of(schema)))
 
-    # %% chapters/15_structured_output.md:2369
+    # %% chapters/15_structured_output.md:2342
     def negated(self, schema: dict, path: str):
         """schema without its `not`, in the forms real schemas use: `not: {}` (no
         value), `not` of types (the other types), and `not` of required keys
@@ -148,7 +148,7 @@ class SchemaCompiler:
             warnings.warn(f"ignored {key!r} (at {path}): not a JSON Schema keyword",
                           SchemaWarning, stacklevel=2)  # fmt: skip
 
-    # %% chapters/15_structured_output.md:2413
+    # %% chapters/15_structured_output.md:2386
     def reference(self, schema: dict, path: str):
         ref = schema["$ref"]
         if not isinstance(ref, str):
@@ -166,7 +166,7 @@ class SchemaCompiler:
         finally:
             self.active.pop()
 
-    # %% chapters/15_structured_output.md:2438
+    # %% chapters/15_structured_output.md:2411
     def dependencies(self, schema: dict, path: str) -> tuple[dict, list]:
         """(schema with its dependencies folded into `required` and `properties`,
         the dependent schemas that hold): exact, by never writing an optional
@@ -198,7 +198,7 @@ class SchemaCompiler:
             rest["properties"] = props
         return ({**rest, "required": required} if required else rest), more
 
-    # %% chapters/15_structured_output.md:2486
+    # %% chapters/15_structured_output.md:2459
     def flatten(self, schemas: list, path: str, depth: int = 0) -> list:
         """allOf's members with their $refs and nested allOfs opened."""
         out = []
@@ -225,6 +225,7 @@ class SchemaCompiler:
                 out.append(s)
         return out
 
+    # %% chapters/15_structured_output.md:2489
     def merged(self, schema, path: str):
         """allOf's members (and the keywords beside it) as one schema; then each
         if/then/else: `else` where the rest proves the `if` false, else if and then
@@ -256,7 +257,7 @@ class SchemaCompiler:
         """schema without $ref or allOf at its top (for disjointness proofs)."""
         return self.merged(schema, "#") if isinstance(schema, dict) else schema
 
-    # %% chapters/15_structured_output.md:2555
+    # %% chapters/15_structured_output.md:2532
     def alternatives(self, schema: dict, path: str):
         """anyOf: any branch. oneOf: exactly one, so its branches must be disjoint."""
         key = "anyOf" if "anyOf" in schema else "oneOf"
@@ -288,7 +289,7 @@ class SchemaCompiler:
         self.approximations.append(what)
         warnings.warn(what, SchemaWarning, stacklevel=3)
 
-    # %% chapters/15_structured_output.md:2593
+    # %% chapters/15_structured_output.md:2570
     def enum(self, schema: dict, path: str):
         """enum / const: each value written out, if the other keywords admit it."""
         values = schema["enum"]
@@ -315,7 +316,7 @@ class SchemaCompiler:
         except Exception as e:  # a $ref jsonschema cannot follow from here
             raise SchemaError(f"enum: cannot check its values ({e})", path, "enum")
 
-    # %% chapters/15_structured_output.md:2627
+    # %% chapters/15_structured_output.md:2604
     def typed(self, t: str, schema: dict, path: str):
         """The values of type t that satisfy schema's keywords for that type."""
         if t == "null":
@@ -352,7 +353,7 @@ class SchemaCompiler:
             return integer_range(lo, hi, lo_strict, hi_strict)
         return number_range(lo, hi, lo_strict, hi_strict)
 
-    # %% chapters/15_structured_output.md:2677
+    # %% chapters/15_structured_output.md:2654
     def multiples(self, step, lo, hi, lo_strict, hi_strict, path: str):
         """multipleOf: where 1 / step is whole (1, 0.5, 0.01), every integer is a
         multiple (narrower for numbers); a whole step between bounds is spelled
@@ -371,7 +372,7 @@ class SchemaCompiler:
         raise SchemaError(f"'multipleOf' {step} is not supported (only 1 / n, or a "
                           "whole step between bounds)", path, "multipleOf")  # fmt: skip
 
-    # %% chapters/15_structured_output.md:2702
+    # %% chapters/15_structured_output.md:2679
     def string(self, schema: dict, path: str):
         lo, hi = schema.get("minLength", 0), self._cap(schema.get("maxLength"))
         patterns = schema.get("pattern", [])
@@ -397,7 +398,7 @@ class SchemaCompiler:
                 f"'maxLength' {hi} with a pattern or format: {e}", path, "maxLength"
             ) from None
 
-    # %% chapters/15_structured_output.md:2736
+    # %% chapters/15_structured_output.md:2713
     def shared(self, dfa):
         """dfa, or a Call of a rule holding it where it is large: each use of a
         long bounded string is then one call, not a copy of its states."""
@@ -408,7 +409,7 @@ class SchemaCompiler:
             self.extra_rules[name] = dfa
         return Call(self.string_rules[id(dfa)])
 
-    # %% chapters/15_structured_output.md:2761
+    # %% chapters/15_structured_output.md:2738
     def _cap(self, bound: int | None) -> int | None:
         return None if bound is None else min(bound, self.options.max_repeat)
 
@@ -447,7 +448,7 @@ class SchemaCompiler:
         body = Graph(n + 2, tuple(edges), 0, tuple(finals))
         return seq(lit("["), self.ws, body, self.ws, lit("]"))
 
-    # %% chapters/15_structured_output.md:2807
+    # %% chapters/15_structured_output.md:2784
     def object(self, schema: dict, path: str):
         """{ the named properties in order (the required ones always), then any
         others the schema allows: by patternProperties, then additionalProperties }."""
@@ -481,7 +482,7 @@ class SchemaCompiler:
         ]
         return self.counted_members(schema, members, others, path)
 
-    # %% chapters/15_structured_output.md:2851
+    # %% chapters/15_structured_output.md:2828
     def named(self, name: str, sub, patterns: dict, names, path: str):
         """The schema a named property's value must satisfy (False: never)."""
         if names is not True and not self.admits({"propertyNames": names}, {name: 0},
@@ -513,7 +514,7 @@ class SchemaCompiler:
             out.append((p, key if names is True else And(key, names), sub))
         return out
 
-    # %% chapters/15_structured_output.md:2891
+    # %% chapters/15_structured_output.md:2868
     def counted_members(self, schema: dict, members: list, others: list, path: str):
         """{ members in order, then others, any number } with minProperties <=
         count <= maxProperties. Node (i, c): the next member to consider is i (n:
@@ -546,7 +547,7 @@ class SchemaCompiler:
         body = Graph(2 * half, tuple(edges), node(0, 0), finals)
         return seq(lit("{"), self.ws, body, self.ws, lit("}"))
 
-    # %% chapters/15_structured_output.md:2937
+    # %% chapters/15_structured_output.md:2914
     def any_value(self):
         """Any JSON value; objects and arrays are rules of their own (they nest)."""
         if "any:object" not in self.extra_rules:
@@ -571,22 +572,22 @@ class SchemaCompiler:
         return alt(*scalars, Call("any:object"), Call("any:array"))
 
 
-# %% chapters/15_structured_output.md:2406
+# %% chapters/15_structured_output.md:2379
 def _lists(groups) -> bool:
     """Whether groups are all schemas of the form {"required": [...]}."""
     return all(isinstance(g, dict) and set(g) == {"required"} for g in groups)
 
 
-# %% chapters/15_structured_output.md:2432
+# %% chapters/15_structured_output.md:2405
 DEPENDENCIES = {"dependencies", "dependentRequired", "dependentSchemas"}
 COMBINERS = {"$ref", "allOf", "anyOf", "oneOf"}  # the keys may come from elsewhere
 
 
-# %% chapters/15_structured_output.md:2731
+# %% chapters/15_structured_output.md:2708
 SHARED_STATES = 512  # a string automaton larger than this is a rule of its own
 
 
-# %% chapters/15_structured_output.md:2964
+# %% chapters/15_structured_output.md:2941
 def check_schema(schema) -> None:
     """SchemaError unless schema is a well-formed JSON Schema (draft 2020-12's
     metaschema, checked by the jsonschema library): `"required": 5` is malformed,

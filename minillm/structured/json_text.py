@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1556
+# %% chapters/15_structured_output.md:1531
 """JSON's lexical pieces as grammar expressions: strings (with a character set,
 lengths or a pattern), numbers (with exact bounds), and string formats (chapter 15).
 """
@@ -35,6 +35,7 @@ MAX_STRING_STATES = 20_000  # a pattern AND a length past this is refused, not s
 NONZERO = Bytes(((0x31, 0x39),))
 
 
+# %% chapters/15_structured_output.md:1565
 def json_char(chars: cs.CharSet):
     """One character of chars inside a JSON string: raw UTF-8, or its escape.
 
@@ -50,7 +51,7 @@ def json_char(chars: cs.CharSet):
     return alt(*parts)
 
 
-# %% chapters/15_structured_output.md:1610
+# %% chapters/15_structured_output.md:1587
 def counted(char: DFA, lo: int, hi: int | None) -> DFA:
     """char{lo,hi} as a DFA built directly: one layer of char's states per count of
     characters written. char must be prefix-free (no move after a whole character,
@@ -79,7 +80,7 @@ def counted(char: DFA, lo: int, hi: int | None) -> DFA:
     return trim(dfa) if hi is not None else minimize(trim(dfa))
 
 
-# %% chapters/15_structured_output.md:1648
+# %% chapters/15_structured_output.md:1625
 def quoted(body: DFA) -> DFA:
     """'"' body '"' for a body without calls in which no character boundary reads
     '"' (a JSON string's raw '"' is always escaped)."""
@@ -100,7 +101,7 @@ def quoted(body: DFA) -> DFA:
     return DFA(trans, classes, accepting, [()] * (n + 2))
 
 
-# %% chapters/15_structured_output.md:1694
+# %% chapters/15_structured_output.md:1671
 @functools.lru_cache(maxsize=256)
 def json_string(min_length=0, max_length=None, pattern=None, chars=cs.ANY):
     """A quoted JSON string of chars, its length in [min_length, max_length], that
@@ -132,6 +133,7 @@ def json_literal(value):
     return lit(compact(value))
 
 
+# %% chapters/15_structured_output.md:1712
 NUMBER_EXPR = seq(
     opt(lit("-")),
     alt(lit("0"), seq(NONZERO, star(DIGIT))),
@@ -155,7 +157,7 @@ _LEAP = (
 )
 
 
-# %% chapters/15_structured_output.md:1759
+# %% chapters/15_structured_output.md:1737
 _MONTH_DAY = (
     "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
     "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3361
+# %% chapters/15_structured_output.md:3340
 """Token masks of a grammar: cached per DFA state, completed with the stack
 (chapter 15).
 
@@ -38,7 +38,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/15_structured_output.md:3402
+# %% chapters/15_structured_output.md:3381
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -61,6 +61,7 @@ class CompiledGrammar:
     def events(self) -> np.ndarray | None:
         return self.grammar.is_event if self.grammar.has_calls else None
 
+    # %% chapters/15_structured_output.md:3408
     def state_mask(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """(packed mask of the tokens DFA state g accepts, uncertain token ids)."""
         if g not in self.state_masks:
@@ -90,7 +91,7 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:3536
+    # %% chapters/15_structured_output.md:3521
     def walk_state(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """full_walk(g): plain tokens by their lengths along plain_chain, where
         it holds, and the other tokens walked apart."""
@@ -111,7 +112,7 @@ class CompiledGrammar:
             others.token_ids(uncertain),
         )
 
-    # %% chapters/15_structured_output.md:3560
+    # %% chapters/15_structured_output.md:3545
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -140,7 +141,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:3598
+    # %% chapters/15_structured_output.md:3583
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -161,6 +162,7 @@ class CompiledGrammar:
         accepting = self.grammar.accepting
         return any(len(s) == 1 and accepting[s[0]] for s in self.closure(stacks))
 
+    # %% chapters/15_structured_output.md:3607
     def mask(self, stacks: Stacks) -> np.ndarray:
         """(num_words,) uint32: the tokens that may come next (EOS if complete)."""
         words = self.masks.get(stacks)  # one hash of the stacks, not three
@@ -184,7 +186,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:3652
+    # %% chapters/15_structured_output.md:3641
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -202,7 +204,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/15_structured_output.md:3686
+    # %% chapters/15_structured_output.md:3675
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -229,7 +231,7 @@ class CompiledGrammar:
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
 
-# %% chapters/15_structured_output.md:3491
+# %% chapters/15_structured_output.md:3476
 PLAIN = np.array(sorted(set(range(0x20, 0x7F)) - {ord('"'), ord("\\")}))
 
 
@@ -270,7 +272,7 @@ def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
     return index.__dict__["plain"]
 
 
-# %% chapters/15_structured_output.md:3715
+# %% chapters/15_structured_output.md:3704
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -284,7 +286,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:3730
+# %% chapters/15_structured_output.md:3719
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -320,7 +322,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:3773
+    # %% chapters/15_structured_output.md:3762
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
@@ -354,7 +356,7 @@ class GrammarMatcher:
         return bytes(out)
 
 
-# %% chapters/15_structured_output.md:3860
+# %% chapters/15_structured_output.md:3845
 def canonical_tokens(index: TokenIndex, data: bytes) -> list[int]:
     """data cut into the vocabulary's longest tokens, left to right."""
     table = index.__dict__.get("token_of")

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1341
+# %% chapters/15_structured_output.md:1316
 """Numbers between bounds, exactly, as grammar expressions (chapter 15).
 
 An integer range is spelled digit by digit, as regex generators for numeric ranges
@@ -43,7 +43,7 @@ def _same_length(lo: str, hi: str):
     )
 
 
-# %% chapters/15_structured_output.md:1383
+# %% chapters/15_structured_output.md:1358
 def uint_range(lo: int, hi: int | None):
     """Canonical non-negative integers (no leading zeros) in [lo, hi]."""
     if hi is not None and hi < lo:
@@ -84,7 +84,7 @@ def _at_least(d: str, strict: bool):
     )
 
 
-# %% chapters/15_structured_output.md:1425
+# %% chapters/15_structured_output.md:1400
 def _at_most(d: str, strict: bool):
     """Digit strings f with 0.f <= 0.d (f may end early: it is then smaller)."""
     if not d:
@@ -123,7 +123,7 @@ def _split(bound: Decimal) -> tuple[int, str]:
     return whole, format(bound - whole, "f").partition(".")[2].rstrip("0")
 
 
-# %% chapters/15_structured_output.md:1465
+# %% chapters/15_structured_output.md:1440
 def _non_negative(lo: Decimal, lo_strict: bool, hi: Decimal | None, hi_strict: bool):
     """Non-negative decimals (no exponent) in the interval lo..hi."""
     a, fa = _split(lo)
@@ -162,7 +162,7 @@ def as_decimal(value) -> Decimal:
     return Decimal(value) if isinstance(value, int) else Decimal(repr(float(value)))
 
 
-# %% chapters/15_structured_output.md:1513
+# %% chapters/15_structured_output.md:1488
 def number_range(lo, hi, lo_strict=False, hi_strict=False):
     """JSON numbers x with lo <= x <= hi (< with strict; None: unbounded), written
     without exponent in at most MAX_DIGITS digits."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:4495
+# %% chapters/15_structured_output.md:4485
 """Structured output in the engine: vLLM's StructuredOutputsParams compiled into a
 logits processor, a compiler with caches, and the hook that applies a request's
 `structured_outputs` (chapter 15).
@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+
+# %% chapters/15_structured_output.md:4514
 from minillm import sampling_params
 from minillm.registry import REQUEST_HOOKS
 from minillm.sampling_params import STRUCTURED_KINDS as KINDS
@@ -46,7 +48,7 @@ from minillm.structured.regex import regex_expr
 from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 
 
-# %% chapters/15_structured_output.md:4540
+# %% chapters/15_structured_output.md:4536
 def grammar_rules(so: sampling_params.StructuredOutputsParams) -> dict:
     """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
     options = JsonOptions(not so.disable_any_whitespace, so.whitespace_pattern)
@@ -87,7 +89,7 @@ def logits_processor(so, compiler, max_tokens: int | None = None):
     return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:4582
+# %% chapters/15_structured_output.md:4578
 class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
     """Chapter 6's constraint (vLLM's fields) with this chapter's functions as
     methods; chapter 6's own instances compile the same way."""
@@ -102,7 +104,7 @@ class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
         return logits_processor(self, compiler, max_tokens)
 
 
-# %% chapters/15_structured_output.md:4603
+# %% chapters/15_structured_output.md:4599
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -137,7 +139,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4644
+# %% chapters/15_structured_output.md:4640
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -170,7 +172,7 @@ class StructuredOutputLogitsProcessor:
         params, fingerprint = self.source
         return _rebuild, (params, self.max_tokens, fingerprint)
 
-    # %% chapters/15_structured_output.md:4684
+    # %% chapters/15_structured_output.md:4680
     def matcher(self, output_token_ids) -> GrammarMatcher:
         if self.last is not None:  # the last output, extended: no key to build
             seen, m = self.last  # seen: the processor's own list
@@ -206,7 +208,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4723
+    # %% chapters/15_structured_output.md:4719
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -224,7 +226,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4763
+    # %% chapters/15_structured_output.md:4757
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -239,6 +241,7 @@ class StructuredOutputLogitsProcessor:
         )
         return apply(logits)
 
+    # %% chapters/15_structured_output.md:4777
     @staticmethod
     def prepare_batch(rows, processors, output_token_ids, device: torch.device):
         """apply_batch in two halves (chapter 11's overlap): the CPU's now — the
@@ -281,7 +284,7 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4831
+# %% chapters/15_structured_output.md:4833
 def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     """[p.next_token_mask(ids) for each row], the common case inlined."""
     masks = []
@@ -312,14 +315,45 @@ def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     return masks
 
 
-# %% chapters/15_structured_output.md:4863
+# %% chapters/15_structured_output.md:4865
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4898
+# %% chapters/15_structured_output.md:4892
+RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
+
+
+def reference_step(compiled: CompiledGrammar, state: RowState, token: int):
+    """The row's state after token: advance over its bytes (uncached)."""
+    stacks, done = state
+    if done or token in compiled.index.eos_token_ids:
+        return stacks, True  # after EOS (or a token the mask forbade): only EOS
+    token_bytes = compiled.index.token_bytes
+    data = token_bytes[token] if token < len(token_bytes) else b""
+    new = compiled.advance(stacks, data) if data else None
+    return (stacks, True) if new is None else (new, False)
+
+
+def reference_next_token_mask(
+    proc: StructuredOutputLogitsProcessor, state: RowState, remaining: int | None
+) -> np.ndarray:
+    """The row's mask as the processor computed it before its per-step caches;
+    remaining: tokens left under max_tokens (None: the grammar's mask alone)."""
+    c, (stacks, done) = proc.compiled, state
+    if done:
+        words = np.zeros(c.num_words, np.uint32)
+        set_bits(words, c.eos)
+        return words
+    if proc.budget is None or remaining is None:
+        return c.mask(stacks)
+    words = proc.budget.mask(stacks, remaining)
+    return words if words.any() else c.mask(stacks)
+
+
+# %% chapters/15_structured_output.md:4975
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -357,7 +391,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:4972
+# %% chapters/15_structured_output.md:5049
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -390,7 +424,7 @@ def structured_outputs_from_response_format(
         raise GrammarError(str(e)) from None
 
 
-# %% chapters/15_structured_output.md:5050
+# %% chapters/15_structured_output.md:5125
 def structured_outputs_hook(engine, params: SamplingParams) -> SamplingParams:
     """Chapter 7's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
     logits processor, compiled for the engine's tokenizer."""
@@ -426,34 +460,3 @@ def constrained_by(params: SamplingParams, so) -> bool:
 # one entry, also when a notebook runs this cell again
 REQUEST_HOOKS[:] = [h for h in REQUEST_HOOKS if h.__name__ != "structured_outputs_hook"]
 REQUEST_HOOKS.append(structured_outputs_hook)
-
-
-# %% chapters/15_structured_output.md:5579
-RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
-
-
-def reference_step(compiled: CompiledGrammar, state: RowState, token: int):
-    """The row's state after token: advance over its bytes (uncached)."""
-    stacks, done = state
-    if done or token in compiled.index.eos_token_ids:
-        return stacks, True  # after EOS (or a token the mask forbade): only EOS
-    token_bytes = compiled.index.token_bytes
-    data = token_bytes[token] if token < len(token_bytes) else b""
-    new = compiled.advance(stacks, data) if data else None
-    return (stacks, True) if new is None else (new, False)
-
-
-def reference_next_token_mask(
-    proc: StructuredOutputLogitsProcessor, state: RowState, remaining: int | None
-) -> np.ndarray:
-    """The row's mask as the processor computed it before its per-step caches;
-    remaining: tokens left under max_tokens (None: the grammar's mask alone)."""
-    c, (stacks, done) = proc.compiled, state
-    if done:
-        words = np.zeros(c.num_words, np.uint32)
-        set_bits(words, c.eos)
-        return words
-    if proc.budget is None or remaining is None:
-        return c.mask(stacks)
-    words = proc.budget.mask(stacks, remaining)
-    return words if words.any() else c.mask(stacks)

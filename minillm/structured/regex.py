@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:425
+# %% chapters/15_structured_output.md:389
 """Regular expressions (Python's `re` syntax, the subset a grammar can hold) ->
 grammar expressions (chapter 15).
 
@@ -38,7 +38,7 @@ ASCII_CLASS["w"] = cs.union(cs.charset([(65, 90), (97, 122)]), cs.chars("0123456
 SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
 
 
-# %% chapters/15_structured_output.md:466
+# %% chapters/15_structured_output.md:430
 UNSUPPORTED = {
     "(?=": "lookahead",
     "(?!": "negative lookahead",
@@ -49,7 +49,7 @@ UNSUPPORTED = {
 }
 
 
-# %% chapters/15_structured_output.md:478
+# %% chapters/15_structured_output.md:442
 class _Parser:
     """Recursive descent over the pattern. Nodes: ("set", CharSet), ("seq", [...]),
     ("alt", [...]), ("rep", node, min, max), ("bol",), ("eol",)."""
@@ -82,7 +82,7 @@ class _Parser:
             items.append(self.quantified())
         return ("seq", items)
 
-    # %% chapters/15_structured_output.md:516
+    # %% chapters/15_structured_output.md:480
     def quantified(self):
         node = self.atom()
         while self.i < len(self.p):
@@ -109,7 +109,7 @@ class _Parser:
             node = ("rep", node, lo, hi)
         return node
 
-    # %% chapters/15_structured_output.md:551
+    # %% chapters/15_structured_output.md:515
     def atom(self):
         c = self.p[self.i]
         for prefix, what in UNSUPPORTED.items():
@@ -143,7 +143,7 @@ class _Parser:
             self.error(f"nothing to repeat or unbalanced {c!r}")
         return ("set", cs.chars(c))
 
-    # %% chapters/15_structured_output.md:588
+    # %% chapters/15_structured_output.md:552
     def escape(self, in_class: bool, negated: bool):
         if self.i >= len(self.p):
             self.error("a trailing backslash")
@@ -183,7 +183,7 @@ class _Parser:
         node = self.escape(in_class=True, negated=negated)
         return node[1], node[1][0][0] if len(node) == 3 else None
 
-    # %% chapters/15_structured_output.md:631
+    # %% chapters/15_structured_output.md:595
     def char_class(self) -> cs.CharSet:
         negated = self.peek("^")
         self.i += negated
@@ -211,7 +211,7 @@ class _Parser:
         return cs.complement(members) if negated else members
 
 
-# %% chapters/15_structured_output.md:664
+# %% chapters/15_structured_output.md:628
 def _expr(node, encode):
     kind = node[0]
     if kind == "set":

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:1816
+# %% chapters/15_structured_output.md:1794
 """JSON Schema before compiling: keywords, $ref, allOf merges and oneOf disjointness
 (chapter 15)."""
 
@@ -43,7 +43,7 @@ ANNOTATIONS = {
 }
 
 
-# %% chapters/15_structured_output.md:1862
+# %% chapters/15_structured_output.md:1840
 KEYS_OF_TYPE = {
     "object": {
         "properties",
@@ -80,7 +80,7 @@ KEYS_OF_TYPE = {
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
 
-# %% chapters/15_structured_output.md:1913
+# %% chapters/15_structured_output.md:1891
 # keywords a grammar cannot hold (each is refused by name where it would apply)
 UNSUPPORTED = {
     "not",
@@ -105,7 +105,7 @@ class SchemaWarning(UserWarning):
     """A keyword ignored (it does not constrain) or approximated (stated)."""
 
 
-# %% chapters/15_structured_output.md:1943
+# %% chapters/15_structured_output.md:1917
 def guaranteed(schema):
     """The schema every output of a compiled grammar satisfies: the schema with
     the two approximations made (oneOf read as anyOf, uniqueItems dropped)."""
@@ -128,7 +128,7 @@ def guaranteed(schema):
     return out
 
 
-# %% chapters/15_structured_output.md:1967
+# %% chapters/15_structured_output.md:1941
 class SchemaError(GrammarError):
     """A schema minillm cannot compile exactly; the message names the keyword and
     where it is (a JSON pointer)."""
@@ -158,7 +158,7 @@ def resolve_ref(root: dict, ref: str, path: str):
     return node
 
 
-# %% chapters/15_structured_output.md:2003
+# %% chapters/15_structured_output.md:1977
 def types_of(schema: dict) -> list[str]:
     """The types a schema admits: its `type`, else those its keywords imply, else
     all."""
@@ -200,7 +200,7 @@ def canonical(value) -> str:
     return json.dumps(norm(value), sort_keys=True)
 
 
-# %% chapters/15_structured_output.md:2046
+# %% chapters/15_structured_output.md:2020
 def normalize(schema: dict) -> dict:
     """Draft 4's boolean exclusiveMinimum/Maximum as later drafts' numbers; const as a
     one-value enum (so that merging and filtering see one keyword)."""
@@ -241,7 +241,7 @@ def both(a, b):
     return {"allOf": [a, b]}
 
 
-# %% chapters/15_structured_output.md:2095
+# %% chapters/15_structured_output.md:2069
 def _merge_key(key: str, va, vb, path: str):
     if key in LOWER:
         return max(va, vb)
@@ -279,7 +279,7 @@ def _merge_key(key: str, va, vb, path: str):
     raise SchemaError(f"allOf: the branches disagree on {key!r}", path, key)
 
 
-# %% chapters/15_structured_output.md:2134
+# %% chapters/15_structured_output.md:2108
 def merge(a: dict, b: dict, path: str):
     """allOf of two schemas (their $refs resolved, allOf flattened) as one schema,
     or False when no value can satisfy both."""
@@ -316,7 +316,7 @@ def value_types(value) -> set[str]:
     )
 
 
-# %% chapters/15_structured_output.md:2177
+# %% chapters/15_structured_output.md:2151
 def disjoint(a, b, resolve, strict: bool = False) -> bool:
     """Whether no value can satisfy both schemas, proven from their types, enums or a
     required property whose schemas are disjoint; False when unsure."""
