@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1290
+# %% chapters/11_cuda_graph.md:1319
 """Fused layers (chapter 11, "Fewer kernels"): the decoder layer rearranged so that
 torch.compile makes fewer kernels — q and k normed and rotated as one tensor, each
 residual sum made by the kernel of the norm that reads it, the MLP's activation made
@@ -33,7 +33,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/11_cuda_graph.md:1330
+# %% chapters/11_cuda_graph.md:1359
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
@@ -67,7 +67,7 @@ class FusedAttention(MergedAttention):
         return self.o_proj(out.reshape(*lead, q_size))
 
 
-# %% chapters/11_cuda_graph.md:1367
+# %% chapters/11_cuda_graph.md:1396
 def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     """One RMSNorm over heads (n_heads + n_kv_heads, head_dim), or None without q/k
     norms.
@@ -87,7 +87,7 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/11_cuda_graph.md:1396
+# %% chapters/11_cuda_graph.md:1425
 class FusedMLP(MergedMLP):
     """MergedMLP whose down projection makes the activation as it loads its input."""
 
@@ -99,7 +99,7 @@ class FusedMLP(MergedMLP):
         return silu_and_linear(gate_up, self.down_proj.weight)
 
 
-# %% chapters/11_cuda_graph.md:1424
+# %% chapters/11_cuda_graph.md:1453
 def norm_and_project(
     x: Tensor, residual: Tensor | None, norm: RMSNorm, proj: nn.Module
 ) -> tuple[Tensor, Tensor]:
@@ -113,7 +113,7 @@ def norm_and_project(
     return proj(norm(s)), s
 
 
-# %% chapters/11_cuda_graph.md:1609
+# %% chapters/11_cuda_graph.md:1643
 def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
     return (
@@ -146,7 +146,7 @@ def attend_rotated(
     return kv_cache.attn_backend(q, keys, values, attn_metadata, **scales)
 
 
-# %% chapters/11_cuda_graph.md:1648
+# %% chapters/11_cuda_graph.md:1682
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -182,7 +182,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/11_cuda_graph.md:1690
+# %% chapters/11_cuda_graph.md:1724
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:2618
+# %% chapters/01_model.md:2355
 """Read a GGUF file (llama.cpp's checkpoint format) into minillm's names (chapter 1,
 "A real pretrained model, from a GGUF file").
 
@@ -40,11 +40,28 @@ def read_gguf(path: str | Path) -> tuple[GGUFReader, dict]:
     return reader, metadata
 
 
-# %% chapters/01_model.md:2735
+# %% chapters/01_model.md:2467
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # llama.cpp's name -> HF's
 
 
-# %% chapters/01_model.md:2740
+# %% chapters/01_model.md:2472
+def _gguf_unsupported(key, tensor_names: set[str], head_dim: int) -> list[str]:
+    """What a GGUF file asks for that our model would silently not compute;
+    key(name, default) reads the architecture's metadata."""
+    problems = []
+    if (
+        key("rope.scaling.type", "none") != "none"
+        or "rope_freqs.weight" in tensor_names
+    ):
+        problems.append("rope scaling")
+    if key("expert_count"):
+        problems.append("mixture of experts")
+    if key("rope.dimension_count", head_dim) != head_dim:
+        problems.append("rotary embedding over part of each head")
+    return problems
+
+
+# %% chapters/01_model.md:2490
 def config_from_gguf(metadata: dict, tensor_names: set[str]) -> dict:
     """A Hugging Face config.json dict from a GGUF file's metadata."""
     arch = metadata.get("general.architecture")
@@ -59,16 +76,7 @@ def config_from_gguf(metadata: dict, tensor_names: set[str]) -> dict:
 
     heads, hidden = key("attention.head_count"), key("embedding_length")
     head_dim = key("attention.key_length") or hidden // heads
-    problems = []
-    if (
-        key("rope.scaling.type", "none") != "none"
-        or "rope_freqs.weight" in tensor_names
-    ):
-        problems.append("rope scaling")
-    if key("expert_count"):
-        problems.append("mixture of experts")
-    if key("rope.dimension_count", head_dim) != head_dim:
-        problems.append("rotary embedding over part of each head")
+    problems = _gguf_unsupported(key, tensor_names, head_dim)
     if problems:
         raise UnsupportedModelError(f"GGUF {arch} with {', '.join(problems)}")
     return {
@@ -94,7 +102,7 @@ def config_from_gguf(metadata: dict, tensor_names: set[str]) -> dict:
     }
 
 
-# %% chapters/01_model.md:2812
+# %% chapters/01_model.md:2552
 GGUF_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -131,7 +139,7 @@ def unpermute_rope_rows(w: Tensor, num_heads: int) -> Tensor:
     return w.reshape(num_heads, head_dim // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
 
-# %% chapters/01_model.md:2857
+# %% chapters/01_model.md:2594
 def gguf_tensors(reader: GGUFReader, config: dict) -> Iterator[tuple[str, Tensor]]:
     """(our name, float32 tensor) for every tensor of the file, dequantized."""
     heads = {
@@ -148,7 +156,7 @@ def gguf_tensors(reader: GGUFReader, config: dict) -> Iterator[tuple[str, Tensor
         yield name, w
 
 
-# %% chapters/01_model.md:2893
+# %% chapters/01_model.md:2625
 def _digits_then_gpt2():
     return pre_tokenizers.Sequence(
         [
@@ -167,7 +175,25 @@ PRE_TOKENIZERS = {
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (gguf.TokenType)
 
 
-# %% chapters/01_model.md:2919
+# %% chapters/01_model.md:2648
+def _add_gguf_tokens(tok: HFTokenizer, tokens: list[str], types: list[int]) -> None:
+    tok.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == CONTROL
+        ]
+    )
+    tok.add_tokens(
+        [
+            AddedToken(t, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == USER_DEFINED
+        ]
+    )
+
+
+# %% chapters/01_model.md:2671
 def tokenizer_from_gguf(metadata: dict) -> Tokenizer:
     """The byte-level BPE tokenizer a GGUF file's tokenizer.ggml.* keys describe."""
     kind, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")
@@ -186,20 +212,7 @@ def tokenizer_from_gguf(metadata: dict) -> Tokenizer:
     tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
     tok.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [
-            AddedToken(t, special=True, normalized=False)
-            for t, k in zip(tokens, types)
-            if k == CONTROL
-        ]
-    )
-    tok.add_tokens(
-        [
-            AddedToken(t, normalized=False)
-            for t, k in zip(tokens, types)
-            if k == USER_DEFINED
-        ]
-    )
+    _add_gguf_tokens(tok, tokens, types)
 
     def token(name: str) -> str | None:
         token_id = metadata.get(f"tokenizer.ggml.{name}_token_id")

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:442
+# %% chapters/11_cuda_graph.md:497
 """The GPU model runner (chapter 11, "CUDA graphs and the persistent batch").
 
 Chapter 7's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -50,7 +50,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/11_cuda_graph.md:499
+# %% chapters/11_cuda_graph.md:554
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -77,7 +77,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/11_cuda_graph.md:541
+# %% chapters/11_cuda_graph.md:596
 # run the LM head at every row count at start-up (False: the stalls come back)
 WARM_LM_HEAD = True
 # steady decoding's placeholders filled by one copy ("Overlapping the CPU and the
@@ -96,7 +96,7 @@ def warm_lm_head(model: CausalLM, max_rows: int) -> None:
         model.lm_head(hidden[:rows])
 
 
-# %% chapters/11_cuda_graph.md:561
+# %% chapters/11_cuda_graph.md:616
 class GPUModelRunner(ModelRunner):
     """Chapter 7's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -150,7 +150,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/11_cuda_graph.md:620
+    # %% chapters/11_cuda_graph.md:675
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -181,7 +181,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/11_cuda_graph.md:661
+    # %% chapters/11_cuda_graph.md:716
     def forward(
         self, output: SchedulerOutput, patch_input_ids=None
     ) -> tuple[StepInputs, Tensor]:
@@ -219,7 +219,7 @@ class GPUModelRunner(ModelRunner):
     def block_ids(self, request_id: str) -> list[int]:  # the rows hold the tables
         return self.input_batch.block_ids(request_id)
 
-    # %% chapters/11_cuda_graph.md:707
+    # %% chapters/11_cuda_graph.md:762
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         # a step run here samples on the CPU's side: no placeholders follow it
@@ -234,7 +234,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/11_cuda_graph.md:2261
+    # %% chapters/11_cuda_graph.md:2285
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -273,7 +273,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/11_cuda_graph.md:2447
+    # %% chapters/11_cuda_graph.md:2451
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -312,7 +312,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/11_cuda_graph.md:2535
+    # %% chapters/11_cuda_graph.md:2529
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
@@ -355,7 +355,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/11_cuda_graph.md:2585
+    # %% chapters/11_cuda_graph.md:2579
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -383,7 +383,7 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
-    # %% chapters/11_cuda_graph.md:2619
+    # %% chapters/11_cuda_graph.md:2613
     def _to_host(self, lp: LogprobsTensors) -> LogprobsTensors:
         """The logprobs' tensors on their way to pinned memory (on a GPU)."""
         if self.device.type != "cuda":
@@ -397,7 +397,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/11_cuda_graph.md:2640
+    # %% chapters/11_cuda_graph.md:2634
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -430,7 +430,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/11_cuda_graph.md:3237
+    # %% chapters/11_cuda_graph.md:3107
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -451,7 +451,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/11_cuda_graph.md:3266
+    # %% chapters/11_cuda_graph.md:3136
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -483,7 +483,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
-    # %% chapters/11_cuda_graph.md:3304
+    # %% chapters/11_cuda_graph.md:3174
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 6's: True where request may not go.
         Made once per request."""
@@ -494,7 +494,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/11_cuda_graph.md:3852
+    # %% chapters/11_cuda_graph.md:3683
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -516,7 +516,7 @@ class GPUModelRunner(ModelRunner):
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
 
-# %% chapters/11_cuda_graph.md:3793
+# %% chapters/11_cuda_graph.md:3617
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -544,6 +544,7 @@ class FastPathOptions:
                 "step's lengths, so it cannot be captured"
             )
 
+    # %% chapters/11_cuda_graph.md:3651
     @staticmethod
     def check_parts(config, parts: dict) -> None:
         names = ("cuda_graphs", "torch_compile", "async_scheduling")
@@ -564,5 +565,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3881
+# %% chapters/11_cuda_graph.md:3712
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1719
+# %% chapters/01_model.md:1708
 """Load Hugging Face Llama / Qwen2 / Qwen3 checkpoints from a local folder; save ours as
 Llama.
 
@@ -33,7 +33,7 @@ from minillm.model import (
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/01_model.md:1751
+# %% chapters/01_model.md:1740
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": {},
     "Qwen2ForCausalLM": {"attention_bias": True},
@@ -50,15 +50,9 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# %% chapters/01_model.md:1776
-def config_from_hf(hf: dict) -> ModelConfig:
-    """Our ModelConfig from the dict of a Hugging Face config.json."""
-    arch = (hf.get("architectures") or [None])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {arch!r} is not supported; minillm runs "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+# %% chapters/01_model.md:1762
+def _unsupported_features(hf: dict, arch: str) -> list[str]:
+    """What a config.json asks for that our model would silently not compute."""
     problems = []
     if hf.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={hf['hidden_act']!r} (only silu)")
@@ -68,6 +62,19 @@ def config_from_hf(hf: dict) -> ModelConfig:
         problems.append("attention_bias=true (a bias on o_proj too)")
     if hf.get("use_sliding_window"):
         problems.append("use_sliding_window=true")
+    return problems
+
+
+# %% chapters/01_model.md:1784
+def config_from_hf(hf: dict) -> ModelConfig:
+    """Our ModelConfig from the dict of a Hugging Face config.json."""
+    arch = (hf.get("architectures") or [None])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"architecture {arch!r} is not supported; minillm runs "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    problems = _unsupported_features(hf, arch)
     if problems:
         raise UnsupportedModelError(
             f"{arch} with {', '.join(problems)} is not supported"
@@ -97,15 +104,18 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-# %% chapters/01_model.md:1834
-def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
-    """A Hugging Face config.json dict for our model (as LlamaForCausalLM, the tiny
-    model's format).
-    """
+# %% chapters/01_model.md:1828
+def _check_plain_llama(config: ModelConfig) -> None:
     if config.attention_bias or config.qk_norm:
         raise UnsupportedModelError(
             "only a plain Llama-shaped model can be saved (no qkv bias, no q/k norm)"
         )
+
+
+# %% chapters/01_model.md:1837
+def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
+    """A Hugging Face config.json dict for our model, as LlamaForCausalLM."""
+    _check_plain_llama(config)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -130,7 +140,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-# %% chapters/01_model.md:1872
+# %% chapters/01_model.md:1869
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -147,7 +157,34 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return [single]
 
 
-# %% chapters/01_model.md:1900
+# %% chapters/01_model.md:1893
+def _copy_checkpoint(
+    model: CausalLM, files: list[Path], config: ModelConfig, folder: Path
+) -> None:
+    """Copy every tensor of the files into the parameter of its name; refuse a
+    checkpoint with a parameter missing or a tensor we have no place for."""
+    params = dict(model.named_parameters())
+    loaded, unexpected = set(), []
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if name in params:
+                    params[name].data.copy_(f.get_tensor(name))
+                    loaded.add(name)
+                elif not (
+                    name.endswith("rotary_emb.inv_freq")
+                    or (config.tie_word_embeddings and name == "lm_head.weight")
+                ):
+                    unexpected.append(name)
+    missing = sorted(set(params) - loaded)
+    if missing or unexpected:
+        raise UnsupportedModelError(
+            f"checkpoint in {folder} does not match {config.architecture}: missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}"
+        )
+
+
+# %% chapters/01_model.md:1927
 def load_model(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -174,29 +211,11 @@ def load_model(
             module.inv_freq = rope_inv_freq(
                 config.head_dim, config.rope_theta, config.rope_scaling
             )
-    params = dict(model.named_parameters())
-    loaded, unexpected = set(), []
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if name in params:
-                    params[name].data.copy_(f.get_tensor(name))
-                    loaded.add(name)
-                elif not (
-                    name.endswith("rotary_emb.inv_freq")
-                    or (config.tie_word_embeddings and name == "lm_head.weight")
-                ):
-                    unexpected.append(name)
-    missing = sorted(set(params) - loaded)
-    if missing or unexpected:
-        raise UnsupportedModelError(
-            f"checkpoint in {folder} does not match {config.architecture}: missing "
-            f"{missing[:5]}, unexpected {unexpected[:5]}"
-        )
+    _copy_checkpoint(model, files, config, folder)
     return model.eval()
 
 
-# %% chapters/01_model.md:1958
+# %% chapters/01_model.md:1964
 def load_pretrained(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -209,13 +228,8 @@ def load_pretrained(
     return load_model(folder, dtype, device), Tokenizer.from_pretrained(folder)
 
 
-# %% chapters/01_model.md:1975
-def save_pretrained(
-    model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
-) -> None:
-    """Write model (and tokenizer) to folder in Hugging Face's LlamaForCausalLM
-    format.
-    """
+# %% chapters/01_model.md:1983
+def _refuse_merged(model: CausalLM) -> None:
     merged = [
         name
         for name, _ in model.named_parameters()
@@ -227,6 +241,16 @@ def save_pretrained(
             "11's merge_projections, which the engine runs on a GPU); save it before "
             "handing it to the engine, or load it again"
         )
+
+
+# %% chapters/01_model.md:1999
+def save_pretrained(
+    model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
+) -> None:
+    """Write model (and tokenizer) to folder in Hugging Face's LlamaForCausalLM
+    format.
+    """
+    _refuse_merged(model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dtype = next(model.parameters()).dtype

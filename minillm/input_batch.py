@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:241
+# %% chapters/11_cuda_graph.md:240
 """The persistent batch (chapter 11, "The persistent batch").
 
 `InputBatch` keeps every running request's block table in a row of a CPU array between
@@ -37,7 +37,7 @@ class InputBatch:
         self.req_to_row: dict[str, int] = {}
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
 
-    # %% chapters/11_cuda_graph.md:284
+    # %% chapters/11_cuda_graph.md:283
     def row_for(self, request_id: str, new_ids: list[int], resumed: bool) -> int:
         """The request's row, its table extended by new_ids (replaced by them if
         resumed: a new request, or one back from preemption).
@@ -71,7 +71,7 @@ class InputBatch:
             self.free_rows.append(row)
 
 
-# %% chapters/11_cuda_graph.md:328
+# %% chapters/11_cuda_graph.md:327
 @dataclass
 class StepInputs:
     """One step's flat batch as CPU arrays (what chapter 1's build_attention_metadata
@@ -109,7 +109,7 @@ class StepInputs:
         return upload(self.input_ids, device), upload(self.positions, device), metadata
 
 
-# %% chapters/11_cuda_graph.md:371
+# %% chapters/11_cuda_graph.md:370
 def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     """a on the device, copied without making the CPU wait for the GPU."""
     t = torch.as_tensor(a)
@@ -118,7 +118,7 @@ def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     return t.to(device, non_blocking=True)
 
 
-# %% chapters/11_cuda_graph.md:389
+# %% chapters/11_cuda_graph.md:388
 def prepare_inputs(batch: InputBatch, output: SchedulerOutput) -> StepInputs:
     """The step's inputs; request i of output.scheduled_requests is sequence i of the
     batch.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:372
+# %% chapters/01_model.md:356
 """A LLaMA-style decoder that holds no KV state (chapter 1, "The model").
 
 RMSNorm, rotary position embeddings (with Llama 3 frequency scaling), grouped-query
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-# %% chapters/01_model.md:404
+# %% chapters/01_model.md:387
 @dataclass
 class ModelConfig:
     vocab_size: int = 2048
@@ -57,7 +57,7 @@ class ModelConfig:
                 f"head_dim must be even for rotary embeddings, got {self.head_dim}"
             )
 
-    # %% chapters/01_model.md:443
+    # %% chapters/01_model.md:425
     @property
     def eos_token_ids(self) -> list[int]:
         if self.eos_token_id is None:
@@ -69,12 +69,12 @@ class ModelConfig:
         )
 
 
-# %% chapters/01_model.md:462
+# %% chapters/01_model.md:443
 class UnsupportedModelError(ValueError):
     """The checkpoint uses an architecture or a feature minillm does not implement."""
 
 
-# %% chapters/01_model.md:481
+# %% chapters/01_model.md:461
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -87,7 +87,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-# %% chapters/01_model.md:542
+# %% chapters/01_model.md:522
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     """The rotation frequency of each pair of dimensions, (head_dim // 2,) float32."""
     inv_freq = 1.0 / theta ** (
@@ -115,7 +115,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     )
 
 
-# %% chapters/01_model.md:601
+# %% chapters/01_model.md:578
 class RotaryEmbedding(nn.Module):
     """cos/sin of every position's rotation angles. Holds no parameters and stays
     float32: the frequencies are a plain attribute, not a buffer, so
@@ -137,7 +137,7 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-# %% chapters/01_model.md:630
+# %% chapters/01_model.md:607
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x (..., n_heads, head_dim) by the angles of its positions; cos/sin are
     (..., head_dim).
@@ -148,7 +148,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-# %% chapters/01_model.md:706
+# %% chapters/01_model.md:682
 class KVCache(Protocol):
     """What the model needs from a KV cache: store this step's K/V, attend over all
     cached K/V.
@@ -168,7 +168,7 @@ class KVCache(Protocol):
     ) -> Tensor: ...
 
 
-# %% chapters/01_model.md:733
+# %% chapters/01_model.md:708
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention with no cache: each of T tokens attends to itself and the tokens before
     it.
@@ -182,7 +182,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
 
-# %% chapters/01_model.md:754
+# %% chapters/01_model.md:728
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -211,7 +211,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    # %% chapters/01_model.md:793
+    # %% chapters/01_model.md:767
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v of every token: three matrix products (chapter 11 merges them
         into one).
@@ -236,7 +236,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(*lead, self.n_heads * self.head_dim))
 
 
-# %% chapters/01_model.md:833
+# %% chapters/01_model.md:807
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -254,7 +254,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-# %% chapters/01_model.md:863
+# %% chapters/01_model.md:837
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -272,7 +272,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/01_model.md:889
+# %% chapters/01_model.md:862
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -294,7 +294,7 @@ class DecoderModel(nn.Module):
         return self.norm(x)
 
 
-# %% chapters/01_model.md:919
+# %% chapters/01_model.md:890
 class CausalLM(nn.Module):
     """The decoder plus its LM head. Holds weights only; all KV state is in the cache
     passed in.
@@ -314,7 +314,7 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    # %% chapters/01_model.md:949
+    # %% chapters/01_model.md:918
     def forward(
         self,
         input_ids: Tensor,
@@ -339,7 +339,7 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden_states).float()
 
 
-# %% chapters/01_model.md:1031
+# %% chapters/01_model.md:998
 @dataclass
 class AttentionMetadata:
     """How the flat batch of new tokens in one forward splits into sequences (names as
@@ -367,7 +367,31 @@ class AttentionMetadata:
         return self.slot_mapping.shape[0]
 
 
-# %% chapters/01_model.md:1080
+# %% chapters/01_model.md:1045
+def _positions_and_slots(
+    query_lens: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+) -> tuple[list[int], list[int]]:
+    """The position and the cache slot of every new token, sequence by sequence."""
+    positions, slots = [], []
+    for q_len, s_len, table in zip(query_lens, seq_lens, block_tables):
+        if not 0 < q_len <= s_len:
+            raise ValueError(
+                f"each sequence needs 0 < query_len <= seq_len, got {q_len} and {s_len}"
+            )
+        if s_len > len(table) * block_size:
+            raise ValueError(
+                f"seq_len {s_len} does not fit in {len(table)} blocks of {block_size}"
+            )
+        for pos in range(s_len - q_len, s_len):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    return positions, slots
+
+
+# %% chapters/01_model.md:1074
 def build_attention_metadata(
     query_lens: list[int],
     seq_lens: list[int],
@@ -382,19 +406,9 @@ def build_attention_metadata(
         raise ValueError(
             "query_lens, seq_lens and block_tables need one entry per sequence"
         )
-    positions, slots = [], []
-    for q_len, s_len, table in zip(query_lens, seq_lens, block_tables):
-        if not 0 < q_len <= s_len:
-            raise ValueError(
-                f"each sequence needs 0 < query_len <= seq_len, got {q_len} and {s_len}"
-            )
-        if s_len > len(table) * block_size:
-            raise ValueError(
-                f"seq_len {s_len} does not fit in {len(table)} blocks of {block_size}"
-            )
-        for pos in range(s_len - q_len, s_len):
-            positions.append(pos)
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    positions, slots = _positions_and_slots(
+        query_lens, seq_lens, block_tables, block_size
+    )
     width = max(len(t) for t in block_tables)
     padded = [t + [0] * (width - len(t)) for t in block_tables]
     starts = [0]
@@ -411,7 +425,7 @@ def build_attention_metadata(
     return torch.tensor(positions, dtype=torch.int64, device=device), metadata
 
 
-# %% chapters/01_model.md:1153
+# %% chapters/01_model.md:1138
 def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention of the last n of L positions over all L: q (n, n_heads, D), k/v (L,
     n_kv_heads, D).
@@ -430,7 +444,7 @@ def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return out.transpose(0, 1)
 
 
-# %% chapters/01_model.md:1183
+# %% chapters/01_model.md:1163
 class DenseKVCache:
     """A contiguous KV cache: every sequence owns a row of max_len slots in every layer.
 
@@ -463,7 +477,7 @@ class DenseKVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    # %% chapters/01_model.md:1226
+    # %% chapters/01_model.md:1205
     def attend(
         self,
         layer_idx: int,
@@ -493,7 +507,7 @@ class DenseKVCache:
         return out
 
 
-# %% chapters/01_model.md:1285
+# %% chapters/01_model.md:1260
 def sample_next(
     logits: Tensor,
     temperature: float = 0.0,
@@ -512,7 +526,29 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
-# %% chapters/01_model.md:1314
+# %% chapters/01_model.md:1287
+def _last_logits(
+    model: CausalLM,
+    cache: DenseKVCache,
+    pending: list[list[int]],
+    cached: list[int],
+    active: list[int],
+    device: torch.device,
+) -> tuple[list[int], Tensor]:
+    """One forward over the pending tokens of the active sequences: their lengths
+    once cached, and the logits of each one's last new token."""
+    query_lens = [len(pending[i]) for i in active]
+    seq_lens = [cached[i] + n for i, n in zip(active, query_lens)]
+    positions, metadata = build_attention_metadata(
+        query_lens, seq_lens, [[i] for i in active], cache.block_size, device
+    )
+    input_ids = torch.tensor([t for i in active for t in pending[i]], device=device)
+    hidden = model(input_ids, positions, metadata, cache)  # (num_tokens, hidden)
+    last = metadata.query_start_loc[1:].long() - 1  # each sequence's last token
+    return seq_lens, model.compute_logits(hidden[last])
+
+
+# %% chapters/01_model.md:1313
 @torch.inference_mode()
 def generate(
     model: CausalLM,
@@ -523,12 +559,8 @@ def generate(
     seed: int | None = None,
     stop_token_ids: tuple[int, ...] | list[int] = (),
 ) -> list[list[int]]:
-    """Generate for a batch of prompts with a dense KV cache; returns the new tokens of
-    each.
-
-    A sequence stops after max_new_tokens or after emitting one of stop_token_ids
-    (kept).
-    """
+    """The new tokens of each prompt, generated together through a dense KV cache; a
+    sequence stops after max_new_tokens or one of stop_token_ids (kept)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
@@ -542,17 +574,8 @@ def generate(
     cached = [0] * len(prompts)
     active = list(range(len(prompts)))
     while active:
-        query_lens = [len(pending[i]) for i in active]
-        seq_lens = [cached[i] + n for i, n in zip(active, query_lens)]
-        positions, metadata = build_attention_metadata(
-            query_lens, seq_lens, [[i] for i in active], max_len, device
-        )
-        input_ids = torch.tensor([t for i in active for t in pending[i]], device=device)
-        hidden = model(input_ids, positions, metadata, cache)  # (num_tokens, hidden)
-        last = metadata.query_start_loc[1:].long() - 1  # each sequence's last token
-        next_ids = sample_next(
-            model.compute_logits(hidden[last]), temperature, top_k, generator
-        ).tolist()
+        seq_lens, logits = _last_logits(model, cache, pending, cached, active, device)
+        next_ids = sample_next(logits, temperature, top_k, generator).tolist()
         for i, seq_len, token in zip(active, seq_lens, next_ids):
             cached[i], pending[i] = seq_len, [token]
             outputs[i].append(token)
@@ -564,7 +587,7 @@ def generate(
     return outputs
 
 
-# %% chapters/01_model.md:1372
+# %% chapters/01_model.md:1357
 @torch.inference_mode()
 def generate_without_cache(
     model: CausalLM,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:3028
+# %% chapters/11_cuda_graph.md:2897
 """What chapter 6's sampler reads from a request's tokens, kept for the steps
 launched ahead (chapter 11, "Penalties and token rules ahead").
 
@@ -26,7 +26,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 
 
-# %% chapters/11_cuda_graph.md:3055
+# %% chapters/11_cuda_graph.md:2925
 def uses_penalties(params: SamplingParams) -> bool:
     """Whether chapter 6 applies a repetition, frequency or presence penalty."""
     return (
@@ -47,7 +47,7 @@ def has_token_rules(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/11_cuda_graph.md:3087
+# %% chapters/11_cuda_graph.md:2957
 class PenaltiesState:
     """Per row of the persistent batch, on the device: the output-token counts and
     the prompt-token mask of a request (vLLM's PenaltiesState).
@@ -70,7 +70,7 @@ class PenaltiesState:
         self.num_counted = [0] * max_num_reqs
         self.num_rebuilt = 0  # rows built from a request's lists
 
-    # %% chapters/11_cuda_graph.md:3117
+    # %% chapters/11_cuda_graph.md:2987
     def update(
         self, rows: list[int], requests: list[Request], vocab_size: int, previous
     ):
@@ -113,7 +113,7 @@ class PenaltiesState:
         if flight_rows:
             self._count(flight_rows, previous.tokens[upload(flight_src, self.device)])
 
-    # %% chapters/11_cuda_graph.md:3167
+    # %% chapters/11_cuda_graph.md:3037
     def _rebuild(self, fresh: list[tuple[int, Request]]) -> None:
         rows = upload([row for row, _ in fresh], self.device)
         self.output_counts.index_fill_(0, rows, 0)
@@ -131,7 +131,7 @@ class PenaltiesState:
         index = (upload(rows, self.device), token_ids)
         self.output_counts.index_put_(index, ones, accumulate=True)
 
-    # %% chapters/11_cuda_graph.md:3192
+    # %% chapters/11_cuda_graph.md:3062
     def apply(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:
@@ -161,7 +161,7 @@ class PenaltiesState:
         )
         return logits
 
-    # %% chapters/11_cuda_graph.md:3670
+    # %% chapters/11_cuda_graph.md:3531
     def apply_kernel(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:

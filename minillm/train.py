@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1436
+# %% chapters/01_model.md:1419
 """Training a small CausalLM from scratch on a token stream (chapter 1, "The model")."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from minillm.model import CausalLM
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/01_model.md:1460
+# %% chapters/01_model.md:1441
 @dataclass(frozen=True)
 class TrainConfig:
     # 400 x 16 x 128 = 819k tokens
@@ -39,7 +39,7 @@ class TrainConfig:
         return asdict(self)
 
 
-# %% chapters/01_model.md:1491
+# %% chapters/01_model.md:1472
 def init_weights(model: CausalLM, std: float = 0.02) -> None:
     """GPT-2 style: N(0, std) everywhere, residual output projections scaled by
     1/sqrt(2 * layers).
@@ -60,7 +60,7 @@ def init_weights(model: CausalLM, std: float = 0.02) -> None:
             torch.nn.init.zeros_(p)
 
 
-# %% chapters/01_model.md:1517
+# %% chapters/01_model.md:1498
 def token_stream(tokenizer: Tokenizer, docs: list[str]) -> Tensor:
     """All documents as one 1-D tensor of ids, each as BOS + text + EOS."""
     ids: list[int] = []
@@ -69,7 +69,7 @@ def token_stream(tokenizer: Tokenizer, docs: list[str]) -> Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-# %% chapters/01_model.md:1543
+# %% chapters/01_model.md:1521
 def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -77,7 +77,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-# %% chapters/01_model.md:1576
+# %% chapters/01_model.md:1553
 def lm_loss(model: CausalLM, windows: Tensor) -> Tensor:
     """Mean next-token cross-entropy over windows (B, T+1)."""
     inputs, targets = windows[:, :-1], windows[:, 1:]
@@ -86,7 +86,7 @@ def lm_loss(model: CausalLM, windows: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-# %% chapters/01_model.md:1590
+# %% chapters/01_model.md:1566
 @torch.no_grad()
 def evaluate(
     model: CausalLM, stream: Tensor, seq_len: int, batch_size: int = 16
@@ -108,7 +108,29 @@ def evaluate(
     return total / n
 
 
-# %% chapters/01_model.md:1620
+# %% chapters/01_model.md:1593
+def _random_windows(
+    ids: Tensor, cfg: TrainConfig, generator: torch.Generator, device
+) -> Tensor:
+    """batch_size random windows of seq_len + 1 tokens of the stream, (B, T+1)."""
+    starts = torch.randint(
+        0, len(ids) - cfg.seq_len - 1, (cfg.batch_size,), generator=generator
+    )
+    windows = [ids[s : s + cfg.seq_len + 1] for s in starts.tolist()]
+    return torch.stack(windows).to(device)
+
+
+def _optimizer(model: CausalLM, cfg: TrainConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay,
+        fused=False,
+    )
+
+
+# %% chapters/01_model.md:1621
 def train(
     model: CausalLM,
     train_ids: Tensor,
@@ -121,24 +143,13 @@ def train(
     """
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(cfg.seed)
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-        weight_decay=cfg.weight_decay,
-        fused=False,
-    )
+    optimizer = _optimizer(model, cfg)
     log = {"step": [], "loss": [], "eval_step": [], "eval_loss": []}
     start = time.perf_counter()
     model.train()
     bar = tqdm(range(cfg.steps), desc="training", disable=not progress, mininterval=10)
     for step in bar:
-        starts = torch.randint(
-            0, len(train_ids) - cfg.seq_len - 1, (cfg.batch_size,), generator=generator
-        )
-        windows = torch.stack(
-            [train_ids[s : s + cfg.seq_len + 1] for s in starts.tolist()]
-        ).to(device)
+        windows = _random_windows(train_ids, cfg, generator, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = lm_loss(model, windows)

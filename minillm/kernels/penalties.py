@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:3552
+# %% chapters/11_cuda_graph.md:3413
 """Chapter 6's penalties as one Triton kernel for the steps launched ahead
 (chapter 11, "Penalties in one kernel").
 
@@ -28,7 +28,7 @@ PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 BLOCK = 4096  # tokens per program
 
 
-# %% chapters/11_cuda_graph.md:3583
+# %% chapters/11_cuda_graph.md:3444
 @triton.jit
 def _penalties_kernel(
     logits_ptr, out_ptr, state_rows_ptr, counts_ptr, seen_ptr, penalties_ptr,
@@ -62,7 +62,7 @@ def _penalties_kernel(
     tl.store(out_ptr + row * out_stride + offs, x, mask=offs < V)
 
 
-# %% chapters/11_cuda_graph.md:3626
+# %% chapters/11_cuda_graph.md:3487
 def apply_penalties(
     logits: Tensor,
     state_rows: Tensor,

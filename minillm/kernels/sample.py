@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1818
+# %% chapters/11_cuda_graph.md:1872
 """Chapter 6's sampler as one Triton kernel for the fast path (chapter 11,
 "Sampling on the device").
 
@@ -31,7 +31,7 @@ PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 BLOCK = 8192  # tokens of a row per loop step: 16 a thread, with 16 warps
 
 
-# %% chapters/11_cuda_graph.md:1848
+# %% chapters/11_cuda_graph.md:1902
 @triton.jit
 def _exp(x, PRECISE: tl.constexpr):
     if PRECISE:  # correctly rounded, as PyTorch's; tl.exp is an approximation
@@ -68,7 +68,7 @@ def _noise(seed, pos, tokens, PRECISE: tl.constexpr):
     return -_log(uniform, PRECISE)
 
 
-# %% chapters/11_cuda_graph.md:1890
+# %% chapters/11_cuda_graph.md:1944
 @triton.jit
 def _load(row_ptr, offs, n, t, RAW_KEYS: tl.constexpr, PRECISE: tl.constexpr):
     """A block of the row: its logits / t (float32) and their order keys."""
@@ -107,7 +107,7 @@ def _live(
     return e, live
 
 
-# %% chapters/11_cuda_graph.md:1939
+# %% chapters/11_cuda_graph.md:1993
 @triton.jit
 def _row_stats(
     row_ptr, V, t, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
@@ -141,7 +141,7 @@ def _row_stats(
     )
 
 
-# %% chapters/11_cuda_graph.md:1978
+# %% chapters/11_cuda_graph.md:2032
 @triton.jit
 def _top_k_key(
     row_ptr,
@@ -173,7 +173,7 @@ def _top_k_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2011
+# %% chapters/11_cuda_graph.md:2065
 @triton.jit
 def _top_p_key(
     row_ptr,
@@ -216,7 +216,7 @@ def _top_p_key(
     return low
 
 
-# %% chapters/11_cuda_graph.md:2065
+# %% chapters/11_cuda_graph.md:2119
 @triton.jit
 def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
            HAS_MIN_P: tl.constexpr):  # fmt: skip
@@ -239,7 +239,7 @@ def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
     return tl.where(up, e, 0.0)
 
 
-# %% chapters/11_cuda_graph.md:2091
+# %% chapters/11_cuda_graph.md:2145
 @triton.jit
 def _sample_kernel(
     logits_ptr,
@@ -294,7 +294,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/11_cuda_graph.md:2150
+# %% chapters/11_cuda_graph.md:2204
 def sample(
     logits: Tensor,
     temperature: Tensor,
