@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1139
+# %% chapters/06_sampler.md:1068
 """A batch's sampling parameters as tensors (chapter 6, "A batch of requests").
 
 vLLM: vllm/v1/sample/metadata.py. `SamplingMetadata.from_requests` turns the requests'
@@ -21,7 +21,7 @@ from torch import Tensor
 from minillm.sampling_params import LogitsProcessor, SamplingParams, SamplingType
 
 
-# %% chapters/06_sampler.md:1165
+# %% chapters/06_sampler.md:1091
 def int64_seed(seed: int) -> int:
     """A Python int seed as the signed 64-bit word with the same low 64 bits."""
     return (seed + 2**63) % 2**64 - 2**63
@@ -40,11 +40,10 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:1195
+# %% chapters/06_sampler.md:1120
 @dataclass
 class SamplingMetadata:
-    """What the sampler needs to know about the requests of one batch; row i is request
-    i.
+    """What the sampler needs to know about one batch's requests; row i is request i.
 
     A feature that no row uses is None (or an empty dict), and the sampler skips it.
     Rows that do not use a per-row setting carry its off value: top_k = vocab_size,
@@ -82,12 +81,12 @@ class SamplingMetadata:
     # row -> its bad words as token sequences (SamplingParams.bad_words_token_ids)
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
 
-    # %% chapters/06_sampler.md:1241
+    # %% chapters/06_sampler.md:1165
     @property
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1427
+    # %% chapters/06_sampler.md:1351
     @classmethod
     def from_requests(
         cls,
@@ -117,7 +116,7 @@ class SamplingMetadata:
         )
 
 
-# %% chapters/06_sampler.md:1266
+# %% chapters/06_sampler.md:1190
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
@@ -158,7 +157,7 @@ def _sampling_fields(
     )
 
 
-# %% chapters/06_sampler.md:1318
+# %% chapters/06_sampler.md:1242
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -186,7 +185,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:1353
+# %% chapters/06_sampler.md:1277
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,
@@ -228,7 +227,7 @@ def _constraint_fields(
     )
 
 
-# %% chapters/06_sampler.md:1403
+# %% chapters/06_sampler.md:1327
 def _bias_fields(
     params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
 ) -> dict:

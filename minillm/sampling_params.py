@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:391
+# %% chapters/06_sampler.md:343
 """Sampling parameters of one request (chapter 6, "The sampler").
 
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
@@ -34,7 +34,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
-# %% chapters/06_sampler.md:435
+# %% chapters/06_sampler.md:387
 class SamplingType(IntEnum):
     GREEDY = 0  # argmax: no random numbers at all
     RANDOM = 1  # a fresh key from the engine's shared generator each step
@@ -68,7 +68,7 @@ class RequestOutputKind(Enum):  # vLLM's names for output_kind's three values
     FINAL_ONLY = 2
 
 
-# %% chapters/06_sampler.md:479
+# %% chapters/06_sampler.md:431
 STRUCTURED_KINDS = (
     "json",
     "regex",
@@ -110,7 +110,7 @@ class StructuredOutputsParams:
         return next(k for k in STRUCTURED_KINDS if getattr(self, k) is not None)
 
 
-# %% chapters/06_sampler.md:522
+# %% chapters/06_sampler.md:474
 @dataclass
 class BeamSearchParams:
     """Settings of `LLM.beam_search` (vLLM's fields and defaults)."""
@@ -144,17 +144,11 @@ class BeamSearchParams:
                 raise SamplingParamsError(name, getattr(self, name), allowed)
 
 
-# %% chapters/06_sampler.md:560
+# %% chapters/06_sampler.md:512
 @dataclass
 class SamplingParams:
-    """How to choose the tokens of one request. Names and defaults follow vLLM (and so
-    OpenAI).
-
-    Off values: temperature 0 is greedy (exact argmax); top_k 0 (or -1, stored as 0),
-    top_p 1, min_p 0, frequency/presence penalty 0, repetition penalty 1. logprobs None
-    returns none; logprobs n returns the chosen token's logprob and rank and the n most
-    likely tokens.
-    """
+    """How to choose the tokens of one request: vLLM's (so OpenAI's) names and
+    defaults. Each field's comment gives its range and its off value."""
 
     n: int = 1  # completions per prompt (the engine runs n sequences)
     temperature: float = 1.0  # in [0, 2]; 0 is greedy
@@ -183,15 +177,13 @@ class SamplingParams:
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
     # a constraint on the output's form (chapter 15 turns it into a logits processor)
     structured_outputs: StructuredOutputsParams | None = None
-    # "cumulative": each output holds everything so far; "delta": only what is new
-    # since the request's last output; "final_only": one output, when it ends
-    # (vLLM's RequestOutputKind members are accepted too)
+    # "cumulative": each output holds all so far; "delta": what is new since the last
+    # one; "final_only": one output, when it ends (or a RequestOutputKind member)
     output_kind: str = "cumulative"
-    # token sequences whose last token may not complete them; update_from_tokenizer
-    # (the engine) adds bad_words' sequences here
+    # sequences whose last token may not complete them (the engine adds bad_words')
     bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
-    # %% chapters/06_sampler.md:617
+    # %% chapters/06_sampler.md:561
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -230,7 +222,7 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    # %% chapters/06_sampler.md:664
+    # %% chapters/06_sampler.md:608
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
@@ -264,7 +256,7 @@ class SamplingParams:
             if getattr(self, name) == -1:
                 setattr(self, name, vocab_size)
 
-    # %% chapters/06_sampler.md:708
+    # %% chapters/06_sampler.md:652
     def update_from_tokenizer(self, tokenizer) -> None:
         """Set the bad words' token sequences (SamplingParamsError if one is empty)."""
         sequences: list[list[int]] = []
@@ -285,7 +277,7 @@ class SamplingParams:
         self.bad_words_token_ids = sequences + [s for s in given if s not in sequences]
 
 
-# %% chapters/06_sampler.md:740
+# %% chapters/06_sampler.md:684
 # vLLM 0.32's SamplingParams fields minillm does not implement -> the values that
 # ask for nothing (accepted and dropped); any other value is refused
 VLLM_ONLY_FIELDS: dict[str, tuple] = {
@@ -309,7 +301,7 @@ def _asks_nothing(value, harmless: tuple) -> bool:
     return any(value is h or (type(value) is type(h) and value == h) for h in harmless)
 
 
-# %% chapters/06_sampler.md:768
+# %% chapters/06_sampler.md:712
 def _refuse_unknown_keywords(cls: type) -> type:
     """Wrap cls.__init__: an unknown keyword, or a vLLM-only one set to do
     something, raises UnknownParameterError naming it."""
@@ -334,7 +326,7 @@ def _refuse_unknown_keywords(cls: type) -> type:
 SamplingParams = _refuse_unknown_keywords(SamplingParams)
 
 
-# %% chapters/06_sampler.md:799
+# %% chapters/06_sampler.md:743
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -357,7 +349,7 @@ def _int_keys(bias):
         return bias
 
 
-# %% chapters/06_sampler.md:826
+# %% chapters/06_sampler.md:770
 def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
     return [
@@ -392,7 +384,7 @@ def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:865
+# %% chapters/06_sampler.md:809
 def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
     return [
@@ -428,7 +420,7 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:904
+# %% chapters/06_sampler.md:848
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for stop strings, bad words and the logit bias."""
     return [
@@ -461,9 +453,9 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:941
+# %% chapters/06_sampler.md:884
 def _token_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
-    """(field, ok, allowed) for token-id lists, processors and flags."""
+    """(field, ok, allowed) for token-id lists and processors."""
     return [
         (
             "bad_words_token_ids",
@@ -496,12 +488,19 @@ def _token_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
             and all(callable(f) for f in p.logits_processors),
             "a list of callables (output_token_ids, logits) -> logits",
         ),
+    ]
+
+
+# %% chapters/06_sampler.md:926
+def _flag_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
+    """(field, ok, allowed) for structured outputs and the flags (True or False)."""
+    structured = p.structured_outputs
+    return [
         (
             "structured_outputs",
-            p.structured_outputs is None
-            or isinstance(p.structured_outputs, StructuredOutputsParams),
+            structured is None or isinstance(structured, StructuredOutputsParams),
             "None or a StructuredOutputsParams",
-        ),
+        )
     ] + [
         (name, isinstance(getattr(p, name), bool), "True or False")
         for name in (
@@ -514,7 +513,7 @@ def _token_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:999
+# %% chapters/06_sampler.md:953
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).
@@ -524,6 +523,7 @@ def _verify_args(params: SamplingParams) -> None:
         + _length_checks(params)
         + _list_checks(params)
         + _token_checks(params)
+        + _flag_checks(params)
     )
     for name, ok, allowed in checks:
         if not ok:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:247
+# %% chapters/10_triton_decode.md:169
 """Triton decode attention over the paged KV cache: one query token per sequence,
 split-K (chapter 10, "Paged attention in Triton").
 
@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/10_triton_decode.md:293
+# %% chapters/10_triton_decode.md:215
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
@@ -155,7 +155,7 @@ def _decode_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
 
-# %% chapters/10_triton_decode.md:481
+# %% chapters/10_triton_decode.md:401
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -196,7 +196,7 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:534
+# %% chapters/10_triton_decode.md:454
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -232,7 +232,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/10_triton_decode.md:611
+# %% chapters/10_triton_decode.md:512
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -261,35 +261,32 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/10_triton_decode.md:647
+# %% chapters/10_triton_decode.md:548
+def decode_workspace(q: Tensor, num_splits: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Pass 1's outputs, float32: acc (num_seqs, n_heads, num_splits, D) and the
+    running max m and sum l (num_seqs, n_heads, num_splits)."""
+    num_seqs, num_heads, head_dim = q.shape
+    shape = (num_seqs, num_heads, num_splits)
+    acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
+    m = torch.empty(shape, dtype=torch.float32, device=q.device)
+    return acc, m, torch.empty_like(m)
+
+
+# %% chapters/10_triton_decode.md:560
 def decode_partials(
-    q: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    num_splits: int,
-    block_n: int,
-    num_warps: int,
-    num_stages: int,
-    split_tokens: int,
-    pdl: int = 0,
-    order: Tensor | None = None,
-    k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Pass 1: every split's partial result, float32: acc (num_seqs, n_heads,
-    num_splits, D) and the running max m and sum l (num_seqs, n_heads, num_splits).
-    pdl: launched early (Hopper). order (num_seqs,): the sequences in the order their
+    q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+    seq_lens: Tensor, num_splits: int, block_n: int, num_warps: int, num_stages: int,
+    split_tokens: int, pdl: int = 0, order: Tensor | None = None,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Pass 1: every split's partial result (acc, m, l: decode_workspace's). pdl:
+    launched early (Hopper). order (num_seqs,): the sequences in the order their
     programs should start. k_scale, v_scale: a scaled (FP8) cache's, one element each.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
-    shape = (num_seqs, num_heads, num_splits)
-    acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
-    m = torch.empty(shape, dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
+    acc, m, l = decode_workspace(q, num_splits)
     grid = (num_seqs, num_kv_heads, num_splits)
     if order is not None:
         grid = (num_kv_heads, num_splits, num_seqs)
@@ -315,7 +312,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/10_triton_decode.md:705
+# %% chapters/10_triton_decode.md:604
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -333,25 +330,15 @@ def reduce_splits(
     return out
 
 
-# %% chapters/10_triton_decode.md:726
+# %% chapters/10_triton_decode.md:625
 def paged_decode(
-    q: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    max_seq_len: int,
-    num_splits: int | None = None,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
-    programs_per_sm: int = 16,
-    split_tokens: int = 0,
-    pdl: int | None = None,
-    order: Tensor | None = None,
-    k_scale: Tensor | None = None,
+    q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+    seq_lens: Tensor, max_seq_len: int, num_splits: int | None = None,
+    block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+    programs_per_sm: int = 16, split_tokens: int = 0, pdl: int | None = None,
+    order: Tensor | None = None, k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
-) -> Tensor:
+) -> Tensor:  # fmt: skip
     """Decode attention: q (num_seqs, n_heads, D), one token per sequence whose K/V are
     cached in key_cache, value_cache (num_blocks, block_size, n_kv_heads, D).
 
@@ -370,20 +357,10 @@ def paged_decode(
             len(q), num_kv_heads, max_seq_len, block_n, programs_per_sm, split_tokens
         )
     out = torch.empty_like(q)
+    # fmt: off
     acc, m, l = decode_partials(
-        q,
-        key_cache,
-        value_cache,
-        block_tables,
-        seq_lens,
-        num_splits,
-        block_n,
-        num_warps,
-        num_stages,
-        split_tokens,
-        pdl,
-        order,
-        k_scale,
-        v_scale,
+        q, key_cache, value_cache, block_tables, seq_lens, num_splits, block_n,
+        num_warps, num_stages, split_tokens, pdl, order, k_scale, v_scale,
     )
+    # fmt: on
     return reduce_splits(acc, m, l, out, pdl)

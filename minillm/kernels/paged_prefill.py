@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:909
+# %% chapters/10_triton_decode.md:734
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 10, "Paged attention in Triton").
 
@@ -28,7 +28,7 @@ from minillm.model import AttentionMetadata
 LOG2_E = math.log2(math.e)
 
 
-# %% chapters/10_triton_decode.md:942
+# %% chapters/10_triton_decode.md:767
 @triton.jit
 def _load_kv(
     base, block, slot, stride_b, stride_s, t_ok,
@@ -46,7 +46,7 @@ def _load_kv(
     return x
 
 
-# %% chapters/10_triton_decode.md:968
+# %% chapters/10_triton_decode.md:793
 @triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
@@ -84,7 +84,7 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/10_triton_decode.md:1010
+# %% chapters/10_triton_decode.md:835
 # the block table's width changes every step
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
@@ -154,7 +154,7 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/10_triton_decode.md:1119
+# %% chapters/10_triton_decode.md:956
 def prefill_tile_map(
     md: AttentionMetadata,
     block_m: int,
@@ -164,11 +164,8 @@ def prefill_tile_map(
     """(tile_seq, tile_start), int32 on the device: each program's sequence and first
     query row, the tiles with the most keys first (unless longest_first is False).
     align_end: a chunk's tiles end where it ends, so that its first tile, the one
-    with the fewest keys, holds the padding rows (its start is negative).
-
-    Built once per step: the map depends on the metadata alone, so the first layer
-    builds it and stores it on the metadata object, and every later layer of the same
-    forward reuses it.
+    with the fewest keys, holds the padding rows (its start is negative). Built by
+    the first layer of a forward and kept on the metadata for the others.
     """
     cached = md.__dict__.setdefault("_prefill_tiles", {})
     if (block_m, longest_first, align_end) not in cached:
@@ -189,13 +186,9 @@ def prefill_tile_map(
         if align_end:  # shift each chunk's tiles back by its padding
             tile_start -= (tiles * block_m - q_lens)[tile_seq]
         if longest_first:
-            q_len = q_lens[tile_seq]
-            context = md.seq_lens.long()[tile_seq] - q_len
-            # the keys a tile's last row sees; a spare tile sees none
-            keys = context + torch.minimum(tile_start + block_m, q_len)
-            keys = torch.where(tile_start < q_len, keys, -1)
-            order = torch.argsort(keys, descending=True, stable=True)
-            tile_seq, tile_start = tile_seq[order], tile_start[order]
+            tile_seq, tile_start = longest_tiles_first(
+                md, q_lens, tile_seq, tile_start, block_m
+            )
         cached[block_m, longest_first, align_end] = (
             tile_seq.to(torch.int32),
             tile_start.to(torch.int32),
@@ -203,7 +196,24 @@ def prefill_tile_map(
     return cached[block_m, longest_first, align_end]
 
 
-# %% chapters/10_triton_decode.md:1189
+# %% chapters/10_triton_decode.md:1008
+def longest_tiles_first(
+    md: AttentionMetadata, q_lens: Tensor, tile_seq: Tensor, tile_start: Tensor,
+    block_m: int,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The tiles (tile_seq, tile_start) sorted by the keys their last row sees, most
+    first; a spare tile (past its chunk) sees none and goes last. q_lens: the chunks'
+    lengths (num_seqs,)."""
+    q_len = q_lens[tile_seq]
+    context = md.seq_lens.long()[tile_seq] - q_len
+    # the keys a tile's last row sees; a spare tile sees none
+    keys = context + torch.minimum(tile_start + block_m, q_len)
+    keys = torch.where(tile_start < q_len, keys, -1)
+    order = torch.argsort(keys, descending=True, stable=True)
+    return tile_seq[order], tile_start[order]
+
+
+# %% chapters/10_triton_decode.md:1029
 # tile knobs by the element size of q: chosen from the sweeps (see the text);
 # maxnreg caps each thread's registers (None: Triton's choice)
 PREFILL_KNOBS = {
@@ -222,35 +232,18 @@ def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
     return max(1, 16 // group_p2, tokens)
 
 
-# %% chapters/10_triton_decode.md:1212
-def paged_prefill(
-    q: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    attn_metadata: AttentionMetadata,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    longest_first: bool = True,
-    align_end: bool | None = None,
-    diag_n: int | None = None,
-    maxnreg: int | None = None,
-    k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None,
-) -> Tensor:
-    """Attention for a flat batch of query chunks (any lengths) over the paged cache.
-    Returns q's shape. Knobs left None take PREFILL_KNOBS' values; diag_n: the key
-    tile of the masked (diagonal) loop; align_end: see prefill_tile_map; maxnreg:
-    registers per thread at most (0: no cap). k_scale, v_scale: as paged_decode's.
-    """
-    md = attn_metadata
-    _, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    group = num_heads // num_kv_heads
-    group_p2 = triton.next_power_of_2(group)
+# %% chapters/10_triton_decode.md:1052
+def prefill_knobs(
+    q: Tensor, max_query_len: int, group_p2: int, block_m: int | None,
+    block_n: int | None, diag_n: int | None, align_end: bool | None,
+    maxnreg: int | None,
+) -> tuple[dict, int, int, int, bool, dict]:  # fmt: skip
+    """(PREFILL_KNOBS' row for q, block_m, block_n, diag_n, align_end, launch extras):
+    the knobs given, else the table's. diag_n: the key tile of the masked (diagonal)
+    loop; align_end: see prefill_tile_map; maxnreg: registers per thread at most (0:
+    no cap)."""
     knobs = PREFILL_KNOBS[q.element_size()]
-    block_m = block_m or prefill_block_m(md.max_query_len, group_p2, knobs["rows"])
+    block_m = block_m or prefill_block_m(max_query_len, group_p2, knobs["rows"])
     block_n, diag_n = block_n or knobs["block_n"], diag_n or knobs["diag_n"]
     if q.is_cuda and min(block_n, diag_n) < 16:  # the CPU's interpreter takes any
         raise ValueError(
@@ -258,10 +251,31 @@ def paged_prefill(
             "and the values (tl.dot) needs 16 keys or more on a GPU"
         )
     align_end = knobs["align_end"] if align_end is None else align_end
-    tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first, align_end)
-    out = torch.empty_like(q)
     maxnreg = knobs["maxnreg"] if maxnreg is None else maxnreg
     extra = {"maxnreg": maxnreg} if maxnreg else {}  # a register cap (0: none)
+    return knobs, block_m, block_n, diag_n, align_end, extra
+
+
+# %% chapters/10_triton_decode.md:1080
+def paged_prefill(
+    q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata,
+    block_m: int | None = None, block_n: int | None = None,
+    num_warps: int | None = None, num_stages: int | None = None,
+    longest_first: bool = True, align_end: bool | None = None,
+    diag_n: int | None = None, maxnreg: int | None = None,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """Attention for query chunks of any length, q's shape; knobs: prefill_knobs'."""
+    md = attn_metadata
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
+    group_p2 = triton.next_power_of_2(group)
+    knobs, block_m, block_n, diag_n, align_end, extra = prefill_knobs(
+        q, md.max_query_len, group_p2, block_m, block_n, diag_n, align_end, maxnreg
+    )
+    tile_seq, tile_start = prefill_tile_map(md, block_m, longest_first, align_end)
+    out = torch.empty_like(q)
     # fmt: off
     _prefill_kernel[(tile_seq.shape[0] * num_kv_heads,)](
         q, key_cache, value_cache, out,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1637
+# %% chapters/10_triton_decode.md:1323
 """Chapter 2's reshape_and_cache in one Triton kernel launch (chapter 10, "Writing the
 cache in one launch").
 
@@ -22,7 +22,7 @@ from torch import Tensor
 from minillm.kernels.paged_decode import _launched_early, default_launch
 
 
-# %% chapters/10_triton_decode.md:1658
+# %% chapters/10_triton_decode.md:1344
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -57,7 +57,25 @@ def _write_kv_kernel(
     tl.store(value_cache_ptr + slot * ROW + i, v, mask=ok)
 
 
-# %% chapters/10_triton_decode.md:1698
+# %% chapters/10_triton_decode.md:1386
+def check_cache_write(
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor
+) -> None:
+    """The kernel's contract: K and V rows of the cache's shape per token, and caches
+    a slot of which is at slot * row (contiguous)."""
+    _, n_kv, head_dim = key.shape
+    if key_cache.shape[-2:] != (n_kv, head_dim) or value.shape != key.shape:
+        raise ValueError(
+            f"key {tuple(key.shape)} and value {tuple(value.shape)} do not fit a cache "
+            f"of {tuple(key_cache.shape)}"
+        )
+    if not key_cache.is_contiguous() or not value_cache.is_contiguous():
+        raise ValueError(
+            "the caches must be contiguous (one layer's view of PagedKVCache is)"
+        )
+
+
+# %% chapters/10_triton_decode.md:1405
 def triton_reshape_and_cache(
     key: Tensor,
     value: Tensor,
@@ -71,15 +89,7 @@ def triton_reshape_and_cache(
     arguments, same result (a scaled cache's scales: float32 tensors of one element).
     """
     num_tokens, n_kv, head_dim = key.shape
-    if key_cache.shape[-2:] != (n_kv, head_dim) or value.shape != key.shape:
-        raise ValueError(
-            f"key {tuple(key.shape)} and value {tuple(value.shape)} do not fit a cache "
-            f"of {tuple(key_cache.shape)}"
-        )
-    if not key_cache.is_contiguous() or not value_cache.is_contiguous():
-        raise ValueError(
-            "the caches must be contiguous (one layer's view of PagedKVCache is)"
-        )
+    check_cache_write(key, value, key_cache, value_cache)
     if num_tokens == 0:
         return
     # in the cache's dtype (rounded by PyTorch, as chapter 2 does), and each token's

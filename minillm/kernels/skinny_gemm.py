@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_triton_decode.md:1955
+# %% chapters/10_triton_decode.md:1579
 """A Triton matrix product for the few rows of a decode step (chapter 10, "Matrix
 products for a handful of rows").
 
@@ -30,7 +30,7 @@ from minillm.kernels.paged_decode import default_launch
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/10_triton_decode.md:2000
+# %% chapters/10_triton_decode.md:1624
 @triton.jit
 def _load_x(x_ptr, offs, mask, K, GATED: tl.constexpr, NORM: tl.constexpr, r_ptr,
             g, rstd):  # fmt: skip
@@ -51,7 +51,7 @@ def _load_x(x_ptr, offs, mask, K, GATED: tl.constexpr, NORM: tl.constexpr, r_ptr
     return x
 
 
-# %% chapters/10_triton_decode.md:2022
+# %% chapters/10_triton_decode.md:1646
 @triton.jit
 def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.constexpr,
          K_P2: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
@@ -75,7 +75,7 @@ def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.conste
     return rstd
 
 
-# %% chapters/10_triton_decode.md:2053
+# %% chapters/10_triton_decode.md:1677
 @triton.jit
 def _load_w(w_ptr, n, n_ok, kk, K, stride_wn):
     """W's rows n at columns kk: (BLOCK_N, BLOCK_K), runs of contiguous bytes."""
@@ -115,7 +115,7 @@ def _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, kk, M, K, stride_xm,
     return acc
 
 
-# %% chapters/10_triton_decode.md:2096
+# %% chapters/10_triton_decode.md:1720
 # one compiled kernel for every M and split count
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _skinny_kernel(
@@ -214,7 +214,7 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/10_triton_decode.md:2253
+# %% chapters/10_triton_decode.md:1873
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -253,7 +253,7 @@ def default_config(
     return cfg
 
 
-# %% chapters/10_triton_decode.md:2298
+# %% chapters/10_triton_decode.md:1918
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -272,18 +272,11 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/10_triton_decode.md:2326
-def skinny_linear(
-    x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
-) -> Tensor:
-    """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
-    override default_config (block_n, block_k, num_warps, num_stages, split_k,
-    use_dot, pdl). gated: x is (M, 2K), gate then up, and the product is
-    silu_mul(x) @ W.T. norm = (g, eps, residual, sums): the product is of
-    RMSNorm(residual + x) (residual None: of x) with weights g, and the rows
-    residual + x (or x) are stored in sums (M, K).
-    """
-    (M, K_x), (N, K) = x.shape, weight.shape
+# %% chapters/10_triton_decode.md:1946
+def check_skinny(x: Tensor, weight: Tensor, gated: bool, norm: tuple) -> None:
+    """skinny_linear's contract: x (1..MAX_M, K) (gated: 2K), weight (N, K), one
+    dtype; gated or normed, not both."""
+    (M, K_x), K = x.shape, weight.shape[1]
     bad = gated and bool(norm)  # one or the other
     if (
         bad
@@ -296,28 +289,52 @@ def skinny_linear(
             f"one dtype, got {tuple(x.shape)} {x.dtype} and {tuple(weight.shape)} "
             f"{weight.dtype}"
         )
-    x = x if x.stride(1) == 1 else x.contiguous()
-    weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+
+
+def norm_inputs(x: Tensor, norm: tuple, y: Tensor) -> tuple:
+    """(x, g, eps, residual, sums) of a normed product, norm = (g, eps, residual,
+    sums): the product is of RMSNorm(residual + x) (residual None: of x) with weights
+    g, and the rows residual + x (or x) are stored in sums (M, K). Without norm, y
+    stands in for the tensors, which are not read."""
     g, eps, residual, sums = norm or (y, 0.0, None, y)  # (not read without norm)
     if norm:
         x = x.contiguous()  # x, the residual and the sums: rows of stride K
         residual = x if residual is None else residual.contiguous()
+    return x, g, eps, residual, sums
+
+
+def k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(BLOCK_K steps per slice, slices) when split_k slices of K are asked for,
+    rounded so that no slice is empty."""
+    k_steps = triton.cdiv(K, block_k)
+    steps_per_split = triton.cdiv(k_steps, min(split_k, k_steps))
+    return steps_per_split, triton.cdiv(k_steps, steps_per_split)
+
+
+# %% chapters/10_triton_decode.md:1986
+def skinny_linear(
+    x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
+) -> Tensor:
+    """x (M, K) @ weight (N, K).T for 1 <= M <= MAX_M, accumulated in float32; knobs
+    override default_config's, and pdl. gated: x is (M, 2K), gate then up, and the
+    product is silu_mul(x) @ W.T. norm = (g, eps, residual, sums): see norm_inputs.
+    """
+    M, (N, K) = x.shape[0], weight.shape
+    check_skinny(x, weight, gated, norm)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    x, g, eps, residual, sums = norm_inputs(x, norm, y)
     exact = x.dtype == torch.float32
     cfg = {**default_config(M, N, K, num_sms(x.device), exact), **knobs}
     pdl = cfg.get("pdl", default_launch(x.device))
     bn, bk = cfg["block_n"], cfg["block_k"]
-    k_steps = triton.cdiv(K, bk)
-    steps_per_split = triton.cdiv(k_steps, min(cfg["split_k"], k_steps))
-    splits = triton.cdiv(k_steps, steps_per_split)  # no split left empty
+    steps_per_split, splits = k_slices(K, bk, cfg["split_k"])
     n_blocks = triton.cdiv(N, bn)
+    part = count = y  # not read without a split
     if splits > 1:
-        part, count = (
-            torch.empty(splits, M, N, dtype=torch.float32, device=x.device),
-            _counters(x.device, n_blocks),
-        )
-    else:
-        part = count = y  # not read
+        part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+        count = _counters(x.device, n_blocks)
     # fmt: off
     _skinny_kernel[(n_blocks, splits)](
         x, weight, y, part, count, residual if norm else y, g, sums,
@@ -336,7 +353,7 @@ def skinny_linear(
     return y
 
 
-# %% chapters/10_triton_decode.md:2399
+# %% chapters/10_triton_decode.md:2037
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -364,7 +381,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/10_triton_decode.md:2432
+# %% chapters/10_triton_decode.md:2070
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
@@ -394,7 +411,7 @@ def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# %% chapters/10_triton_decode.md:2468
+# %% chapters/10_triton_decode.md:2106
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Chapter 1's RMSNorm of x, with the norm's weight and eps."""
     x32 = x.float()
