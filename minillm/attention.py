@@ -120,8 +120,7 @@ def paged_attention_ref(
     k_scale: Tensor | float | None = None,
     v_scale: Tensor | float | None = None,
 ) -> Tensor:
-    """Attention of a batch of new tokens over a paged KV cache, vectorised over
-    sequences.
+    """Attention of new tokens over a paged KV cache, vectorised over sequences.
 
     q: (num_tokens, n_heads, D), the flat batch that attn_metadata describes, whose K/V
     are already in the cache; key_cache, value_cache: (num_blocks, block_size,
@@ -138,18 +137,14 @@ def paged_attention_ref(
     q_pad[seq_idx, row] = q
     # (S, max_q, n_kv, group, D)
     q_pad = q_pad.float().view(num_seqs, max_q, n_kv, n_heads // n_kv, head_dim)
-    # (S, L, n_kv, D)
+    # k, v: (S, L, n_kv, D)
     k = gather_blocks(key_cache, md.block_tables, md.max_seq_len).float()
-    # (S, L, n_kv, D)
     v = gather_blocks(value_cache, md.block_tables, md.max_seq_len).float()
     if k_scale is not None:  # a scaled cache holds K / k_scale and V / v_scale
         k, v = k * k_scale, v * v_scale
     visible = visibility_mask(md)  # (S, max_q, L)
-    # (S, L): the slots any row may read, i.e. l < seq_len
-    in_sequence = visible.any(dim=1)
-    # never trust a slot past the end
-    v = v.masked_fill(~in_sequence[:, :, None, None], 0.0)
-    # (S, n_kv, group, max_q, L)
+    in_sequence = visible.any(dim=1)  # (S, L): the slots l < seq_len
+    v = v.masked_fill(~in_sequence[:, :, None, None], 0.0)  # zeroed past the end
     scores = torch.einsum("sqkgd,slkd->skgql", q_pad, k) * head_dim**-0.5
     scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
     probs = scores.softmax(dim=-1)  # (S, n_kv, group, max_q, L)
@@ -158,7 +153,7 @@ def paged_attention_ref(
     return out.reshape(num_seqs, max_q, n_heads, head_dim)[seq_idx, row].to(q.dtype)
 
 
-# %% chapters/04_paged_attention.md:625
+# %% chapters/04_paged_attention.md:620
 def grow_block_table(
     table: list[int], num_tokens: int, block_size: int, free_blocks: list[int]
 ) -> None:
@@ -174,7 +169,7 @@ def grow_block_table(
         table.append(free_blocks.pop())
 
 
-# %% chapters/04_paged_attention.md:653
+# %% chapters/04_paged_attention.md:648
 @torch.inference_mode()
 def paged_forward(
     model: CausalLM,
@@ -203,7 +198,7 @@ def paged_forward(
     return model.compute_logits(hidden[last])  # (num_seqs, vocab)
 
 
-# %% chapters/04_paged_attention.md:692
+# %% chapters/04_paged_attention.md:687
 def paged_decode(
     model: CausalLM,
     kv_cache: PagedKVCache,
@@ -241,7 +236,7 @@ def paged_decode(
     return outputs
 
 
-# %% chapters/04_paged_attention.md:741
+# %% chapters/04_paged_attention.md:736
 @torch.inference_mode()
 def generate_paged(
     model: CausalLM,
@@ -260,9 +255,7 @@ def generate_paged(
     """chapter 1's `generate` through a paged KV cache: the new tokens of each prompt.
 
     num_blocks defaults to what every prompt needs at full length; a kv_cache passed in
-    is used as it is (its blocks, its backend). shuffle_seed shuffles the free list
-    (None: blocks in order).
-    """
+    is used as it is; shuffle_seed shuffles the free list (None: blocks in order)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     param = next(model.parameters())

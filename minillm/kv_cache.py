@@ -205,6 +205,7 @@ class PagedKVCache:
     signature (chapter 10 has a one-kernel version).
     """
 
+    # %% chapters/02_paged_kv.md:658
     def __init__(
         self,
         config: ModelConfig,
@@ -237,7 +238,7 @@ class PagedKVCache:
         ones = torch.ones(config.num_hidden_layers, device=device)
         self.k_scale, self.v_scale = ones, ones.clone()
 
-    # %% chapters/02_paged_kv.md:701
+    # %% chapters/02_paged_kv.md:707
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
@@ -269,7 +270,7 @@ class PagedKVCache:
             return {}
         return {"k_scale": self.k_scale[layer_idx], "v_scale": self.v_scale[layer_idx]}
 
-    # %% chapters/02_paged_kv.md:742
+    # %% chapters/02_paged_kv.md:748
     def attend(
         self,
         layer_idx: int,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:299
+# %% chapters/05_scheduler.md:298
 """Per-request block tables on top of the block pool (chapter 5, "The scheduler").
 
 Names follow vLLM v1 (vllm/v1/core/kv_cache_manager.py): `allocate_slots` grows a
@@ -18,7 +18,7 @@ from minillm.request import Request
 __all__ = ["KVCacheManager", "NoFreeBlocksError"]
 
 
-# %% chapters/05_scheduler.md:321
+# %% chapters/05_scheduler.md:320
 class KVCacheManager:
     """Maps request id -> the blocks holding its tokens, in order (its block table).
 
@@ -55,7 +55,7 @@ class KVCacheManager:
         """
         return [], 0
 
-    # %% chapters/05_scheduler.md:374
+    # %% chapters/05_scheduler.md:373
     def allocate_slots(
         self,
         request: Request,
@@ -95,7 +95,7 @@ class KVCacheManager:
         self.req_to_blocks[request.request_id] = blocks + new_blocks
         return new_blocks
 
-    # %% chapters/05_scheduler.md:424
+    # %% chapters/05_scheduler.md:423
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """After a step: remember request's blocks that are now full (chapter 8
         overrides this).

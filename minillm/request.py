@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:133
+# %% chapters/05_scheduler.md:132
 """Requests as the scheduler sees them: tokens, and how many are computed (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. As in vLLM v1 (vllm/v1/request.py),
@@ -42,7 +42,7 @@ class RequestStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
-# %% chapters/05_scheduler.md:184
+# %% chapters/05_scheduler.md:183
 @dataclass(eq=False)
 class Request:
     """One generation request. Invariant: 0 <= num_computed_tokens <= num_tokens."""
@@ -74,7 +74,7 @@ class Request:
             )
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
 
-    # %% chapters/05_scheduler.md:229
+    # %% chapters/05_scheduler.md:228
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

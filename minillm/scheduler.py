@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/05_scheduler.md:471
+# %% chapters/05_scheduler.md:470
 """Continuous batching with a token budget, chunked prefill and preemption (chapter 5).
 
 Chapter 5 ("The scheduler") explains this module. The design is vLLM v1's
@@ -19,7 +19,7 @@ from minillm.kv_cache_manager import KVCacheManager, NoFreeBlocksError
 from minillm.request import Request, RequestStatus
 
 
-# %% chapters/05_scheduler.md:496
+# %% chapters/05_scheduler.md:495
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 32
@@ -54,7 +54,7 @@ class SchedulerConfig:
             )
 
 
-# %% chapters/05_scheduler.md:547
+# %% chapters/05_scheduler.md:546
 @dataclass
 class SchedulerOutput:
     scheduled_requests: list[Request]  # batch order
@@ -85,7 +85,7 @@ class SchedulerOutput:
         )
 
 
-# %% chapters/05_scheduler.md:589
+# %% chapters/05_scheduler.md:588
 class Scheduler:
     """Decides, each step, which requests compute how many tokens (continuous batching).
 
@@ -117,7 +117,7 @@ class Scheduler:
         # step, keeping its place (chapter 19: at most max_loras adapters at once)
         self.admission_checks: list = []
 
-    # %% chapters/05_scheduler.md:632
+    # %% chapters/05_scheduler.md:631
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -136,7 +136,7 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    # %% chapters/05_scheduler.md:679
+    # %% chapters/05_scheduler.md:678
     def schedule(self) -> SchedulerOutput:
         """This step's batch: running requests first, then waiting ones, as far as the
         token budget, the seats and the cache go.
@@ -154,7 +154,7 @@ class Scheduler:
         self._add_block_updates(output)
         return output
 
-    # %% chapters/05_scheduler.md:709
+    # %% chapters/05_scheduler.md:708
     def _add_block_updates(self, output: SchedulerOutput) -> None:
         """Each scheduled request's blocks past those it was last sent with; all of
         them for a new request, or one preempted since (its blocks are others)."""
@@ -170,7 +170,7 @@ class Scheduler:
             output.new_block_ids[rid] = [b.block_id for b in blocks[known:]]
             sent[rid] = (r.num_preemptions, len(blocks))
 
-    # %% chapters/05_scheduler.md:738
+    # %% chapters/05_scheduler.md:737
     def _schedule_running(
         self, budget: int, scheduled: dict[str, int], preempted: list[str]
     ) -> int:
@@ -199,7 +199,7 @@ class Scheduler:
                 budget -= num_new
         return budget
 
-    # %% chapters/05_scheduler.md:782
+    # %% chapters/05_scheduler.md:781
     def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
         """Pass 2: admit waiting requests, first come first served."""
         held: list[Request] = []  # refused by an admission check, for this step
@@ -234,7 +234,7 @@ class Scheduler:
             budget -= num_new
         self.waiting.extendleft(reversed(held))
 
-    # %% chapters/05_scheduler.md:835
+    # %% chapters/05_scheduler.md:834
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop the request's cache and queue it to run again
         first.
@@ -249,7 +249,7 @@ class Scheduler:
         request.num_preemptions += 1
         self._add_waiting(request, front=True)
 
-    # %% chapters/05_scheduler.md:862
+    # %% chapters/05_scheduler.md:861
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
@@ -275,7 +275,7 @@ class Scheduler:
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         return updated
 
-    # %% chapters/05_scheduler.md:897
+    # %% chapters/05_scheduler.md:896
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -301,7 +301,7 @@ class Scheduler:
             request.num_output_placeholders = 0
             self.finished_req_ids.add(request_id)
 
-    # %% chapters/05_scheduler.md:1204
+    # %% chapters/05_scheduler.md:1092
     def _add_waiting(self, request: Request, front: bool = False) -> None:
         """Queue request: FCFS at the back (a preempted one at the front); priority
         in (priority, arrival_time) order."""
@@ -324,7 +324,7 @@ class Scheduler:
         return self.running[-1]  # the most recently admitted
 
 
-# %% chapters/05_scheduler.md:666
+# %% chapters/05_scheduler.md:665
 def _tokens_to_go(request: Request) -> int:
     """Tokens of request not yet computed; a placeholder (chapter 11) and a proposed
     token (chapter 14) count as one each."""
@@ -336,7 +336,7 @@ def _tokens_to_go(request: Request) -> int:
     )
 
 
-# %% chapters/05_scheduler.md:1229
+# %% chapters/05_scheduler.md:1117
 def _urgency(request: Request) -> tuple[int, float]:
     """Sort key of priority scheduling: smaller is served first."""
     return request.priority, request.arrival_time

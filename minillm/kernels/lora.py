@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:613
+# %% chapters/19_lora.md:625
 """LoRA shrink and expand as Triton kernels (chapter 19, "The kernels"). The reference
 is lora.ops (lora_shrink_ref, lora_expand_ref). vLLM: vllm/lora/ops/triton_ops/
 kernel_utils.py. On a machine without a GPU, set TRITON_INTERPRET=1 before importing."""
@@ -44,7 +44,7 @@ def _shrink_kernel(
     tl.store(at, acc, mask=row_ok[:, None] & (r[None, :] < R))
 
 
-# %% chapters/19_lora.md:660
+# %% chapters/19_lora.md:672
 @triton.jit
 def _expand_kernel(
     buf_ptr, b_ptr, y_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, R, N,
@@ -69,7 +69,7 @@ def _expand_kernel(
     tl.store(at, (y.to(tl.float32) + add).to(y.dtype), mask=ok)
 
 
-# %% chapters/19_lora.md:689
+# %% chapters/19_lora.md:701
 def _block_r(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))  # tl.dot needs 16 or more
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1662
+# %% chapters/13_quantization.md:1622
 """W8A8 on the GPU, fused (chapter 13): each token's activations quantized in one
 launch, and the int8 product with both scales applied in its epilogue.
 
@@ -21,7 +21,7 @@ from torch import Tensor
 ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + ROUND) - ROUND rounds v to even
 
 
-# %% chapters/13_quantization.md:1682
+# %% chapters/13_quantization.md:1642
 @triton.jit
 def _quantize_rows_kernel(
     x_ptr, q_ptr, s_ptr, K, QMAX: tl.constexpr, INT8: tl.constexpr, BLOCK: tl.constexpr
@@ -60,7 +60,7 @@ def quantize_rows(x: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     return codes, scales
 
 
-# %% chapters/13_quantization.md:1725
+# %% chapters/13_quantization.md:1685
 @triton.jit
 def _int8_mm_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K,
@@ -94,7 +94,7 @@ def _int8_mm_kernel(
     tl.store(c, out.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-# %% chapters/13_quantization.md:1760
+# %% chapters/13_quantization.md:1720
 def int8_mm_config(m: int) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, warps, stages) for m rows, from benchmarks/quant_gemm.py
     --int8-sweep on the H200: narrow tiles for a decode step's few rows (enough

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:1052
+# %% chapters/19_lora.md:1064
 """LoRA adapters in the engine (chapter 19, "The engine"): the options, the runner
 extension that sets each step's adapters, and the engine's request check and
 scheduler admission check. vLLM: vllm/config/lora.py (LoRAConfig),
@@ -18,7 +18,7 @@ from minillm.registry import ENGINE_HOOKS, FAST_PATH_BLOCKERS, REQUEST_CHECKS
 from minillm.registry import RUNNER_EXTENSIONS, engine_options
 
 
-# %% chapters/19_lora.md:1072
+# %% chapters/19_lora.md:1084
 @engine_options
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -58,7 +58,7 @@ class LoRAConfig:
             )
 
 
-# %% chapters/19_lora.md:1113
+# %% chapters/19_lora.md:1125
 def lora_runner(runner_cls: type, config, parts: dict) -> type:
     """Chapter 7's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
     if not config.enable_lora:
@@ -98,7 +98,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
     return LoRARunner
 
 
-# %% chapters/19_lora.md:1156
+# %% chapters/19_lora.md:1168
 def adapter_names(requests) -> str:
     """The adapters of requests, by name, sorted and comma-separated (vLLM's label)."""
     return ",".join(sorted({r.lora_request.lora_name for r in requests

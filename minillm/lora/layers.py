@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:768
+# %% chapters/19_lora.md:780
 """Linear layers with many adapters (chapter 19, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -26,7 +26,7 @@ class LoRABatch:
     backend: str = "torch"
 
 
-# %% chapters/19_lora.md:795
+# %% chapters/19_lora.md:807
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, slices: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int):  # fmt: skip
@@ -52,7 +52,7 @@ class LoRALinear(nn.Module):
         return y
 
 
-# %% chapters/19_lora.md:825
+# %% chapters/19_lora.md:837
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""

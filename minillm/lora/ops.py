@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:501
+# %% chapters/19_lora.md:513
 """The batched LoRA products (chapter 19, "The batched products"): shrink (x A) and
 expand (y += (x A) B), every row with its own adapter's slot; the PyTorch reference,
 and the dispatch to the Triton kernels (kernels/lora.py) on a GPU.
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 
-# %% chapters/19_lora.md:521
+# %% chapters/19_lora.md:533
 @dataclass
 class LoRAMapping:
     """Which adapter slot each token of a step uses (-1: none), and the same grouped
@@ -52,7 +52,7 @@ class LoRAMapping:
                    as_tensor(list(groups)), as_tensor(starts), longest)  # fmt: skip
 
 
-# %% chapters/19_lora.md:558
+# %% chapters/19_lora.md:570
 def lora_shrink_ref(x: Tensor, lora_a: Tensor, mapping: LoRAMapping) -> Tensor:
     """x (T, K), lora_a (S, K, R) -> (T, R) float32: x A of each row's slot (rows
     without one: 0)."""

@@ -104,21 +104,9 @@ def read_peft_config(folder: Path) -> dict:
 
 
 # %% chapters/19_lora.md:351
-def load_lora_adapter(
-    path: str | Path, config: ModelConfig, max_lora_rank: int, name: str = "", int_id=0
-) -> LoRAAdapter:
-    """The adapter in PEFT folder path, checked against the model's config."""
-    folder = Path(path)
-    peft = read_peft_config(folder)
-    rank, alpha = int(peft["r"]), float(peft.get("lora_alpha", peft["r"]))
-    if rank > max_lora_rank:
-        raise LoRAError(
-            f"{folder}: rank r={rank} is above max_lora_rank={max_lora_rank}"
-        )
-    file = folder / "adapter_model.safetensors"
-    if not file.is_file():
-        raise LoRAError(f"{folder}: no adapter_model.safetensors")
-    scaling = alpha / (math.sqrt(rank) if peft.get("use_rslora") else rank)
+def read_lora_tensors(file: Path, config: ModelConfig, rank: int) -> dict:
+    """{(layer, module, "A" | "B"): the tensor, transposed to multiply x @ it} from an
+    adapter_model.safetensors, every key and shape checked against the model."""
     shapes, sides = module_shapes(config), {}
     try:
         tensors = load_file(file)
@@ -138,6 +126,26 @@ def load_lora_adapter(
                 f"{file}: {key} has shape {tuple(tensor.shape)}, the model needs {want}"
             )
         sides[layer, module, side] = tensor.float().t().contiguous()
+    return sides
+
+
+# %% chapters/19_lora.md:381
+def load_lora_adapter(
+    path: str | Path, config: ModelConfig, max_lora_rank: int, name: str = "", int_id=0
+) -> LoRAAdapter:
+    """The adapter in PEFT folder path, checked against the model's config."""
+    folder = Path(path)
+    peft = read_peft_config(folder)
+    rank, alpha = int(peft["r"]), float(peft.get("lora_alpha", peft["r"]))
+    if rank > max_lora_rank:
+        raise LoRAError(
+            f"{folder}: rank r={rank} is above max_lora_rank={max_lora_rank}"
+        )
+    file = folder / "adapter_model.safetensors"
+    if not file.is_file():
+        raise LoRAError(f"{folder}: no adapter_model.safetensors")
+    scaling = alpha / (math.sqrt(rank) if peft.get("use_rslora") else rank)
+    sides = read_lora_tensors(file, config, rank)
     weights = {}
     for layer, module, side in sides:
         if (layer, module, "B" if side == "A" else "A") not in sides:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1208
+# %% chapters/13_quantization.md:1173
 """Quantizing a whole model: scaling groups, the passes of each method, and the
 modules that replace nn.Linear (chapter 13)."""
 
@@ -24,7 +24,7 @@ from minillm.quantization.sequential import gptq_sequential
 from minillm.quantization.w8a8 import Int8Linear, smooth_scales
 
 
-# %% chapters/13_quantization.md:1231
+# %% chapters/13_quantization.md:1196
 @dataclass
 class ScalingGroup:
     """Projections that read one input, and how to divide that input by s."""
@@ -47,7 +47,7 @@ def _div_norm(norm: nn.Module) -> Callable[[Tensor], None]:
     return lambda s: norm.weight.div_(s.to(norm.weight))
 
 
-# %% chapters/13_quantization.md:1255
+# %% chapters/13_quantization.md:1220
 def scaling_groups(model: nn.Module) -> list[ScalingGroup]:
     """Per decoder layer: (q, k, v) after the first norm; o after v where every
     query head has its own v head; (gate, up) after the second norm; down after up.
@@ -88,7 +88,7 @@ def apply_scales(model: nn.Module, group: ScalingGroup, s: Tensor) -> None:
         group.fold(s)
 
 
-# %% chapters/13_quantization.md:1851
+# %% chapters/13_quantization.md:1811
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
@@ -130,7 +130,7 @@ def int4_codes(
     return out
 
 
-# %% chapters/13_quantization.md:1901
+# %% chapters/13_quantization.md:1861
 def int4_layers(model: nn.Module, codes: dict[str, Codes]) -> list[str]:
     """Replace each projection named in codes by chapter 12's Int4Linear."""
 
@@ -158,7 +158,7 @@ def fake_quantize_layers(model: nn.Module, codes: dict[str, Codes]) -> None:
             linear.weight.copy_(dequantize_groups(*codes[name]).to(linear.weight))
 
 
-# %% chapters/13_quantization.md:1930
+# %% chapters/13_quantization.md:1890
 @torch.no_grad()
 def w8a8_layers(
     model: nn.Module, stats: dict[str, LinearStats] | None, alpha: float | None

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1525
+# %% chapters/13_quantization.md:1487
 """FP8 W8A8 (E4M3): per-channel or per-tensor weight scales, dynamic per-token
 activation scales, torch._scaled_mm on a GPU with FP8 tensor cores, a float32
 reference elsewhere (chapter 13)."""
@@ -43,7 +43,7 @@ def fp8_mm(a, a_scale, b, b_scale, out_dtype) -> Tensor:
     return out[:m].to(out_dtype)
 
 
-# %% chapters/13_quantization.md:1567
+# %% chapters/13_quantization.md:1529
 class Fp8Linear(nn.Module):
     """FP8 W8A8: E4M3 weight with a scale per output row (or one per tensor, then
     repeated per row); the input is quantized per token at every call."""

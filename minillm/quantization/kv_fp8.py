@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:3686
+# %% chapters/13_quantization.md:3131
 """An FP8 KV cache's per-layer scales and its quality cost (chapter 13, "An FP8 KV
 cache"): the largest |K| and |V| each layer writes on calibration windows, held-out
 losses with every window's keys and values read back from a paged cache of a given
@@ -35,7 +35,7 @@ class AbsMaxCache(PagedKVCache):
         super().write(layer_idx, key, value, slot_mapping)
 
 
-# %% chapters/13_quantization.md:3725
+# %% chapters/13_quantization.md:3170
 @torch.no_grad()
 def paged_window_nll(
     model: CausalLM, windows: Tensor, cache: PagedKVCache, batch_size: int = 8
@@ -62,7 +62,7 @@ def paged_window_nll(
     return torch.cat(nll)
 
 
-# %% chapters/13_quantization.md:3756
+# %% chapters/13_quantization.md:3201
 def window_cache(
     model: CausalLM, windows: Tensor, dtype: torch.dtype, batch_size: int = 8,
     block_size: int = 16, cls: type = PagedKVCache,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1980
+# %% chapters/13_quantization.md:1938
 """The engine's quantization methods "gptq", "awq", "w8a8" and "fp8" (chapter 13),
 registered in chapter 12's QUANTIZATION_METHODS seam; calibrated results are cached
 in $MINILLM_CACHE/quantized/ and loaded on the next build."""
@@ -36,7 +36,7 @@ from minillm.tokenizer import Tokenizer
 CACHE_VERSION = 1  # bump when a method's code changes its output
 
 
-# %% chapters/13_quantization.md:2020
+# %% chapters/13_quantization.md:1978
 @engine_options
 @dataclass(frozen=True)
 class QuantizationOptions:
@@ -75,7 +75,7 @@ class QuantizationOptions:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/13_quantization.md:2064
+# %% chapters/13_quantization.md:2022
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -101,7 +101,7 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/13_quantization.md:2100
+# %% chapters/13_quantization.md:2055
 KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
 
 
@@ -117,7 +117,7 @@ def save_quantized(model: nn.Module, path: Path, everything: bool = False) -> No
     tmp.rename(path)  # atomic: the file appears complete or not at all
 
 
-# %% chapters/13_quantization.md:2117
+# %% chapters/13_quantization.md:2072
 def load_quantized(model: nn.Module, path: Path) -> None:
     from safetensors import safe_open
 
@@ -146,7 +146,7 @@ def load_quantized(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/13_quantization.md:2167
+# %% chapters/13_quantization.md:2115
 def gptq_group_size(config: EngineConfig) -> int:
     """The group size of quantization="gptq": its own, else chapter 12's."""
     return config.gptq_group_size or config.int4_group_size
@@ -166,6 +166,7 @@ def _settings(method: str, config: EngineConfig) -> dict:
     }[method]  # fmt: skip
 
 
+# %% chapters/13_quantization.md:2139
 def rotation_of(method: str, config: EngineConfig, hidden: int) -> str | None:
     """The rotation method applies to a model of that hidden size: quant_rotation,
     where "auto" is a randomized Hadamard matrix for GPTQ (where one of the hidden
@@ -196,7 +197,7 @@ def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None
     apply.int4_layers(model, codes)
 
 
-# %% chapters/13_quantization.md:2218
+# %% chapters/13_quantization.md:2171
 def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> None:
     merge_projections(model)
     needs = method != "w8a8" or config.smoothquant_alpha is not None
@@ -216,7 +217,7 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
         save_quantized(model, path, everything=rotated)
 
 
-# %% chapters/13_quantization.md:2239
+# %% chapters/13_quantization.md:2192
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 12's format (calibrated, cached)."""

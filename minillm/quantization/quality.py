@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:2582
+# %% chapters/13_quantization.md:2510
 """The quality table: held-out perplexity, with bootstrap intervals over the
 windows, and greedy agreement of each quantization method against the unquantized
 model (chapter 13). Cached in $MINILLM_CACHE/quantized/ under a key that hashes the
@@ -38,7 +38,7 @@ from minillm.tiny import default_cache_dir, tiny_model_path
 QUALITY_VERSION = 4  # 2: sequential GPTQ; 3: rotations; 4: strided windows, bootstrap
 
 
-# %% chapters/13_quantization.md:2625
+# %% chapters/13_quantization.md:2553
 @torch.no_grad()
 def window_nll(
     model: nn.Module, windows: Tensor, score_last: int | None = None,
@@ -67,7 +67,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(nll.mean().exp()), top1
 
 
-# %% chapters/13_quantization.md:2660
+# %% chapters/13_quantization.md:2588
 RESAMPLES, LEVEL, SEED = 2000, 0.95, 0  # every interval's bootstrap
 
 
@@ -102,7 +102,7 @@ def ppl_ratio(table: dict, a: str, b: str) -> tuple[float, float, float]:
     return math.exp(float(diff.double().mean())), math.exp(lo), math.exp(hi)
 
 
-# %% chapters/13_quantization.md:2704
+# %% chapters/13_quantization.md:2632
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -141,7 +141,7 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     ]
 
 
-# %% chapters/13_quantization.md:2744
+# %% chapters/13_quantization.md:2672
 def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats,
                        windows: Tensor) -> None:  # fmt: skip
     """Quantize model by one row's method (calibration: stats or windows)."""
@@ -157,7 +157,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.fp8_layers(model)
 
 
-# %% chapters/13_quantization.md:2770
+# %% chapters/13_quantization.md:2696
 # The modules whose code the table's rows run (checkpoint and methods: export and
 # engine only); of minillm.int4 the rows call replace_linears alone.
 TABLE_MODULES = ("rtn", "calibration", "gptq", "sequential", "rotation", "awq",
@@ -195,7 +195,7 @@ def command(name: str, calib, held_out, group_size: int) -> str:
             f"{held_out[1]}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2817
+# %% chapters/13_quantization.md:2741
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256),
     held_out: tuple[int, int] = (64, 256), group_size: int = 128,
@@ -228,7 +228,7 @@ def quality_table(
     return table | {"source": "computed now", "key": key}
 
 
-# %% chapters/13_quantization.md:2854
+# %% chapters/13_quantization.md:2778
 def build_table(name, folder, calib, held_out, group_size) -> dict:
     model, tokenizer = load_pretrained(folder)
     merge_projections(model)  # same results per row, fewer and larger products
@@ -262,7 +262,7 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
     return table
 
 
-# %% chapters/13_quantization.md:2889
+# %% chapters/13_quantization.md:2813
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="compute and print a quality table")
     p.add_argument("model", help='"tiny", "smollm2", or a model folder')
@@ -282,6 +282,6 @@ def main(argv: list[str] | None = None) -> None:
               f"agree {row['agreement']:.1%}")  # fmt: skip
 
 
-# %% chapters/13_quantization.md:2910
+# %% chapters/13_quantization.md:2834
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_quantization.md:1393
+# %% chapters/13_quantization.md:1355
 """SmoothQuant W8A8 (Xiao et al., 2022, arXiv:2211.10438): smoothing scales, int8
 per-channel weights, dynamic per-token int8 activations, and the int8 product
 (torch._int_mm: cuBLAS on a GPU, oneDNN on a CPU) (chapter 13)."""
@@ -29,7 +29,7 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
 
 
-# %% chapters/13_quantization.md:1427
+# %% chapters/13_quantization.md:1389
 def int8_mm(a: Tensor, b: Tensor) -> Tensor:
     """a [M, K] int8 @ b [N, K] int8 transposed -> [M, N] int32, exactly."""
     m = a.shape[0]
@@ -42,7 +42,7 @@ def int8_mm_ref(a: Tensor, b: Tensor) -> Tensor:
     return (a.double() @ b.double().T).to(torch.int32)
 
 
-# %% chapters/13_quantization.md:1441
+# %% chapters/13_quantization.md:1403
 class Int8Linear(nn.Module):
     """W8A8: int8 weight with a scale per output row; the input is quantized per
     token at every call."""

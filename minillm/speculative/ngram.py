@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:437
+# %% chapters/14_speculative.md:391
 """The n-gram (prompt lookup) proposer (chapter 14).
 
 vLLM: vllm/v1/spec_decode/ngram_proposer.py (`NgramProposer`, which finds the match
@@ -44,7 +44,7 @@ class NgramProposer:
         return []
 
 
-# %% chapters/14_speculative.md:492
+# %% chapters/14_speculative.md:445
 def ngram_propose_ref(
     token_ids: list[int], k: int, min_n: int, max_n: int
 ) -> list[int]:

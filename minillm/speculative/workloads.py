@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_speculative.md:2836
+# %% chapters/14_speculative.md:2686
 """The workloads of chapter 14's measurements: prompts from the held-out topics of the
 course corpus (chapter 1's split), shared by the chapter and benchmarks/speculative.py.
 """

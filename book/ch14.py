@@ -1,0 +1,182 @@
+"""Chapter 14's helpers that are not the lesson: the step-time probe, the engine loop
+the checks and measurements share, the live CPU runs and their table, and the figures
+of the stored `benchmarks/speculative.py` runs.
+
+The chapter (chapters/14_speculative.md) and its lab notes
+(chapters/lab_notes/14_speculative_lab.md) import them; speculation itself is in
+minillm/speculative/.
+"""
+
+from __future__ import annotations
+
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+from minillm.attention import paged_attention_ref
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.kv_cache import PagedKVCache, reshape_and_cache
+from minillm.model import build_attention_metadata
+from minillm.sampling_params import SamplingParams
+
+QUERY_TOKENS = [1, 2, 4, 8, 16]
+METHODS = ("ngram", "draft_model", "eagle", "medusa")
+
+
+def step_ms(model, num_query: int, context: int = 128, repeats: int = 5) -> float:
+    """Median ms of one forward + logits of one request: num_query new tokens after
+    context cached ones."""
+    block_size, vocab = 16, model.config.vocab_size
+    num_blocks = (context + num_query) // block_size + 1
+    cache = PagedKVCache(
+        model.config, num_blocks, block_size, paged_attention_ref, torch.float32,
+        "cpu", cache_writer=reshape_and_cache,
+    )  # fmt: skip
+    table = list(range(num_blocks))
+    ids = torch.randint(0, vocab, (context + num_query,))
+    with torch.inference_mode():
+        positions, md = build_attention_metadata([context], [context], [table], 16)
+        model(ids[:context], positions, md, cache)  # the context, cached once
+        total = context + num_query
+        positions, md = build_attention_metadata([num_query], [total], [table], 16)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.compute_logits(model(ids[context:], positions, md, cache))
+            times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)[repeats // 2]
+
+
+def plot_step_cost(step_cost: dict[str, list[float]], gpu: dict | None) -> None:
+    """Step time over one token's, against query tokens: CPU (live), GPU (stored)."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, ms in step_cost.items():
+        ax.plot(
+            QUERY_TOKENS, [t / ms[0] for t in ms], "o-", label=f"{name} (CPU, live)"
+        )
+    if gpu:
+        rows = gpu["step_vs_query_tokens"]
+        ax.plot(
+            [r["query_tokens"] for r in rows], [r["ms"] / rows[0]["ms"] for r in rows],
+            "s--", label=f"{gpu['model']} ({gpu['environment']['gpu']}, stored)",
+        )  # fmt: skip
+    ax.plot(QUERY_TOKENS, QUERY_TOKENS, ":", color="grey", label="cost ∝ tokens")
+    ax.set_xlabel("query tokens of the one request")
+    ax.set_ylabel("step time / time for 1 token")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+
+
+def generate(engine, prompts, params):
+    """Token ids per prompt, in order: the engine's loop, as LLM.generate runs it."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(
+            str(i), prompt, params[i] if isinstance(params, list) else params
+        )
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def all_blocks_free(engine) -> bool:
+    pool = engine.kv_cache_manager.block_pool
+    return (
+        pool.get_num_free_blocks() == pool.num_blocks
+        and not engine.kv_cache_manager.req_to_blocks
+    )
+
+
+def measure(model, tokenizer, kind: str, batch: int, spec: dict | None):
+    """(tokens, tokens/s, tau, tokens/step) of 24 greedy tokens per held-out prompt."""
+    from minillm.speculative.workloads import held_out_prompts
+
+    prompts = held_out_prompts(tokenizer, kind, batch)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    config = EngineConfig(
+        num_kv_blocks=128, max_num_seqs=batch, speculative_config=spec
+    )
+    engine = LLMEngine(model, tokenizer, config)
+    start = time.perf_counter()
+    tokens = generate(engine, prompts, params)
+    seconds = time.perf_counter() - start
+    stats = getattr(engine.model_runner, "spec_stats", None)
+    tau = stats.mean_acceptance_length if stats else 1.0
+    per_step = sum(map(len, tokens)) / engine.num_steps
+    return tokens, sum(map(len, tokens)) / seconds, tau, per_step
+
+
+def cpu_runs(models, k: int = 3) -> list[tuple]:
+    """Each (name, model, tokenizer, batches, methods) on both workloads, with and
+    without each proposer; asserts the tokens are the same. Rows: (name, workload,
+    batch, method, tau, tok/step, base tok/s, tok/s, speed-up, base tok/step)."""
+    rows = []
+    for name, model, tokenizer, batches, methods in models:
+        for kind in ("repetitive", "open"):
+            for batch in batches:
+                base_tokens, base_rate, _, base_step = measure(
+                    model, tokenizer, kind, batch, None
+                )
+                for method in methods:
+                    spec = {"method": method, "num_speculative_tokens": k}
+                    tokens, rate, tau, per_step = measure(
+                        model, tokenizer, kind, batch, spec
+                    )
+                    assert tokens == base_tokens  # lossless, on the real model too
+                    row = (name, kind, batch, method, tau, per_step, base_rate)
+                    rows.append((*row, rate, rate / base_rate, base_step))
+    return rows
+
+
+def print_cpu_runs(rows: list[tuple]) -> None:
+    print(
+        f"{'model':13} {'workload':10} {'batch':>5} {'proposer':11} {'tau':>5} "
+        f"{'tok/step':>8} {'base tok/s':>10} {'tok/s':>7} {'speed-up':>8}"
+    )
+    for name, kind, batch, method, tau, per_step, base, rate, gain, _ in rows:
+        print(
+            f"{name:13} {kind:10} {batch:5} {method:11} {tau:5.2f} {per_step:8.2f} "
+            f"{base:10.1f} {rate:7.1f} {gain:7.2f}x"
+        )
+
+
+def plot_speedup(rows: dict, first: dict) -> None:
+    """Stored H200 runs. Left: speed-up at batch 1 against k on the fast path, with
+    each run's tau dotted; right: n-gram lookup's against the batch, chapter 7's
+    runner."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for kind, style in (("repetitive", "o-"), ("open", "s--")):
+        for method in ("ngram", "eagle"):
+            runs = [
+                r for r in rows["runs"] if r["workload"] == kind and r["batch"] == 1
+            ]
+            pts = sorted(
+                (int(r["method"].split("k=")[1]), r["speedup"], r["tau"])
+                for r in runs
+                if r["method"].startswith(method)
+            )
+            ks, xs, taus = zip(*[(0, 1.0, 1.0), *pts])
+            line = left.plot(ks, xs, style, label=f"{method}, {kind}")[0]
+            left.plot(ks, taus, ":", marker="x", color=line.get_color(), alpha=0.5)
+        for k in (3, 5):
+            runs = [r for r in first["runs"] if r["workload"] == kind]
+            pts = [
+                (r["batch"], r["speedup"])
+                for r in runs
+                if r["method"] == f"ngram k={k}"
+            ]
+            right.plot(*zip(*pts), style, label=f"ngram k={k}, {kind}")
+    for ax in (left, right):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.legend(fontsize=7)
+    left.set(xlabel="proposals k (batch 1, fast path; dotted: τ, the bound)",
+             ylabel="speed-up over no proposer")  # fmt: skip
+    right.set(xlabel="batch (chapter 7's runner)", xscale="log", ylabel="speed-up")
+    fig.tight_layout()
+    plt.show()
