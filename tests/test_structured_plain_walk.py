@@ -2,11 +2,14 @@
 length along the chain of states, the other tokens walked apart, against the whole
 trie walked from each state."""
 
+import numpy as np
 import pytest
 
 from minillm.structured.matcher import (
     PLAIN,
     CompiledGrammar,
+    class_chain,
+    class_tokens,
     plain_chain,
     plain_index,
 )
@@ -26,6 +29,14 @@ SCHEMAS = [
     },
     {"type": "array", "items": {"type": "string", "maxLength": 700}},
     {"type": "string", "format": "date-time"},
+    {  # patterns with a class and a count (JSONSchemaBench's ids and names)
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "pattern": "^[0-9a-zA-Z_-]{1,30}$"},
+            "id": {"type": "string", "pattern": "^[A-Fa-f\\d]{24}$"},
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"},
+        },
+    },
 ]
 
 
@@ -55,7 +66,7 @@ def test_plain_index_splits_the_vocabulary(compiler):
 
 @pytest.mark.parametrize("whitespace", [True, False])
 def test_walk_by_plain_bytes_equals_the_whole_walk_on_every_state(compiler, whitespace):
-    index, chained = compiler.index, 0
+    index, chained, classed = compiler.index, 0, 0
     for schema in SCHEMAS:
         params = StructuredOutputsParams(
             json=schema, disable_any_whitespace=not whitespace
@@ -67,4 +78,22 @@ def test_walk_by_plain_bytes_equals_the_whole_walk_on_every_state(compiler, whit
             dense = (g_.table[g] != g_.SINK).sum() >= 128
             args = (g_.table, compiled.events, g, len(index.levels))
             chained += bool(dense and plain_chain(*args) is not None)
+            found = class_chain(*args)
+            classed += bool(found is not None and not found[1].all())
+            fast = compiled.chain(g, len(index.levels))  # from the table of moves
+            assert (fast is None) == (found is None), g
+            if found is not None:
+                assert np.array_equal(fast[0], found[0]), g
+                assert np.array_equal(fast[1], found[1]), g
     assert chained >= 10  # plain strings and bounded ones took the chain
+    assert classed >= 10  # and the patterns' classes took theirs
+
+
+def test_class_tokens_are_the_plain_tokens_inside_the_class(compiler):
+    index = compiler.index
+    ids = plain_index(index)[0]
+    for chars in (b"0123456789abcdefABCDEF", b"_-" + bytes(range(97, 123)), b"x"):
+        cls = [b in chars for b in PLAIN.tolist()]
+        got = class_tokens(index, np.array(cls))
+        want = [set(index.token_bytes[t]) <= set(chars) for t in ids.tolist()]
+        assert got.tolist() == want and any(want)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:3923
+# %% chapters/15_structured_output.md:4121
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -28,7 +28,7 @@ from minillm.structured.token_index import TokenIndex
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:3950
+# %% chapters/15_structured_output.md:4148
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -55,7 +55,7 @@ class FinishBudget:
             self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:4160
+    # %% chapters/15_structured_output.md:4358
     def bound(self, stacks: Stacks) -> int:
         """The room below which the budget may cut tokens from the mask of stacks:
         the most tokens any allowed token leaves to finish (an uncertain one's
@@ -68,13 +68,12 @@ class FinishBudget:
                 int(self.dist[list(s[:-1])].sum()) + self.worst_after(s[-1])
                 for s in closed
             )
-            token_bytes = c.index.token_bytes
-            after = (c.advance(closed, token_bytes[t]) for t in c.unsure_tokens(closed))
-            bound = max([worst, *(self.min_tokens(a) for a in after if a is not None)])
+            after = c.unsure_after(closed).values()  # the mask's own check, kept
+            bound = max([worst, *(self.min_tokens(a) for a in after)])
             c._remember(self.bites_below, stacks, bound)
         return bound
 
-    # %% chapters/15_structured_output.md:4182
+    # %% chapters/15_structured_output.md:4379
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -87,17 +86,14 @@ class FinishBudget:
             lower = int(self.dist[list(stack[:-1])].sum())
             ids, states = self.token_walk(stack[-1])
             set_bits(words, ids[lower + self.dist[states] <= room])
-        token_bytes, ok = c.index.token_bytes, []
-        for t in c.unsure_tokens(closed).tolist():
-            after = c.advance(closed, token_bytes[t])
-            if after is not None and self.min_tokens(after) <= room:
-                ok.append(t)
+        after = c.unsure_after(closed).items()
+        ok = [t for t, a in after if self.min_tokens(a) <= room]
         set_bits(words, np.array(ok, dtype=np.int64))
         if c.is_complete(closed):
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:4238
+    # %% chapters/15_structured_output.md:4432
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow). Remembered per stacks where the
@@ -132,7 +128,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:3987
+# %% chapters/15_structured_output.md:4185
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -172,7 +168,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:4038
+# %% chapters/15_structured_output.md:4236
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -200,7 +196,7 @@ def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     return np.array(out, np.int64)
 
 
-# %% chapters/15_structured_output.md:4067
+# %% chapters/15_structured_output.md:4265
 def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     """The state that state s's way reaches after the longest token it begins with
     (None where the way begins with a call)."""
@@ -219,7 +215,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/15_structured_output.md:4208
+# %% chapters/15_structured_output.md:4402
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

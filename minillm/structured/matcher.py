@@ -52,6 +52,8 @@ class CompiledGrammar:
         self.closures: OrderedDict[Stacks, Stacks] = OrderedDict()
         # (stacks, token id) -> stacks after it: the engine's per-step advance
         self.steps: OrderedDict[tuple[Stacks, int], Stacks | None] = OrderedDict()
+        # closed stacks -> {uncertain token: stacks after it}, for mask and budget
+        self.unsure: OrderedDict[Stacks, dict[int, Stacks]] = OrderedDict()
         self.cache_size = cache_size
         self.initial: Stacks = ((grammar.rule_start[grammar.names[0]],),)
         self.eos_mask = np.zeros(self.num_words, np.uint32)  # only EOS
@@ -61,7 +63,7 @@ class CompiledGrammar:
     def events(self) -> np.ndarray | None:
         return self.grammar.is_event if self.grammar.has_calls else None
 
-    # %% chapters/15_structured_output.md:3408
+    # %% chapters/15_structured_output.md:3410
     def state_mask(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """(packed mask of the tokens DFA state g accepts, uncertain token ids)."""
         if g not in self.state_masks:
@@ -91,28 +93,61 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:3521
+    # %% chapters/15_structured_output.md:3587
     def walk_state(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """full_walk(g): plain tokens by their lengths along plain_chain, where
+        """full_walk(g): plain tokens by their lengths along class_chain, where
         it holds, and the other tokens walked apart."""
         index, table, sink = self.index, self.grammar.table, self.grammar.SINK
-        chain = None
-        if (table[g] != sink).sum() >= 128:  # inside a string, perhaps
-            chain = plain_chain(table, self.events, g, len(index.levels))
-        if chain is None:
+        found = None
+        if (table[g, PLAIN] != sink).sum() >= 8:  # inside a string, perhaps
+            found = self.chain(g, len(index.levels))
+        if found is None:
             return self.full_walk(g)
         ids, lengths, others = plain_index(index)
-        ends = chain[lengths]
-        alive = ends != sink
-        accepted, uncertain = others.walk(table, g, self.events)
-        other_ids, other_ends = others.token_ids(accepted, with_states=True)
+        ends = found[0][lengths]
+        alive = (ends != sink) & class_tokens(index, found[1])
+        other_ids, other_ends, uncertain = scan_walk(others, table, g, self.events)
         return (
             np.concatenate([ids[alive], other_ids]),
             np.concatenate([ends[alive], other_ends]),
-            others.token_ids(uncertain),
+            uncertain,
         )
 
-    # %% chapters/15_structured_output.md:3545
+    # %% chapters/15_structured_output.md:3616
+    @functools.cached_property
+    def plain_moves(self) -> tuple[list[int], list[int], np.ndarray]:
+        """Per state: where all its plain bytes go (SINK: none live; -1: apart,
+        or one may leave the rule), its class's number, its live plain bytes."""
+        table, sink = self.grammar.table, self.grammar.SINK
+        rows = table[:, PLAIN]
+        live = rows != sink
+        first = rows[np.arange(len(rows)), live.argmax(axis=1)]  # sink if none
+        alike = ((rows == first[:, None]) | ~live).all(axis=1)
+        if self.events is not None:
+            alike &= ~self.events[:, PLAIN].any(axis=1)
+        klass = np.unique(np.packbits(live, axis=1), axis=0, return_inverse=True)[1]
+        return np.where(alike, first, -1).tolist(), klass.ravel().tolist(), live
+
+    def chain(self, g: int, depth: int):
+        """class_chain(table, events, g, depth), read from plain_moves."""
+        moves, klass, live = self.plain_moves
+        sink, out, s = self.grammar.SINK, [], g
+        while len(out) <= depth:
+            out.append(s)
+            if s == sink or len(out) > depth:
+                break
+            nxt = moves[s]
+            if nxt < 0 or (nxt != sink and klass[s] != klass[g]):
+                return None
+            if nxt == s:  # a loop: the same state for every length from here
+                break
+            s = nxt
+        chain = np.full(depth + 1, sink, np.int64)
+        chain[: len(out)] = out
+        chain[len(out) :] = out[-1]  # the loop's state, or the sink
+        return chain, live[g]
+
+    # %% chapters/15_structured_output.md:3700
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -141,7 +176,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:3583
+    # %% chapters/15_structured_output.md:3738
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -162,7 +197,7 @@ class CompiledGrammar:
         accepting = self.grammar.accepting
         return any(len(s) == 1 and accepting[s[0]] for s in self.closure(stacks))
 
-    # %% chapters/15_structured_output.md:3607
+    # %% chapters/15_structured_output.md:3762
     def mask(self, stacks: Stacks) -> np.ndarray:
         """(num_words,) uint32: the tokens that may come next (EOS if complete)."""
         words = self.masks.get(stacks)  # one hash of the stacks, not three
@@ -173,20 +208,15 @@ class CompiledGrammar:
         words = self.state_mask(closed[0][-1])[0].copy()
         for stack in closed[1:]:
             words |= self.state_mask(stack[-1])[0]
-        unsure = self.unsure_tokens(closed)
-        if len(unsure):  # context-dependent: run them on the real stacks
-            unsure = unsure[
-                (words[unsure >> 5] >> (unsure & 31).astype(np.uint32)) & 1 == 0
-            ]
-            token_bytes = self.index.token_bytes
-            ok = [t for t in unsure.tolist() if self.advance(closed, token_bytes[t])]
+        ok = list(self.unsure_after(closed))  # context-dependent, on the real stacks
+        if ok:
             set_bits(words, np.array(ok, dtype=np.int64))
         if self.is_complete(closed):
             set_bits(words, self.eos)
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:3641
+    # %% chapters/15_structured_output.md:3790
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -204,7 +234,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/15_structured_output.md:3675
+    # %% chapters/15_structured_output.md:3824
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -230,8 +260,42 @@ class CompiledGrammar:
             return [True] * (g.num_states + 1)
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
+    # %% chapters/15_structured_output.md:3865
+    def unsure_after(self, closed: Stacks) -> dict[int, Stacks]:
+        """{uncertain token that some stack reads: the stacks after it}, each
+        advance(closed, its bytes); the tokens in byte order, a shared prefix
+        read once (a trie walk), remembered per closed stacks."""
+        after = self.unsure.get(closed)
+        if after is not None:
+            return after
+        token_bytes, after = self.index.token_bytes, {}
+        tokens = self.unsure_tokens(closed).tolist()
+        tokens.sort(key=token_bytes.__getitem__)
+        path, prev = [closed], b""  # path[i]: the stacks after prev[:i]; None: dead
+        for t in tokens:
+            data, n = token_bytes[t], 0
+            top = min(len(prev), len(data), len(path) - 1)
+            while n < top and prev[n] == data[n]:
+                n += 1
+            del path[n + 1 :]  # back up to the prefix shared with prev
+            for b in data[n:]:
+                if path[-1] is None:
+                    break
+                path.append(self.step(path[-1], b))
+            if len(path) == len(data) + 1 and path[-1] is not None:
+                after[t] = path[-1]
+            prev = data
+        self._remember(self.unsure, closed, after)
+        return after
 
-# %% chapters/15_structured_output.md:3476
+    def step(self, closed: Stacks, b: int) -> Stacks | None:
+        """advance by one byte from closed stacks (None: no stack reads it)."""
+        flat, sink = self.grammar.flat, self.grammar.SINK
+        moved = {s[:-1] + (t,) for s in closed if (t := flat[s[-1] * 256 + b]) != sink}
+        return self.closure(tuple(sorted(moved))) if moved else None
+
+
+# %% chapters/15_structured_output.md:3479
 PLAIN = np.array(sorted(set(range(0x20, 0x7F)) - {ord('"'), ord("\\")}))
 
 
@@ -272,7 +336,96 @@ def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
     return index.__dict__["plain"]
 
 
-# %% chapters/15_structured_output.md:3704
+# %% chapters/15_structured_output.md:3530
+def class_chain(table: np.ndarray, events, g: int, depth: int):
+    """plain_chain for the plain bytes that g accepts: (chain, the class as a
+    (len(PLAIN),) bool), or None where a state on the way accepts other plain
+    bytes, moves them to different states, or may leave the rule on one."""
+    sink = table.shape[0] - 1
+    cls = table[g, PLAIN] != sink
+    chain, s = np.full(depth + 1, sink, np.int64), g
+    for n in range(depth + 1):
+        chain[n] = s
+        if s == sink or n == depth:
+            break
+        row = table[s, PLAIN]
+        live = row != sink
+        if events is not None and events[s, PLAIN].any():
+            return None
+        if live.any() and ((live != cls).any() or (row[live] != row[live][0]).any()):
+            return None
+        nxt = int(row[live][0]) if live.any() else sink
+        if nxt == s:  # a loop: the same state for every length from here
+            chain[n:] = s
+            break
+        s = nxt
+    return chain, cls
+
+
+# %% chapters/15_structured_output.md:3557
+def class_tokens(index: TokenIndex, cls: np.ndarray) -> np.ndarray:
+    """(len(plain ids),) bool: the plain tokens whose bytes all lie in cls."""
+    classes = index.__dict__.setdefault("classes", {})
+    key = np.packbits(cls).tobytes()
+    if key not in classes:
+        classes[key] = ~(plain_bits(index) & np.packbits(~cls)).any(axis=1)
+    return classes[key]
+
+
+def plain_bits(index: TokenIndex) -> np.ndarray:
+    """(len(plain ids), 12) uint8: the PLAIN bytes each plain token uses, as bits
+    (once per tokenizer)."""
+    if "plain_bits" not in index.__dict__:
+        ids, lengths, _ = plain_index(index)
+        where = np.zeros(256, np.int64)
+        where[PLAIN] = np.arange(len(PLAIN))
+        spelled = b"".join(index.token_bytes[t] for t in ids.tolist())
+        used = np.zeros((len(ids), len(PLAIN)), bool)
+        rows = np.repeat(np.arange(len(ids)), lengths)
+        used[rows, where[np.frombuffer(spelled, np.uint8)]] = True
+        index.__dict__["plain_bits"] = np.packbits(used, axis=1)
+    return index.__dict__["plain_bits"]
+
+
+# %% chapters/15_structured_output.md:3661
+def scan_walk(index: TokenIndex, table: np.ndarray, g: int, events):
+    """index.walk(table, g, events) as (accepted ids, the state each ends in,
+    uncertain ids): every token stepped at once, byte position by position."""
+    ids, byte, count = scan_columns(index)
+    sink = table.shape[0] - 1
+    flat = table.ravel()
+    state = np.full(len(ids), g, np.int64)
+    seen = np.zeros(len(ids), bool)  # an event on the way (after the first byte)
+    unsure = np.zeros(len(ids), bool)
+    for d, k in enumerate(count.tolist()):
+        at = state[:k] * 256 + byte[d, :k]
+        new = flat[at]
+        if events is not None and d > 0:
+            seen[:k] |= events.ravel()[at]
+            unsure[:k] |= (new == sink) & seen[:k] & (state[:k] != sink)
+        state[:k] = new
+        if (new == sink).all():
+            break
+    ok = state != sink
+    return ids[ok], state[ok], ids[unsure]
+
+
+def scan_columns(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token ids, longest first; (longest, tokens) their bytes; per position
+    d, how many have a byte there), kept on the index."""
+    if "scan" not in index.__dict__:
+        spelled = [index.token_bytes[t] for t in index.sorted_ids.tolist()]
+        order = sorted(range(len(spelled)), key=lambda i: -len(spelled[i]))
+        lengths = np.array([len(spelled[i]) for i in order])
+        byte = np.zeros((lengths.max(initial=0), len(order)), np.int64)
+        for j, i in enumerate(order):
+            byte[: lengths[j], j] = list(spelled[i])
+        count = (lengths[None, :] > np.arange(len(byte))[:, None]).sum(axis=1)
+        index.__dict__["scan"] = (index.sorted_ids[order], byte, count)
+    return index.__dict__["scan"]
+
+
+# %% chapters/15_structured_output.md:3902
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -286,7 +439,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:3719
+# %% chapters/15_structured_output.md:3917
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -322,7 +475,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:3762
+    # %% chapters/15_structured_output.md:3960
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
@@ -356,7 +509,7 @@ class GrammarMatcher:
         return bytes(out)
 
 
-# %% chapters/15_structured_output.md:3845
+# %% chapters/15_structured_output.md:4043
 def canonical_tokens(index: TokenIndex, data: bytes) -> list[int]:
     """data cut into the vocabulary's longest tokens, left to right."""
     table = index.__dict__.get("token_of")

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:4485
+# %% chapters/15_structured_output.md:4679
 """Structured output in the engine: vLLM's StructuredOutputsParams compiled into a
 logits processor, a compiler with caches, and the hook that applies a request's
 `structured_outputs` (chapter 15).
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 
-# %% chapters/15_structured_output.md:4514
+# %% chapters/15_structured_output.md:4708
 from minillm import sampling_params
 from minillm.registry import REQUEST_HOOKS
 from minillm.sampling_params import STRUCTURED_KINDS as KINDS
@@ -41,14 +41,16 @@ from minillm.structured.json_schema import JsonOptions, SchemaCompiler
 from minillm.structured.matcher import (
     CompiledGrammar,
     GrammarMatcher,
+    plain_bits,
     plain_index,
+    scan_columns,
     set_bits,
 )
 from minillm.structured.regex import regex_expr
 from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 
 
-# %% chapters/15_structured_output.md:4536
+# %% chapters/15_structured_output.md:4732
 def grammar_rules(so: sampling_params.StructuredOutputsParams) -> dict:
     """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
     options = JsonOptions(not so.disable_any_whitespace, so.whitespace_pattern)
@@ -89,7 +91,7 @@ def logits_processor(so, compiler, max_tokens: int | None = None):
     return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:4578
+# %% chapters/15_structured_output.md:4774
 class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
     """Chapter 6's constraint (vLLM's fields) with this chapter's functions as
     methods; chapter 6's own instances compile the same way."""
@@ -104,7 +106,7 @@ class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
         return logits_processor(self, compiler, max_tokens)
 
 
-# %% chapters/15_structured_output.md:4599
+# %% chapters/15_structured_output.md:4795
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -120,7 +122,8 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self.fingerprint = vocabulary_fingerprint(self.index)
         COMPILERS.setdefault(self.fingerprint, self)  # "Sent elsewhere"
-        plain_index(self.index)  # the walk by plain bytes' split, built once
+        others = plain_index(self.index)[2]  # the walk by plain bytes' split,
+        scan_columns(others), plain_bits(self.index)  # its tables: built once
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         key = constraint_key(params)
@@ -139,7 +142,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4640
+# %% chapters/15_structured_output.md:4837
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -172,7 +175,7 @@ class StructuredOutputLogitsProcessor:
         params, fingerprint = self.source
         return _rebuild, (params, self.max_tokens, fingerprint)
 
-    # %% chapters/15_structured_output.md:4680
+    # %% chapters/15_structured_output.md:4877
     def matcher(self, output_token_ids) -> GrammarMatcher:
         if self.last is not None:  # the last output, extended: no key to build
             seen, m = self.last  # seen: the processor's own list
@@ -208,7 +211,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4719
+    # %% chapters/15_structured_output.md:4916
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -226,7 +229,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4757
+    # %% chapters/15_structured_output.md:4954
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -241,7 +244,7 @@ class StructuredOutputLogitsProcessor:
         )
         return apply(logits)
 
-    # %% chapters/15_structured_output.md:4777
+    # %% chapters/15_structured_output.md:4974
     @staticmethod
     def prepare_batch(rows, processors, output_token_ids, device: torch.device):
         """apply_batch in two halves (chapter 11's overlap): the CPU's now — the
@@ -274,7 +277,7 @@ class StructuredOutputLogitsProcessor:
         return apply
 
 
-# %% chapters/15_structured_output.md:4812
+# %% chapters/15_structured_output.md:5009
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -284,7 +287,7 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:4833
+# %% chapters/15_structured_output.md:5030
 def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     """[p.next_token_mask(ids) for each row], the common case inlined."""
     masks = []
@@ -315,14 +318,14 @@ def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     return masks
 
 
-# %% chapters/15_structured_output.md:4865
+# %% chapters/15_structured_output.md:5062
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:4892
+# %% chapters/15_structured_output.md:5089
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
@@ -353,7 +356,7 @@ def reference_next_token_mask(
     return words if words.any() else c.mask(stacks)
 
 
-# %% chapters/15_structured_output.md:4975
+# %% chapters/15_structured_output.md:5172
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -391,7 +394,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:5049
+# %% chapters/15_structured_output.md:5246
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -424,7 +427,7 @@ def structured_outputs_from_response_format(
         raise GrammarError(str(e)) from None
 
 
-# %% chapters/15_structured_output.md:5125
+# %% chapters/15_structured_output.md:5322
 def structured_outputs_hook(engine, params: SamplingParams) -> SamplingParams:
     """Chapter 7's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
     logits processor, compiled for the engine's tokenizer."""
