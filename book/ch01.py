@@ -8,23 +8,13 @@ that the chapter's GGUF check and its lab notes compute (issue 44).
 from __future__ import annotations
 
 import math
-import time
 
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+from benchmarks.cpu_timing import best_of
 from minillm.model import DenseKVCache, build_attention_metadata
-
-
-def best_of(fn, repeats: int = 5) -> float:
-    """The shortest of `repeats` wall-clock timings of fn(), in seconds."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 @torch.inference_mode()
@@ -37,7 +27,7 @@ def time_generation_step(model, lengths: list[int], device) -> tuple[list, list]
         seq = torch.randint(0, model.config.vocab_size, (L,), device=device)
         everything = torch.arange(L, device=device)
         recompute_ms.append(
-            1e3 * best_of(lambda: model.compute_logits(model(seq, everything)[-1]))
+            1e3 * best_of(lambda: model.compute_logits(model(seq, everything)[-1]), 5)
         )
         cache = DenseKVCache(model.config, 1, L, device=device)
         positions, md = build_attention_metadata([L - 1], [L - 1], [[0]], L, device)
@@ -46,7 +36,7 @@ def time_generation_step(model, lengths: list[int], device) -> tuple[list, list]
         cached_ms.append(
             1e3
             * best_of(
-                lambda: model.compute_logits(model(seq[-1:], positions, md, cache))
+                lambda: model.compute_logits(model(seq[-1:], positions, md, cache)), 5
             )
         )
     return recompute_ms, cached_ms

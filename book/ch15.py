@@ -22,24 +22,7 @@ import jsonschema
 import numpy as np
 import torch
 
-SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string"},
-     "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"city": {"type": "string"},
-     "population": {"type": "integer"}, "country": {"type": "string"}},
-     "required": ["city", "population", "country"]},
-    {"type": "object", "properties": {"title": {"type": "string"}, "tags": {
-     "type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3}},
-     "required": ["title", "tags"]},
-    {"type": "object", "properties": {"date": {"type": "string", "format": "date"},
-     "event": {"type": "string", "maxLength": 40}}, "required": ["date", "event"]},
-    {"type": "object", "properties": {"answer": {"enum": ["yes", "no", "maybe"]},
-     "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
-     "required": ["answer", "confidence"]},
-    {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
-     "active": {"type": "boolean"}}, "required": ["id", "active"]},
-]  # fmt: skip
+from benchmarks.structured_output import SCHEMAS  # the six the GPU run constrains
 
 # formats checked as draft 2020-12 defines them (RFC 3339 times need an offset)
 FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
