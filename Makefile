@@ -6,6 +6,8 @@ BIN     := $(VENV)/bin
 PYTHON  := $(BIN)/python
 STAMP   := $(VENV)/.installed
 NBDIR   := _build/nbval
+# what make test's notebook run printed, per tiny-model seed, for make book to reuse
+EXECUTED = $(CURDIR)/_build/executed/seed$${MINILLM_TINY_SEED:-0}
 NB_PAGES ?= chapters/*.md chapters/lab_notes/*.md
 JOBS    ?= 2
 # make test runs every chapter twice: on the tiny model of $$MINILLM_TINY_SEED (default 0)
@@ -18,7 +20,7 @@ VLLM_VENV := .venv-vllm
 .PHONY: help setup tangle check lint format tiny book book-check test test-unit test-notebooks serve vllm clean
 
 help:
-	@echo "make book    set up, tangle, execute every chapter, build the HTML book"
+	@echo "make book    set up, tangle, execute every chapter (or reuse make test's run), build the HTML book"
 	@echo "make book-check  open every built page in headless Chromium at 1280 px (screenshots, checks)"
 	@echo "make test    set up, check the tangle, run unit/parity tests and every chapter (nbval)"
 	@echo "make tangle  regenerate minillm/ from chapters/"
@@ -60,7 +62,10 @@ format: $(STAMP)
 tiny: $(STAMP)
 	$(PYTHON) -m minillm.tiny
 
+# A page whose cells all passed in make test's run of the same code takes that run's
+# outputs (tools/book_cache.py); the others execute here.
 book: $(STAMP) tangle tiny
+	$(PYTHON) tools/book_cache.py prime $(EXECUTED)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@if grep -rlq --include='*.html' -e 'cdn.jsdelivr.net' -e 'mathjax@' _build/html; then \
 		echo "book: a page loads MathJax from the network (see _config.yml)"; exit 1; fi
@@ -93,10 +98,11 @@ test-unit: $(STAMP)
 # plugin records the keys each chapter glued; check_glue.py fails on a key the prose
 # uses and no cell glued (which would stop `make book`), naming chapter and line.
 test-notebooks: $(STAMP)
-	rm -rf $(NBDIR) && mkdir -p $(NBDIR)/glue
+	rm -rf $(NBDIR) $(EXECUTED) && mkdir -p $(NBDIR)/glue
 	for f in $(NB_PAGES); do $(BIN)/jupytext --quiet --to ipynb -o $(NBDIR)/$$(basename $$f .md).ipynb $$f; done
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MPLBACKEND=Agg MINILLM_GLUE_DIR=$(CURDIR)/$(NBDIR)/glue \
-		PYTHONPATH=$(CURDIR)/tools $(PYTHON) -m pytest -p no:cacheprovider -p nbval_glue -n $(JOBS) --dist loadfile \
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MINILLM_GLUE_DIR=$(CURDIR)/$(NBDIR)/glue MINILLM_EXECUTED_DIR=$(EXECUTED) \
+		PYTHONPATH=$(CURDIR)/tools $(PYTHON) -m pytest -p no:cacheprovider -p nbval_glue -p nbval_executed \
+		-n $(JOBS) --dist loadfile \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 -o testpaths= -o addopts= $(NBDIR)
 	$(PYTHON) tools/check_glue.py $(NBDIR)/glue $(NB_PAGES)
 
