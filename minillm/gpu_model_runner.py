@@ -501,12 +501,16 @@ class GPUModelRunner(ModelRunner):
     ) -> tuple[bool, bool, bool]:
         """(CUDA graphs, compiled layers, async scheduling) on the engine's device."""
         auto = parts["device"] == "cuda" and parts["attention_backend"] == "triton"
-        why = [r for block in FAST_PATH_BLOCKERS if auto and (r := block(config))]
-        if why:  # a later chapter's layers aren't in the graphs: their default is off
-            parts["fast_path_blocked"] = "; ".join(why)
-        graphs = auto and not why if config.cuda_graphs is None else config.cuda_graphs
-        compiled = graphs if config.torch_compile is None else config.torch_compile
-        overlap = graphs or bool(why)  # async scheduling keeps its default
+        blocked: dict[str, str] = {}  # option -> why a later chapter's layers can't
+        for block in FAST_PATH_BLOCKERS if auto else ():
+            blocked.update(block(config))
+        if blocked:
+            parts["fast_path_blocked"] = "; ".join(dict.fromkeys(blocked.values()))
+        graphs = auto and "cuda_graphs" not in blocked
+        graphs = graphs if config.cuda_graphs is None else config.cuda_graphs
+        compiled = graphs and "torch_compile" not in blocked
+        compiled = compiled if config.torch_compile is None else config.torch_compile
+        overlap = graphs or bool(blocked)  # async scheduling keeps its default
         if config.async_scheduling is not None:
             overlap = config.async_scheduling
         return graphs, compiled, overlap
@@ -565,5 +569,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/11_cuda_graph.md:3712
+# %% chapters/11_cuda_graph.md:3716
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

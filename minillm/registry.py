@@ -170,6 +170,6 @@ REQUEST_CHECKS: list[Callable] = []
 # hook(engine), once its parts are built: chapter 11 sets its step loop, chapter 19
 # adds a scheduler admission check
 ENGINE_HOOKS: list[Callable] = []
-# blocker(config) -> why chapter 11's CUDA graphs and compiled layers can't run, or
-# None; a blocker's reason turns their default (None, "auto") off (chapter 19's LoRA)
+# blocker(config) -> {"cuda_graphs" or "torch_compile": why chapter 11's option can't
+# run}; a reason turns that option's default (None, "auto") off (chapter 19's LoRA)
 FAST_PATH_BLOCKERS: list[Callable] = []

@@ -42,6 +42,7 @@ def fast_path():
             "attention_backend": engine.parts["attention_backend"],
             "persistent_batch": engine.parts["persistent_batch"],
             "cuda_graphs": getattr(runner, "cuda_graphs", False),
+            "torch_compile": getattr(runner, "torch_compile", False),
             "async_scheduling": getattr(runner, "async_scheduling", False),
             "stepper": engine.stepper,  # chapter 11's overlapped step loop, or None
         }

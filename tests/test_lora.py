@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.lora.ops import LoRAMapping, lora_expand_ref, lora_shrink_ref
+from minillm.lora.ops import LoRAMapping, SlotMapping, lora_expand_ref, lora_shrink_ref
 from minillm.lora.peft import LoRAError, load_lora_adapter
 from minillm.lora.request import LoRARequest
 
@@ -42,6 +42,38 @@ def test_triton_kernels_match_reference_on_random_mixes(slots, rank, n, k):
     for t, slot in enumerate(slots):  # the formula; base rows untouched
         want = y0[t] + (x[t] @ a[slot] @ b[slot] if slot >= 0 else 0)
         torch.testing.assert_close(y_ref[t], want, rtol=1e-4, atol=1e-4)
+    # the engine's fixed buffers (one segment per slot), launched as an eager step
+    # (the host knows the longest segment) and as a captured graph (it does not)
+    fixed = SlotMapping(64, 4, device=on)
+    fixed.fill(slots, [1] * len(slots))
+    assert fixed.token_slots[: len(slots)].tolist() == slots
+    assert fixed.max_seg_len == mapping.max_seg_len
+    for longest in (fixed.max_seg_len, None):
+        fixed.max_seg_len = longest
+        buf = lora_shrink_triton(x, a, fixed)
+        torch.testing.assert_close(buf, buf_ref, rtol=1e-4, atol=1e-4)
+        y = y0.clone()
+        lora_expand_triton(y, buf, b, fixed)
+        torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_slot_mapping_groups_requests_by_slot_and_refuses_an_oversized_step():
+    fixed = SlotMapping(16, 3)
+    fixed.fill([1, -1, 0, 1], [3, 2, 1, 2])  # requests' slots and token counts
+    assert fixed.token_slots[:8].tolist() == [1, 1, 1, -1, -1, 0, 1, 1]
+    assert fixed.seg_starts.tolist() == [0, 1, 6, 6]  # slot 0: 1 token, 1: 5, 2: 0
+    assert fixed.sorted_tokens[:6].tolist() == [5, 0, 1, 2, 6, 7]
+    assert fixed.max_seg_len == 5
+    x, a = torch.randn(8, 6), torch.randn(3, 6, 2)
+    built = LoRAMapping.build(fixed.token_slots[:8].tolist())
+    torch.testing.assert_close(
+        lora_shrink_ref(x, a, fixed), lora_shrink_ref(x, a, built)
+    )
+    with pytest.raises(ValueError, match="17 tokens in a step; the mapping holds 16"):
+        fixed.fill([0], [17])
+    assert fixed.seg_starts.tolist() == [0, 1, 6, 6]  # refused: nothing changed
+    fixed.fill([], [])
+    assert fixed.max_seg_len == 0 and fixed.seg_starts.tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.skipif(
@@ -349,7 +381,7 @@ def test_prefix_cache_keys_on_the_adapter_name_and_path(adapter_dirs):
     assert hits(None) == 0  # the base model never meets an adapter's blocks
 
 
-def test_lora_turns_the_gpu_default_fast_path_off_and_refuses_it_when_asked():
+def test_lora_keeps_the_graphs_and_turns_compiled_layers_off():
     from minillm.config import EngineConfig
     from minillm.gpu_model_runner import GPUModelRunner
     from minillm.lora.engine import LoRAConfig
@@ -362,10 +394,11 @@ def test_lora_turns_the_gpu_default_fast_path_off_and_refuses_it_when_asked():
 
     assert resolve() == ((True, True, True), None)  # no adapters: chapter 11's
     flags, why = resolve(enable_lora=True)
-    assert flags == (False, False, True) and "enable_lora" in why  # async stays on
-    for on in ("cuda_graphs", "torch_compile"):
-        with pytest.raises(ValueError, match="torch_compile=False"):
-            resolve(enable_lora=True, **{on: True})
+    assert flags == (True, False, True) and "enable_lora" in why  # graphs, async
+    assert resolve(enable_lora=True, cuda_graphs=True)[0] == (True, False, True)
+    assert resolve(enable_lora=True, cuda_graphs=False)[0] == (False, False, True)
+    with pytest.raises(ValueError, match="torch_compile=False"):
+        resolve(enable_lora=True, torch_compile=True)
 
 
 def test_live_adapters_stay_cached_and_cannot_be_removed(adapter_dirs, tmp_path):
@@ -431,6 +464,28 @@ def test_enable_lora_builds_with_the_devices_defaults(adapter_dirs, device, fast
     out = llm.generate([5, 6, 7], params, lora_request=lora, use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
     flags = fast_path(llm.llm_engine)
-    assert not flags["cuda_graphs"]  # adapters are not in the graphs
-    if device == "cuda":  # chapter 11's default: async scheduling stays on
-        assert flags["async_scheduling"] and llm.llm_engine.parts["fast_path_blocked"]
+    assert not flags["torch_compile"]  # adapters wrap plain nn.Linear layers
+    if device == "cuda":  # chapter 11's defaults otherwise: graphs, async scheduling
+        assert flags["cuda_graphs"] and flags["async_scheduling"]
+        assert "enable_lora" in llm.llm_engine.parts["fast_path_blocked"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graphs_replay_the_adapters_kernels(adapter_dirs):
+    from minillm import LLM, SamplingParams
+
+    loras = [LoRARequest(f"a{i}", i + 1, str(adapter_dirs / f"a{i}")) for i in range(3)]
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [5, 6], [7, 8, 9]] * 3
+    lrs = [None, *loras, None] * 3
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    runs, engines = [], []
+    for graphs in (False, True):  # two slots for three adapters: reloads mid-run
+        llm = LLM(device="cuda", dtype="float32", enable_lora=True, max_loras=2,
+                  max_lora_rank=8, cuda_graphs=graphs)  # fmt: skip
+        outs = llm.generate(prompts, params, lora_request=lrs, use_tqdm=False)
+        runs.append([o.outputs[0].token_ids for o in outs])
+        engines.append(llm.llm_engine)
+    runner = engines[1].model_runner
+    assert runner.num_graph_steps > 0 and runner.lora_manager.num_slot_loads > 3
+    assert engines[0].model_runner.num_graph_steps == 0
+    assert runs[1] == runs[0]

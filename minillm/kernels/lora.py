@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:625
+# %% chapters/19_lora.md:626
 """LoRA shrink and expand as Triton kernels (chapter 19, "The kernels"). The reference
 is lora.ops (lora_shrink_ref, lora_expand_ref). vLLM: vllm/lora/ops/triton_ops/
 kernel_utils.py. On a machine without a GPU, set TRITON_INTERPRET=1 before importing."""
@@ -25,6 +25,8 @@ def _shrink_kernel(
 ):  # fmt: skip
     tile, seg = tl.program_id(0), tl.program_id(1)
     start, end = tl.load(seg_starts_ptr + seg), tl.load(seg_starts_ptr + seg + 1)
+    if tile * BLOCK_M >= end - start:  # past its segment's rows: nothing to do
+        return
     slot = tl.load(seg_slots_ptr + seg)
     rows = start + tile * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's
     row_ok = rows < end
@@ -44,7 +46,7 @@ def _shrink_kernel(
     tl.store(at, acc, mask=row_ok[:, None] & (r[None, :] < R))
 
 
-# %% chapters/19_lora.md:672
+# %% chapters/19_lora.md:675
 @triton.jit
 def _expand_kernel(
     buf_ptr, b_ptr, y_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, R, N,
@@ -53,6 +55,8 @@ def _expand_kernel(
 ):  # fmt: skip
     tile, seg, col = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = tl.load(seg_starts_ptr + seg), tl.load(seg_starts_ptr + seg + 1)
+    if tile * BLOCK_M >= end - start:
+        return
     slot = tl.load(seg_slots_ptr + seg)
     rows = start + tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < end
@@ -69,17 +73,23 @@ def _expand_kernel(
     tl.store(at, (y.to(tl.float32) + add).to(y.dtype), mask=ok)
 
 
-# %% chapters/19_lora.md:701
+# %% chapters/19_lora.md:708
 def _block_r(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))  # tl.dot needs 16 or more
+
+
+def _rows(mapping, num_tokens: int) -> int:
+    """The most rows a segment can have: the mapping's longest, or all of them when
+    the host does not know it (a launch captured in a CUDA graph)."""
+    return num_tokens if mapping.max_seg_len is None else mapping.max_seg_len
 
 
 def lora_shrink_triton(x: Tensor, lora_a: Tensor, mapping) -> Tensor:
     """As lora_shrink_ref: x (T, K), lora_a (S, K, R) -> (T, R) float32."""
     (T, K), R = x.shape, lora_a.shape[-1]
     out = torch.zeros(T, R, dtype=torch.float32, device=x.device)
-    if mapping.max_seg_len:
-        grid = (triton.cdiv(mapping.max_seg_len, BLOCK_M), len(mapping.seg_slots))
+    if rows := _rows(mapping, T):
+        grid = (triton.cdiv(rows, BLOCK_M), len(mapping.seg_slots))
         _shrink_kernel[grid](
             x, lora_a, out, mapping.sorted_tokens, mapping.seg_slots,
             mapping.seg_starts, K, R, x.stride(0), lora_a.stride(0),
@@ -92,8 +102,8 @@ def lora_shrink_triton(x: Tensor, lora_a: Tensor, mapping) -> Tensor:
 def lora_expand_triton(y: Tensor, buf: Tensor, lora_b: Tensor, mapping) -> None:
     """As lora_expand_ref: y (T, N) += buf (T, R) @ lora_b[slot] (R, N), in place."""
     (R, N) = lora_b.shape[1:]
-    if mapping.max_seg_len:
-        grid = (triton.cdiv(mapping.max_seg_len, BLOCK_M), len(mapping.seg_slots),
+    if rows := _rows(mapping, y.shape[0]):
+        grid = (triton.cdiv(rows, BLOCK_M), len(mapping.seg_slots),
                 triton.cdiv(N, BLOCK_N))  # fmt: skip
         _expand_kernel[grid](
             buf, lora_b, y, mapping.sorted_tokens, mapping.seg_slots,

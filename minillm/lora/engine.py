@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:1064
+# %% chapters/19_lora.md:1198
 """LoRA adapters in the engine (chapter 19, "The engine"): the options, the runner
 extension that sets each step's adapters, and the engine's request check and
 scheduler admission check. vLLM: vllm/config/lora.py (LoRAConfig),
@@ -18,7 +18,7 @@ from minillm.registry import ENGINE_HOOKS, FAST_PATH_BLOCKERS, REQUEST_CHECKS
 from minillm.registry import RUNNER_EXTENSIONS, engine_options
 
 
-# %% chapters/19_lora.md:1084
+# %% chapters/19_lora.md:1218
 @engine_options
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -49,16 +49,14 @@ class LoRAConfig:
     def check_parts(config, parts: dict) -> None:
         if not config.enable_lora or parts["persistent_batch"] is False:
             return
-        graphs, compiled, _ = GPUModelRunner.fast_path(config, parts)
-        if graphs or compiled:
+        if GPUModelRunner.fast_path(config, parts)[1]:
             raise ValueError(
-                "enable_lora: the adapters' products are not in chapter 11's CUDA "
-                "graphs or compiled layers; set cuda_graphs=False and "
-                "torch_compile=False (or persistent_batch=False)"
+                "enable_lora: the adapters wrap plain nn.Linear layers, not chapter "
+                "11's compiled ones; set torch_compile=False (CUDA graphs may stay)"
             )
 
 
-# %% chapters/19_lora.md:1125
+# %% chapters/19_lora.md:1257
 def lora_runner(runner_cls: type, config, parts: dict) -> type:
     """Chapter 7's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
     if not config.enable_lora:
@@ -66,12 +64,15 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
 
     class LoRARunner(runner_cls):
         def __init__(self, model, *args):
-            super().__init__(model, *args)
-            backend = "triton" if self.device.type == "cuda" else "torch"
+            on_gpu = next(model.parameters()).device.type == "cuda"
             cpu = config.max_cpu_loras or config.max_loras
+            tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
             self.lora_manager = LoRAModelManager(
-                model, config.max_loras, config.max_lora_rank, cpu, backend
-            )
+                model, config.max_loras, config.max_lora_rank, cpu,
+                "triton" if on_gpu else "torch", tokens,
+            )  # fmt: skip
+            with self.lora_manager.capturing():  # chapter 11's graphs, if any
+                super().__init__(model, *args)
             self.lora_scheduler = None  # lora_engine_hook sets it
 
         @property
@@ -98,7 +99,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
     return LoRARunner
 
 
-# %% chapters/19_lora.md:1168
+# %% chapters/19_lora.md:1303
 def adapter_names(requests) -> str:
     """The adapters of requests, by name, sorted and comma-separated (vLLM's label)."""
     return ",".join(sorted({r.lora_request.lora_name for r in requests
@@ -111,11 +112,11 @@ def lora_request_check(engine, request) -> None:
         engine.model_runner.lora_manager.add_adapter(request.lora_request)
 
 
-def lora_blocks_graphs(config) -> str | None:
-    """Chapter 7's FAST_PATH_BLOCKERS entry: no graphs or compiled layers by default."""
+def lora_blocks_compile(config) -> dict[str, str]:
+    """Chapter 7's FAST_PATH_BLOCKERS entry: no compiled layers by default."""
     if config.enable_lora:
-        return "enable_lora: the adapters' products are not in the graphs"
-    return None
+        return {"torch_compile": "enable_lora: adapters wrap plain nn.Linear layers"}
+    return {}
 
 
 def lora_engine_hook(engine) -> None:
@@ -134,7 +135,7 @@ def lora_engine_hook(engine) -> None:
 
 for seam, hook in ((RUNNER_EXTENSIONS, lora_runner),
                    (REQUEST_CHECKS, lora_request_check),
-                   (FAST_PATH_BLOCKERS, lora_blocks_graphs),
+                   (FAST_PATH_BLOCKERS, lora_blocks_compile),
                    (ENGINE_HOOKS, lora_engine_hook)):  # fmt: skip
     seam[:] = [h for h in seam if h.__name__ != hook.__name__]  # a cell run again
     seam.append(hook)

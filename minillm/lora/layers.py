@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:780
+# %% chapters/19_lora.md:793
 """Linear layers with many adapters (chapter 19, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -26,7 +26,7 @@ class LoRABatch:
     backend: str = "torch"
 
 
-# %% chapters/19_lora.md:807
+# %% chapters/19_lora.md:820
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, slices: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int):  # fmt: skip
@@ -41,7 +41,7 @@ class LoRALinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         y = self.base(x)  # (..., N)
         mapping = self.batch.mapping
-        if mapping is None or not mapping.max_seg_len:
+        if mapping is None or mapping.max_seg_len == 0:  # None: a graph's capture
             return y
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])  # (T, K), (T, N)
         start = 0
@@ -52,7 +52,7 @@ class LoRALinear(nn.Module):
         return y
 
 
-# %% chapters/19_lora.md:837
+# %% chapters/19_lora.md:850
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""

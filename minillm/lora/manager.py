@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_lora.md:902
+# %% chapters/19_lora.md:1014
 """Adapters in slots and in a CPU cache, least recently used first out (chapter 19,
 "The engine"). vLLM: vllm/lora/worker_manager.py (LRUCacheWorkerLoRAManager),
 vllm/lora/model_manager.py (LoRAModelManager)."""
@@ -10,9 +10,10 @@ vllm/lora/model_manager.py (LoRAModelManager)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 
 from minillm.lora.layers import LoRABatch, wrap_model
-from minillm.lora.ops import LoRAMapping
+from minillm.lora.ops import SlotMapping
 from minillm.lora.peft import LoRAAdapter, LoRAError, load_lora_adapter
 from minillm.lora.request import LoRARequest
 from minillm.model import CausalLM
@@ -23,19 +24,22 @@ class LoRAModelManager:
     the CPU cache; both OrderedDicts run from least to most recently used."""
 
     def __init__(self, model: CausalLM, max_loras: int, max_lora_rank: int,
-                 max_cpu_loras: int, backend: str = "torch"):  # fmt: skip
+                 max_cpu_loras: int, backend: str = "torch",
+                 max_num_tokens: int = 8192):  # fmt: skip
         self.model, self.max_loras, self.max_rank = model, max_loras, max_lora_rank
         self.max_cpu_loras = max_cpu_loras
         self.batch = LoRABatch(None, backend)
         self.targets = wrap_model(model, self.batch, max_loras, max_lora_rank)
         self.device = next(model.parameters()).device
+        # every step's mapping, in the buffers a captured graph reads
+        self.mapping = SlotMapping(max_num_tokens, max_loras, self.device)
         self.known: dict[int, LoRARequest] = {}  # every adapter added, by id
         self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self.slots: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot
         self.num_slot_loads = 0
         self.in_use = set  # () -> ids of live requests' adapters (the engine's hook)
 
-    # %% chapters/19_lora.md:940
+    # %% chapters/19_lora.md:1056
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """Read and check the adapter (LoRAError, changing nothing), keep it."""
         known = self.known.get(request.lora_int_id)
@@ -49,6 +53,10 @@ class LoRAModelManager:
             adapter = load_lora_adapter(request.lora_path, self.model.config,
                                         self.max_rank, request.lora_name,
                                         request.lora_int_id)  # fmt: skip
+            if self.device.type == "cuda":  # pinned: a slot load copies asynchronously
+                weights = adapter.weights.items()
+                adapter.weights = {k: (a.pin_memory(), b.pin_memory())
+                                   for k, (a, b) in weights}  # fmt: skip
             self.cpu[request.lora_int_id] = adapter
             pinned = self.in_use() | {request.lora_int_id}  # live requests' stay
             spare = [i for i in self.cpu if i not in pinned]
@@ -67,7 +75,7 @@ class LoRAModelManager:
         self.slots.pop(int_id, None)
         return self.known.pop(int_id, None) is not None
 
-    # %% chapters/19_lora.md:979
+    # %% chapters/19_lora.md:1099
     def activate(self, ids: list[int]) -> dict[int, int]:
         """Put the adapters ids in slots (evicting the least recently used others);
         adapter id -> slot."""
@@ -93,20 +101,19 @@ class LoRAModelManager:
             a_slot.zero_(), b_slot.zero_()
             if key in adapter.weights:
                 a, b = adapter.weights[key]
-                a_slot[:, : adapter.rank].copy_(a)
-                b_slot[: adapter.rank].copy_(b)
+                a_slot[:, : adapter.rank].copy_(a, non_blocking=True)
+                b_slot[: adapter.rank].copy_(b, non_blocking=True)
         self.num_slot_loads += 1
 
-    # %% chapters/19_lora.md:1016
+    # %% chapters/19_lora.md:1136
     def set_batch(self, lora_requests: list, num_tokens: list[int]) -> None:
         """The step's mapping: request i (adapter lora_requests[i] or None) has
         num_tokens[i] consecutive tokens in the flat batch."""
         ids = [lr.lora_int_id for lr in lora_requests if lr is not None]
         slot_of = self.activate(list(dict.fromkeys(ids)))
-        token_slots = []
-        for lr, n in zip(lora_requests, num_tokens):
-            token_slots += [-1 if lr is None else slot_of[lr.lora_int_id]] * n
-        self.batch.mapping = LoRAMapping.build(token_slots, self.device)
+        slots = [-1 if lr is None else slot_of[lr.lora_int_id] for lr in lora_requests]
+        self.mapping.fill(slots, num_tokens)
+        self.batch.mapping = self.mapping
 
     def set_step(self, output) -> None:
         """set_batch for a SchedulerOutput, whose requests' order is the batch's."""
@@ -116,6 +123,18 @@ class LoRAModelManager:
 
     def clear_batch(self) -> None:
         self.batch.mapping = None
+
+    @contextmanager
+    def capturing(self):
+        """While chapter 11 captures its graphs: no adapter rows, and every launch
+        over all the rows a graph's batch may hold (max_seg_len None)."""
+        self.mapping.fill([], [])
+        self.mapping.max_seg_len, self.batch.mapping = None, self.mapping
+        try:
+            yield
+        finally:
+            self.mapping.max_seg_len = 0
+            self.clear_batch()
 
     def admits(self, request, running: list) -> bool:
         """Chapter 5's admission check: at most max_loras adapters run at once."""

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 
-# %% chapters/19_lora.md:533
+# %% chapters/19_lora.md:534
 @dataclass
 class LoRAMapping:
     """Which adapter slot each token of a step uses (-1: none), and the same grouped
@@ -31,7 +32,7 @@ class LoRAMapping:
     sorted_tokens: Tensor  # (T_adapted,) int64, only tokens with a slot
     seg_slots: Tensor  # (num_segments,) int64
     seg_starts: Tensor  # (num_segments + 1,) int64
-    max_seg_len: int
+    max_seg_len: int | None  # None: unknown on the host, up to every row (a graph)
 
     @classmethod
     def build(cls, token_slots: list[int], device="cpu") -> LoRAMapping:
@@ -52,14 +53,14 @@ class LoRAMapping:
                    as_tensor(list(groups)), as_tensor(starts), longest)  # fmt: skip
 
 
-# %% chapters/19_lora.md:570
+# %% chapters/19_lora.md:571
 def lora_shrink_ref(x: Tensor, lora_a: Tensor, mapping: LoRAMapping) -> Tensor:
     """x (T, K), lora_a (S, K, R) -> (T, R) float32: x A of each row's slot (rows
     without one: 0)."""
     out = torch.zeros(x.shape[0], lora_a.shape[-1], dtype=torch.float32,
                       device=x.device)  # fmt: skip
     for slot in mapping.seg_slots.tolist():
-        rows = mapping.token_slots == slot
+        rows = mapping.token_slots[: x.shape[0]] == slot
         out[rows] = x[rows].float() @ lora_a[slot].float()
     return out
 
@@ -68,7 +69,7 @@ def lora_expand_ref(y: Tensor, buf: Tensor, lora_b: Tensor, mapping: LoRAMapping
     """y (T, N) += buf (T, R) @ lora_b[slot] (R, N), in place, for each row with a
     slot."""
     for slot in mapping.seg_slots.tolist():
-        rows = mapping.token_slots == slot
+        rows = mapping.token_slots[: y.shape[0]] == slot
         y[rows] += (buf[rows] @ lora_b[slot].float()).to(y.dtype)
 
 
@@ -86,3 +87,50 @@ def lora_expand(y, buf, lora_b, mapping, backend="torch"):
 
         return lora_expand_triton(y, buf, lora_b, mapping)
     return lora_expand_ref(y, buf, lora_b, mapping)
+
+
+# %% chapters/19_lora.md:910
+class SlotMapping(LoRAMapping):
+    """A LoRAMapping in fixed buffers, one segment per slot (empty or not), refilled in
+    place each step: what a CUDA graph captured once reads at every replay."""
+
+    def __init__(self, max_tokens: int, num_slots: int, device="cpu"):
+        device = torch.device(device)
+        on_gpu = device.type == "cuda"
+
+        def buffer(n: int) -> Tensor:
+            return torch.zeros(n, dtype=torch.int64, device=device)
+
+        super().__init__(buffer(max_tokens), buffer(max_tokens),
+                         torch.arange(num_slots, device=device),
+                         buffer(num_slots + 1), max_seg_len=0)  # fmt: skip
+        self.host = [torch.zeros(t.shape, dtype=t.dtype, pin_memory=on_gpu)
+                     for t in (self.token_slots, self.sorted_tokens,
+                               self.seg_starts)]  # fmt: skip
+        # recorded after the copies, on a stream looked up once (chapter 11)
+        self.copied = torch.cuda.Event() if on_gpu else None
+        self.stream = torch.cuda.current_stream(device) if on_gpu else None
+
+    # %% chapters/19_lora.md:938
+    def fill(self, slots: list[int], num_tokens: list[int]) -> None:
+        """Request i (slot slots[i], -1: none) has num_tokens[i] consecutive tokens of
+        the step's flat batch."""
+        token_slots = np.repeat(np.asarray(slots, dtype=np.int64), num_tokens)
+        T, S = len(token_slots), len(self.seg_slots)
+        if T > len(self.token_slots):
+            raise ValueError(f"{T} tokens in a step; the mapping holds "
+                             f"{len(self.token_slots)}")  # fmt: skip
+        order = np.argsort(token_slots, kind="stable")
+        order = order[token_slots[order] >= 0]  # adapted tokens, by slot, in order
+        counts = np.bincount(token_slots[order], minlength=S)
+        if self.copied is not None:
+            self.copied.synchronize()  # the last step's copies have left the twins
+        host_slots, host_tokens, host_starts = (t.numpy() for t in self.host)
+        host_slots[:T], host_tokens[: len(order)] = token_slots, order
+        host_starts[0], host_starts[1:] = 0, np.cumsum(counts)
+        targets = (self.token_slots, self.sorted_tokens, self.seg_starts)
+        for target, host, n in zip(targets, self.host, (T, len(order), S + 1)):
+            target[:n].copy_(host[:n], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record(self.stream)
+        self.max_seg_len = int(counts.max(initial=0))
