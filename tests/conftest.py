@@ -1,5 +1,7 @@
-"""Shared fixtures: the trained tiny model (built once per cache folder) and a quiet
-transformers.
+"""Shared fixtures: the trained tiny model (built once per cache folder), a live
+server over it, and a quiet transformers. Shared helpers that are not fixtures are in
+helpers.py (engine sizes, prompts, the server's clients), hf_models.py (the Hugging
+Face references) and shapes.py (model shapes).
 """
 
 import os
@@ -75,3 +77,17 @@ def hf_checkpoint(tmp_path, tiny):
         return reference, tmp_path
 
     return make
+
+
+@pytest.fixture(scope="module")
+def live(tiny):
+    """A live server (chapter 16) over chapter 7's engine on the tiny model, one per
+    test module; live.engine is the engine. A module that serves another engine
+    defines its own `live`."""
+    from helpers import SERVER_SIZES, live_server
+
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
+
+    with live_server(LLMEngine(*tiny, EngineConfig(**SERVER_SIZES))) as server:
+        yield server

@@ -10,6 +10,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 from hf_models import MODELS, SHAPE
+from helpers import TIGHT, mixed_prompts
 
 from minillm.cuda_graph import default_capture_sizes
 from minillm.config import EngineConfig
@@ -65,15 +66,7 @@ def test_persistent_batch_matches_chapter7_runner(
     """
     _, path = hf_checkpoint(cls, config)
     prompts = prompts_with_shared_prefixes(16, 384)
-    common = dict(
-        device=device,
-        dtype=torch.float32,
-        num_kv_blocks=40,
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=24,
-        **options,
-    )
+    common = dict(TIGHT, device=device, dtype=torch.float32, **options)
     reference = LLM(
         path,
         skip_tokenizer_init=True,
@@ -215,14 +208,7 @@ def compare_with_chapter7(prompts, params, **options):
     """Run both engines on the tiny model; assert equal tokens, finish reasons and
     text; return the fast LLM.
     """
-    common = dict(
-        device="cpu",
-        num_kv_blocks=40,
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=24,
-        **options,
-    )
+    common = dict(TIGHT, **options)
     expected = LLM(persistent_batch=False, **common).generate(
         prompts, params, use_tqdm=False
     )
@@ -238,18 +224,23 @@ def compare_with_chapter7(prompts, params, **options):
     return expected, fast
 
 
+def overlapped_or_not(tiny, overlap, **sizes):
+    """The tiny model's engine in blocks of 4 tokens: chapter 11's overlapped loop
+    (persistent batch and async scheduling) if overlap, else chapter 7's loop."""
+    from minillm.engine import LLMEngine
+
+    config = EngineConfig(
+        block_size=4, persistent_batch=overlap, async_scheduling=overlap, **sizes
+    )
+    return LLMEngine(*tiny, config)
+
+
 def test_async_scheduling_stops_like_chapter7(tiny):
     """Stop tokens, EOS, max_tokens of 1, the model's context, preemption: the
     overlapped loop stops every request at the same token as chapter 7's loop, and
     the tokens computed past a stop are dropped.
     """
-    g = torch.Generator().manual_seed(0)
-    prompts = [
-        torch.randint(
-            1, 200, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g
-        ).tolist()
-        for _ in range(16)
-    ]
+    prompts = mixed_prompts(16, 200, seed=0, longest=39)
     free_run = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     runs, _ = compare_with_chapter7(prompts, free_run)
     params = []
@@ -281,10 +272,7 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
     loop computes exactly the tokens chapter 7's loop computes: no step is spent on a
     request whose last token is pending.
     """
-    from minillm.config import EngineConfig
-    from minillm.engine import LLMEngine
 
-    model, tokenizer = tiny
     prompts = [[5, 6, 7], [8] * 20, [9, 10, 11, 12, 13], [14, 15] * 9]
     params = [
         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 9, 4)
@@ -293,17 +281,7 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
     params.append(SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
     scheduled = []
     for overlap in (False, True):
-        engine = LLMEngine(
-            model,
-            tokenizer,
-            EngineConfig(
-                num_kv_blocks=40,
-                block_size=4,
-                max_model_len=30,
-                persistent_batch=overlap,
-                async_scheduling=overlap,
-            ),
-        )
+        engine = overlapped_or_not(tiny, overlap, num_kv_blocks=40, max_model_len=30)
         schedule, total = engine.scheduler.schedule, [0]
 
         def counting_schedule(schedule=schedule, total=total):
@@ -325,10 +303,7 @@ def test_async_scheduling_streams_only_real_tokens(tiny):
     a prefix of chapter 7's final tokens, the final ones are chapter 7's, and every
     placeholder count returns to 0.
     """
-    from minillm.config import EngineConfig
-    from minillm.engine import LLMEngine
 
-    model, tokenizer = tiny
     late = [3, 4, 5, 6]
     prompts = {"a": [5, 6, 7], "b": [8, 9, 10, 11], "c": [12] * 9}
     params = {
@@ -338,17 +313,7 @@ def test_async_scheduling_streams_only_real_tokens(tiny):
     }
     finals, streams = [], []
     for overlap in (False, True):
-        engine = LLMEngine(
-            model,
-            tokenizer,
-            EngineConfig(
-                num_kv_blocks=40,
-                block_size=4,
-                max_num_seqs=4,
-                persistent_batch=overlap,
-                async_scheduling=overlap,
-            ),
-        )
+        engine = overlapped_or_not(tiny, overlap, num_kv_blocks=40, max_num_seqs=4)
         for rid, p in prompts.items():
             engine.add_request(rid, p, params[rid])
         requests = dict(engine.scheduler.requests)
@@ -403,13 +368,7 @@ def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkey
         return outputs
 
     monkeypatch.setattr(AsyncStepper, "_take_tokens", checking_take_tokens)
-    g = torch.Generator().manual_seed(1)
-    prompts = [
-        torch.randint(
-            1, 200, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g
-        ).tolist()
-        for _ in range(12)
-    ]
+    prompts = mixed_prompts(12, 200, seed=1, longest=29)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     for base, options in [
         (Scheduler, {"prefix_cache_impl": "hash"}),
@@ -439,10 +398,6 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
     """
     import random
 
-    from minillm.config import EngineConfig
-    from minillm.engine import LLMEngine
-
-    model, tokenizer = tiny
     rng = random.Random(seed)
     # engine step call -> request ids added / aborted before it
     arrivals, aborts = {}, {}
@@ -456,19 +411,8 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
             aborts.setdefault(arrival + rng.randrange(1, 10), []).append(rid)
 
     def run(params, overlap, with_aborts):
-        engine = LLMEngine(
-            model,
-            tokenizer,
-            EngineConfig(
-                num_kv_blocks=20,
-                block_size=4,
-                max_num_seqs=6,
-                max_num_batched_tokens=16,
-                max_model_len=48,
-                persistent_batch=overlap,
-                async_scheduling=overlap,
-            ),
-        )
+        sizes = dict(num_kv_blocks=20, max_num_seqs=6, max_num_batched_tokens=16)
+        engine = overlapped_or_not(tiny, overlap, **sizes, max_model_len=48)
         requests, reported, final, call = {}, {}, {}, 0
         while call <= max(*arrivals, *aborts) or engine.has_unfinished_requests():
             for rid in arrivals.get(call, []):

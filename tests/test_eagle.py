@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 from hf_models import MODELS
+from test_speculative import greedy_then_a_stop, small_sizes
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
@@ -127,12 +128,8 @@ def test_observe_keeps_only_settled_features(tiny):
 def test_greedy_is_unchanged_by_eagle(tiny, quick_eagle, options):
     model, tokenizer = tiny
     prompts, code = prompts_of(tokenizer)
-    params = [GREEDY] * (len(prompts) - 1)
-    params.append(
-        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[code[8]])
-    )
-    small = dict(num_kv_blocks=28, block_size=4, max_num_seqs=6)
-    small["max_num_batched_tokens"] = options.pop("max_num_batched_tokens", 24)
+    params = greedy_then_a_stop(prompts, code)
+    small = small_sizes(28, options)
     base = LLMEngine(model, tokenizer, EngineConfig(**small, **options))
     expected = generate(base, prompts, params)
     spec = {"method": "eagle", "num_speculative_tokens": 3, "model": str(quick_eagle)}

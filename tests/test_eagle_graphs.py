@@ -121,6 +121,18 @@ def trained_eagle(tiny, tmp_path_factory, device):
     return folder
 
 
+def staggered_requests(tokenizer, first, step):
+    """7 prefixes of a repeated piece of code, greedy, the i-th running first + i *
+    step tokens: requests finish at different steps."""
+    code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
+    prompts = [code[: 8 + 5 * i] for i in range(7)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=first + step * i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    return prompts, params
+
+
 @pytest.mark.parametrize("limit", [None, 4])
 def test_engine_with_draft_graphs_is_lossless(tiny, trained_eagle, device, limit):
     """The tiny model on the GPU's fast path: with EAGLE's draft on graphs the tokens
@@ -130,12 +142,7 @@ def test_engine_with_draft_graphs_is_lossless(tiny, trained_eagle, device, limit
     if device != "cuda":
         pytest.skip("needs MINILLM_TEST_DEVICE=cuda")
     _, tokenizer = tiny
-    code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
-    prompts = [code[: 8 + 5 * i] for i in range(7)]
-    params = [
-        SamplingParams(temperature=0, max_tokens=16 + 4 * i, ignore_eos=True)
-        for i in range(len(prompts))
-    ]
+    prompts, params = staggered_requests(tokenizer, 16, 4)
     # graphs and async scheduling as on the fast path; uncompiled layers (quicker)
     common = dict(num_kv_blocks=200, block_size=16, max_num_seqs=8, torch_compile=False)
 
@@ -170,12 +177,7 @@ def test_drafts_read_a_step_late_change_no_token(tiny):
     left in), read after its forward pass; the tokens are the plain engine's,
     under preemption and batches larger than every bucket."""
     model, tokenizer = tiny
-    code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
-    prompts = [code[: 8 + 5 * i] for i in range(7)]
-    params = [
-        SamplingParams(temperature=0, max_tokens=12 + 3 * i, ignore_eos=True)
-        for i in range(len(prompts))
-    ]
+    prompts, params = staggered_requests(tokenizer, 12, 3)
     small = dict(num_kv_blocks=40, block_size=4, max_num_seqs=6)
     expected = generate(
         LLMEngine(model, tokenizer, EngineConfig(**small)), prompts, params

@@ -10,7 +10,8 @@ import pytest
 import torch
 import transformers
 from hypothesis import given, settings
-from hf_models import MODELS
+from hf_models import MODELS, hf_greedy
+from helpers import TIGHT, mixed_prompts
 
 from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
@@ -37,14 +38,8 @@ def tiny_llm():
     return LLM(device="cpu", num_kv_blocks=256, max_num_seqs=16)
 
 
-def mixed_prompts(n, vocab, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        torch.randint(
-            1, vocab, (int(torch.randint(3, 60, (1,), generator=g)),), generator=g
-        ).tolist()
-        for _ in range(n)
-    ]
+# chapter 7's engine under preemption and chunked prefill, on the tiny model
+SMALLER = dict(TIGHT, num_kv_blocks=48, max_num_seqs=6, max_num_batched_tokens=20)
 
 
 @pytest.mark.parametrize("cls, config", MODELS)
@@ -53,29 +48,13 @@ def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(
 ):
     reference, tmp_path = hf_checkpoint(cls, config)
     prompts = mixed_prompts(16, 384)
-    llm = LLM(
-        tmp_path,
-        device="cpu",
-        num_kv_blocks=40,
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=24,
-    )
+    llm = LLM(tmp_path, **TIGHT)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     # the pool of 160 slots cannot hold 16 sequences of up to 84
     assert llm.engine.num_preemptions > 0
     assert max(len(p) for p in prompts) > 24  # some prompts needed several chunks
     for prompt, out in zip(prompts, outputs):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            expected = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=24,
-                do_sample=False,
-                pad_token_id=0,
-            )[0, len(prompt) :].tolist()
-        assert out.outputs[0].token_ids == expected
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 24)
     assert all_blocks_free(llm)
 
 
@@ -87,13 +66,7 @@ def test_tiny_model_matches_dense_generation(tiny):
     ]
     prompts += mixed_prompts(12, tokenizer.vocab_size, seed=1)
     expected = generate(model, prompts, max_new_tokens=24)
-    llm = LLM(
-        device="cpu",
-        num_kv_blocks=48,
-        block_size=4,
-        max_num_seqs=6,
-        max_num_batched_tokens=20,
-    )
+    llm = LLM(**SMALLER)
     got = [
         o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)
     ]
@@ -112,13 +85,7 @@ def test_seeded_sampling_is_the_same_under_preemption_and_chunked_prefill(tiny):
         for i in range(len(prompts))
     ]
     roomy = LLM(device="cpu", num_kv_blocks=512, block_size=4, max_num_seqs=12)
-    tight = LLM(
-        device="cpu",
-        num_kv_blocks=48,
-        block_size=4,
-        max_num_seqs=6,
-        max_num_batched_tokens=20,
-    )
+    tight = LLM(**SMALLER)
     expected, got = (
         [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         for llm in (roomy, tight)

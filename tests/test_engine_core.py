@@ -9,15 +9,15 @@ import concurrent.futures
 import pytest
 import torch
 from engine_builders import FAILING_MAX_TOKENS, build_broken, build_failing
+from helpers import MODEL, metric, wait_for
 
 # the end-to-end tests of test_server.py that read nothing of the engine object, and
 # its client fixtures: here they run against EngineCoreClient (the `live` below)
 from test_server import (  # noqa: F401
-    MODEL,
     PROMPT,
     client,
+    disconnect_mid_stream,
     http,
-    metric,
     test_bad_requests_get_openai_errors,
     test_bad_schema_is_an_openai_400,
     test_chat_json_schema_outputs_validate,
@@ -37,7 +37,6 @@ from test_server import (  # noqa: F401
     test_tokenize_and_detokenize_round_trip,
     test_usage_counts_are_exact,
     test_vllm_extra_sampling_fields_are_accepted,
-    wait_for,
 )
 
 from minillm.async_llm import AsyncLLM, EngineDeadError
@@ -85,23 +84,7 @@ def test_a_failed_step_is_a_500_and_the_engine_process_serves_on(http, live):  #
 
 
 def test_a_disconnect_aborts_in_the_engine_process_and_frees_blocks(http, live):  # noqa: F811
-    aborted = metric(http, "minillm:request_success_total", finished_reason="abort")
-    body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
-    with http.stream("POST", "/v1/completions", json=body) as r:
-        lines = r.iter_lines()
-        for _ in range(6):
-            next(lines)
-        assert metric(http, "minillm:num_requests_running") == 1
-        assert metric(http, "minillm:kv_cache_usage_perc") > 0
-    # the gauges come from the engine's process: its answer to the abort
-    assert wait_for(
-        lambda: (
-            metric(http, "minillm:kv_cache_usage_perc") == 0
-            and metric(http, "minillm:num_requests_running") == 0
-        )
-    )
-    after = metric(http, "minillm:request_success_total", finished_reason="abort")
-    assert after == aborted + 1
+    disconnect_mid_stream(http)  # the gauges: the engine process's answer to the abort
     assert live.engine_process._outputs == {} and live.engine_process._sinks == {}
 
 

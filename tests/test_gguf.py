@@ -21,6 +21,9 @@ if os.environ.get("MINILLM_REQUIRE_SMOLLM2"):
 else:
     gguf = pytest.importorskip("gguf", reason="the gguf library is not installed")
 
+from hf_models import hf_greedy  # noqa: E402
+from shapes import SMALL  # noqa: E402
+
 from minillm import convert  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
 from minillm.convert import (  # noqa: E402
@@ -98,17 +101,7 @@ def test_logits_and_greedy_tokens_equal_transformers_gguf_loading(smollm2):
 
     prompts = [ids[:150], tokenizer.encode("The capital of France is")]
     reference.generation_config.eos_token_id = None  # every one of the 64 tokens
-    expected = []
-    for prompt in prompts:
-        with torch.no_grad():
-            out = reference.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=64,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        expected.append(out[0, len(prompt) :].tolist())
+    expected = [hf_greedy(reference, prompt, 64) for prompt in prompts]
     assert generate(model, prompts, max_new_tokens=64) == expected
     # the paged engine, both prompts batched, the long one prefilled in chunks of 48
     llm = LLM(
@@ -303,12 +296,7 @@ def small_gguf(tmp_path, tiny):
         )  # special tokens are in the vocab
     cfg = LlamaConfig(
         vocab_size=len(tokens),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **SMALL,
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,

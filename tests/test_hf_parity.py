@@ -21,6 +21,9 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from hf_models import SHAPE as HF_SHAPE
+from hf_models import hf_greedy
+from shapes import LLAMA_3_2_1B, QWEN3_0_6B
 
 from minillm.hf import (
     UnsupportedModelError,
@@ -35,16 +38,7 @@ from minillm.sampling_params import SamplingParams
 
 transformers.logging.set_verbosity_error()
 
-SHAPE = dict(
-    vocab_size=320,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    max_position_embeddings=512,
-)
+SHAPE = dict(HF_SHAPE, vocab_size=320, num_key_value_heads=2)
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -131,33 +125,11 @@ def test_greedy_32_tokens_match_transformers_generate(tmp_path, case, device):
     # one batch, mixed lengths, dense KV cache
     mine = generate(ours, prompts, max_new_tokens=32)
     for prompt, out in zip(prompts, mine):
-        with torch.no_grad():
-            # an explicit mask: else HF takes every id 0 for padding
-            ids = torch.tensor([prompt], device=device)
-            theirs = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=32,
-                do_sample=False,
-                pad_token_id=0,
-            )[0, len(prompt) :].tolist()
-        assert out == theirs
+        assert out == hf_greedy(reference, prompt, 32)
 
 
 # --- the paged engine against transformers
 # ---------------------------------------------------------
-
-
-def hf_greedy(reference, prompt, max_new_tokens):
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        return reference.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )[0, len(prompt) :].tolist()
 
 
 def random_prompt(length, seed):
@@ -345,45 +317,8 @@ def test_checkpoint_with_wrong_tensors_is_refused(tmp_path):
 # next token about as often as transformers' own bf16 model does (within one percentage
 # point).
 REAL_SHAPES = {
-    "qwen3-0.6b": (
-        Qwen3ForCausalLM,
-        lambda: Qwen3Config(
-            vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        ),
-    ),
-    "llama-3.2-1b": (
-        LlamaForCausalLM,
-        lambda: LlamaConfig(
-            vocab_size=128256,
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=64,
-            max_position_embeddings=131072,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=True,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500000.0,
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-        ),
-    ),
+    "qwen3-0.6b": (Qwen3ForCausalLM, lambda: Qwen3Config(**QWEN3_0_6B)),
+    "llama-3.2-1b": (LlamaForCausalLM, lambda: LlamaConfig(**LLAMA_3_2_1B)),
 }
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shapes import SMALL
 
 from minillm.config import EngineConfig
 from minillm.int4 import (
@@ -115,15 +116,7 @@ def test_int4_linear_on_cpu_is_the_reference(dtype):
 
 def small_model(seed: int = 0) -> CausalLM:
     torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
+    config = ModelConfig(vocab_size=64, **SMALL)
     return CausalLM(config).eval()
 
 

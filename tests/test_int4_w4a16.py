@@ -12,6 +12,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from test_int4_gemm import DEVICE, check, on_gpu  # noqa: E402
+from test_int4_gemm import make as make_rtn  # noqa: E402
+
 from minillm.int4 import (  # noqa: E402
     Int4Linear,
     Int4Weight,
@@ -27,24 +30,11 @@ from minillm.kernels.int4_gemm import (  # noqa: E402
     w4a16_split,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-on_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
-
 
 def make(M, N, K, group, dtype=torch.float32, seed=0):
     """x, the weight in pack_int4's layout, the same in the kernel's layout."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
-    w = quantize_rtn((torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, dtype), group)
+    x, w = make_rtn(M, N, K, group, dtype, seed)
     return x, w, Int4Weight(shuffle_int4(w.qweight), w.scales, w.zeros, group)
-
-
-def check(y, x, w):
-    ref = x.double() @ w.dequantize(torch.float64).T
-    assert y.shape == ref.shape and y.dtype == x.dtype
-    err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
-    assert err <= TOL[x.dtype], f"relative error {err:.2e}"
 
 
 def test_shuffle_puts_channel_16j_plus_i_in_nibble_j_of_word_row_i():

@@ -13,10 +13,9 @@ import pytest
 from minillm.structured.grammar import Grammar
 from minillm.structured.ir import GrammarError
 from minillm.structured.json_schema import JsonOptions, SchemaCompiler
-from minillm.structured.matcher import GrammarMatcher, allowed_tokens
 from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
 from minillm.structured.schema_ops import SchemaError, SchemaWarning, guaranteed
-from tests.test_structured_output import random_walk, text_of
+from tests.test_structured_output import check_masks_on_a_walk, random_walk, text_of
 
 CHECK = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
@@ -98,18 +97,7 @@ def test_masks_exact_across_many_rules(compiler):
     schema = KEYWORDS["nested arrays of objects"]
     compiled = compiler.compile(StructuredOutputsParams(json=schema))
     assert len(compiled.grammar.names) >= 3  # a rule per object / array schema
-    index, rng, m = compiler.index, random.Random(7), GrammarMatcher(compiled)
-    for _ in range(20):
-        fast = set(allowed_tokens(m.next_token_mask(), index.vocab_size).tolist())
-        slow = {t for t, b in enumerate(index.token_bytes)
-                if b and compiled.advance(m.stacks, b) is not None}  # fmt: skip
-        if compiled.is_complete(m.stacks):
-            slow |= set(index.eos_token_ids)
-        assert fast == slow
-        choices = sorted(fast - set(index.eos_token_ids))
-        if not choices:
-            break
-        assert m.accept_token(rng.choice(choices))
+    check_masks_on_a_walk(compiler, compiled, random.Random(7), 20)
 
 
 def test_rules_keep_repetition_from_multiplying_states():

@@ -1,6 +1,7 @@
 """The decoder of chapter 1: RoPE, attention, the dense KV cache, generation."""
 
 import pytest
+import shapes
 import torch
 
 from minillm.model import (
@@ -18,15 +19,7 @@ from minillm.model import (
     sample_next,
 )
 
-SMALL = ModelConfig(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-)
+SMALL = ModelConfig(vocab_size=97, **{**shapes.SMALL, "head_dim": 32})
 
 
 def small_model(**overrides) -> CausalLM:

@@ -8,6 +8,8 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from hf_models import SHAPE as HF_SHAPE
+from hf_models import hf_greedy
 
 from minillm.attention import (
     gather_blocks,
@@ -200,22 +202,9 @@ def test_paged_generation_equals_dense_generation_on_the_tiny_model(
     )
 
 
-def hf_greedy(reference, prompts, max_new_tokens):
+def hf_greedy_each(reference, prompts, max_new_tokens):
     reference.generation_config.eos_token_id = None
-    outputs = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        # explicit mask: a BOS id of 0 must not be taken for padding
-        with torch.no_grad():
-            out = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        outputs.append(out[0, len(p) :].tolist())
-    return outputs
+    return [hf_greedy(reference, p, max_new_tokens) for p in prompts]
 
 
 def test_paged_generation_equals_transformers_on_the_tiny_model(tiny, tiny_prompts):
@@ -229,18 +218,10 @@ def test_paged_generation_equals_transformers_on_the_tiny_model(tiny, tiny_promp
     ).eval()
     assert generate_paged(
         model, tiny_prompts, max_new_tokens=20, block_size=5
-    ) == hf_greedy(reference, tiny_prompts, 20)
+    ) == hf_greedy_each(reference, tiny_prompts, 20)
 
 
-SHAPE = dict(
-    vocab_size=320,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    head_dim=32,
-    max_position_embeddings=512,
-)
+SHAPE = dict(HF_SHAPE, vocab_size=320)
 
 
 @pytest.mark.parametrize(
@@ -275,7 +256,7 @@ def test_paged_generation_equals_dense_and_transformers_on_random_hf_models(
     ]
     paged = generate_paged(ours, prompts, max_new_tokens=20, block_size=12)
     assert paged == generate(ours, prompts, max_new_tokens=20)
-    assert paged == hf_greedy(reference, prompts, 20)
+    assert paged == hf_greedy_each(reference, prompts, 20)
 
 
 def test_seeded_sampling_through_the_paged_cache_equals_the_dense_cache(

@@ -7,7 +7,6 @@ import random
 
 import hypothesis.strategies as st
 import pytest
-import torch
 import transformers
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import (
@@ -88,57 +87,40 @@ def run_prompt(kv, request):
 # ---------------------------------------------------------------
 
 
+def greedy_per_impl(prompts, max_tokens, *model, **sizes):
+    """Greedy token ids of the engine on the CPU in blocks of 4 tokens, without a
+    prefix cache and with each (IMPLS), by impl; and the LLMs, by impl, once each has
+    checked that no request holds a block."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outputs, llms = {}, {}
+    for impl in IMPLS:
+        llm = LLM(*model, device="cpu", block_size=4, prefix_cache_impl=impl, **sizes)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        outputs[impl] = [o.outputs[0].token_ids for o in outs]
+        assert_no_leaks(llm.engine.kv_cache_manager)
+        llms[impl] = llm
+    return outputs, llms
+
+
 def test_greedy_outputs_identical_off_hash_radix_tiny_model_under_preemption(tiny):
     prompts = shared_prefix_prompts(tiny[1].vocab_size, n=16, prefix=60)
-    outputs, preemptions = {}, {}
-    for impl in IMPLS:
-        llm = LLM(
-            device="cpu",
-            num_kv_blocks=36,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=32,
-            prefix_cache_impl=impl,
-        )
-        outs = llm.generate(
-            prompts,
-            SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
-            use_tqdm=False,
-        )
-        outputs[impl] = [o.outputs[0].token_ids for o in outs]
-        preemptions[impl] = llm.engine.num_preemptions
-        assert_no_leaks(llm.engine.kv_cache_manager)
-        if impl:
-            assert llm.engine.kv_cache_manager.prefix_cache_hits > 0
+    sizes = dict(num_kv_blocks=36, max_num_seqs=8, max_num_batched_tokens=32)
+    outputs, llms = greedy_per_impl(prompts, 20, **sizes)
+    for impl in ("hash", "radix"):
+        assert llms[impl].engine.kv_cache_manager.prefix_cache_hits > 0
     assert outputs["hash"] == outputs[None] == outputs["radix"]
+    preemptions = {impl: llm.engine.num_preemptions for impl, llm in llms.items()}
     assert all(preemptions.values()), preemptions
 
 
 @pytest.mark.parametrize("cls, config", MODELS)
-def test_greedy_outputs_identical_for_hf_models(tmp_path, tiny, cls, config):
-    torch.manual_seed(0)
-    cls(config).eval().save_pretrained(tmp_path)
-    tiny[1].save(tmp_path)  # prompts are token ids; any tokenizer.json will do
+def test_greedy_outputs_identical_for_hf_models(hf_checkpoint, cls, config):
+    _, path = hf_checkpoint(cls, config)
     prompts = shared_prefix_prompts(384, n=12, prefix=40, seed=1)
-    outputs = {}
-    for impl in IMPLS:
-        llm = LLM(
-            tmp_path,
-            device="cpu",
-            num_kv_blocks=40,
-            block_size=4,
-            max_num_seqs=6,
-            max_num_batched_tokens=24,
-            prefix_cache_impl=impl,
-        )
-        outs = llm.generate(
-            prompts,
-            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-            use_tqdm=False,
-        )
-        outputs[impl] = [o.outputs[0].token_ids for o in outs]
+    sizes = dict(num_kv_blocks=40, max_num_seqs=6, max_num_batched_tokens=24)
+    outputs, llms = greedy_per_impl(prompts, 16, path, **sizes)
+    for llm in llms.values():
         assert llm.engine.num_preemptions > 0
-        assert_no_leaks(llm.engine.kv_cache_manager)
     assert outputs["hash"] == outputs[None] == outputs["radix"]
 
 

@@ -3,11 +3,10 @@ the official client.
 """
 
 import json
-import time
 
 import openai
 import pytest
-from openai import OpenAI
+from helpers import MODEL, metric, openai_client, wait_for
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
@@ -20,30 +19,13 @@ try:
 except ImportError:
     import httpx2 as httpx
 
-MODEL = "minillm-tiny"
 PROMPT = 'The "for" statement'
 MESSAGES = [{"role": "user", "content": "What does the while statement do?"}]
 
 
 @pytest.fixture(scope="module")
-def live(tiny):
-    model, tokenizer = tiny
-    engine = LLMEngine(
-        model,
-        tokenizer,
-        EngineConfig(num_kv_blocks=256, max_model_len=512, max_num_seqs=16),
-    )
-    app = create_app(engine, MODEL)
-    with ServerThread(app) as server:
-        server.engine = engine
-        yield server
-
-
-@pytest.fixture(scope="module")
 def client(live):
-    return OpenAI(
-        base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=30
-    )
+    return openai_client(live)
 
 
 @pytest.fixture(scope="module")
@@ -52,25 +34,16 @@ def http(live):
         yield c
 
 
-def metric(http, name, **labels):
-    """One sample's value from /metrics (model_name label implied)."""
-    want = sorted(f'{k}="{v}"' for k, v in {"model_name": MODEL, **labels}.items())
-    for line in http.get("/metrics").text.splitlines():
-        if not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            head, _, rest = key.partition("{")
-            if head == name and sorted(rest.rstrip("}").split(",")) == want:
-                return float(value)
-    raise KeyError(f"{name} {want}")
+def completion(client, **kwargs):
+    """The served model's completion of PROMPT (or of kwargs' prompt)."""
+    return client.completions.create(**{"model": MODEL, "prompt": PROMPT, **kwargs})
 
 
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
+def chat_completion(client, **kwargs):
+    """The served model's reply to MESSAGES (or to kwargs' messages)."""
+    return client.chat.completions.create(
+        **{"model": MODEL, "messages": MESSAGES, **kwargs}
+    )
 
 
 # --- completions and chat
@@ -78,14 +51,8 @@ def wait_for(predicate, timeout=5.0):
 
 
 def test_greedy_stream_joins_to_the_non_streamed_text(client):
-    full = client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0
-    )
-    chunks = list(
-        client.completions.create(
-            model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0, stream=True
-        )
-    )
+    full = completion(client, max_tokens=30, temperature=0)
+    chunks = list(completion(client, max_tokens=30, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
     assert (
@@ -96,12 +63,8 @@ def test_greedy_stream_joins_to_the_non_streamed_text(client):
 
 def test_chat_stream_joins_to_the_non_streamed_message(client):
     kwargs = dict(max_tokens=25, temperature=0, extra_body={"ignore_eos": True})
-    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, **kwargs)
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, stream=True, **kwargs
-        )
-    )
+    full = chat_completion(client, **kwargs)
+    chunks = list(chat_completion(client, stream=True, **kwargs))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert (
         "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -117,9 +80,8 @@ def test_chat_stream_joins_to_the_non_streamed_message(client):
 
 def test_usage_counts_are_exact(client, http):
     prompt_ids = http.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
-    out = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    out = completion(
+        client,
         max_tokens=7,
         temperature=0,
         extra_body={"ignore_eos": True},
@@ -130,9 +92,8 @@ def test_usage_counts_are_exact(client, http):
         and out.usage.total_tokens == len(prompt_ids) + 7
     )
     chat_ids = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
-    chat = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
+    chat = chat_completion(
+        client,
         max_tokens=5,
         temperature=0,
         extra_body={"ignore_eos": True},
@@ -145,9 +106,8 @@ def test_usage_counts_are_exact(client, http):
 
 def test_include_usage_adds_a_final_chunk_with_empty_choices(client):
     chunks = list(
-        client.completions.create(
-            model=MODEL,
-            prompt=PROMPT,
+        completion(
+            client,
             max_tokens=6,
             temperature=0,
             stream=True,
@@ -158,9 +118,8 @@ def test_include_usage_adds_a_final_chunk_with_empty_choices(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     assert all(c.usage is None for c in chunks[:-1])
     chat = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=MESSAGES,
+        chat_completion(
+            client,
             max_tokens=4,
             stream=True,
             stream_options={"include_usage": True},
@@ -174,9 +133,8 @@ def test_include_usage_adds_a_final_chunk_with_empty_choices(client):
 
 
 def test_n_gives_indexed_choices_and_prompts_lists_are_numbered(client):
-    out = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    out = completion(
+        client,
         n=3,
         max_tokens=5,
         temperature=1.0,
@@ -195,16 +153,10 @@ def test_n_gives_indexed_choices_and_prompts_lists_are_numbered(client):
         model=MODEL, prompt=[[264, 77], [326]], max_tokens=2, temperature=0
     )
     assert [c.index for c in ids.choices] == [0, 1] and ids.usage.prompt_tokens == 3
-    streamed = list(
-        client.completions.create(
-            model=MODEL, prompt=PROMPT, n=3, max_tokens=5, stream=True
-        )
-    )
+    streamed = list(completion(client, n=3, max_tokens=5, stream=True))
     finishes = [c.choices[0].index for c in streamed if c.choices[0].finish_reason]
     assert sorted(finishes) == [0, 1, 2]  # each choice finishes exactly once
-    chat = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, n=3, max_tokens=4
-    )
+    chat = chat_completion(client, n=3, max_tokens=4)
     assert [c.index for c in chat.choices] == [0, 1, 2]
 
 
@@ -226,9 +178,8 @@ def test_stop_string_and_max_tokens_set_the_finish_reason(client):
     assert out.choices[0].model_extra.get("stop_reason") == stop
     streamed = list(client.completions.create(stop=stop, stream=True, **greedy))
     assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
-    capped = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    capped = completion(
+        client,
         max_tokens=3,
         temperature=0,
         extra_body={"ignore_eos": True},
@@ -237,9 +188,8 @@ def test_stop_string_and_max_tokens_set_the_finish_reason(client):
         capped.choices[0].finish_reason == "length"
         and capped.usage.completion_tokens == 3
     )
-    chat = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
+    chat = chat_completion(
+        client,
         max_completion_tokens=2,
         extra_body={"ignore_eos": True},
     )
@@ -253,9 +203,8 @@ def test_stop_token_ids_and_min_tokens(client, http, tiny):
     prompt_ids = http.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
     greedy_ids = generate(tiny[0], [prompt_ids], max_new_tokens=10)[0]
     stop_token = greedy_ids[2]
-    out = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    out = completion(
+        client,
         max_tokens=10,
         temperature=0,
         extra_body={"stop_token_ids": [stop_token], "ignore_eos": True},
@@ -263,9 +212,8 @@ def test_stop_token_ids_and_min_tokens(client, http, tiny):
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].model_extra.get("stop_reason") == stop_token
     assert out.usage.completion_tokens == greedy_ids.index(stop_token) + 1
-    long = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    long = completion(
+        client,
         max_tokens=12,
         temperature=0,
         extra_body={"min_tokens": 12},
@@ -274,9 +222,8 @@ def test_stop_token_ids_and_min_tokens(client, http, tiny):
 
 
 def test_completion_logprobs_shape(client):
-    out = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    out = completion(
+        client,
         max_tokens=6,
         temperature=0,
         logprobs=3,
@@ -299,9 +246,8 @@ def test_completion_logprobs_shape(client):
         # greedy: the chosen token is the most likely
         assert max(top.values()) == pytest.approx(logprob)
     streamed = list(
-        client.completions.create(
-            model=MODEL,
-            prompt=PROMPT,
+        completion(
+            client,
             max_tokens=6,
             temperature=0,
             logprobs=3,
@@ -315,9 +261,8 @@ def test_completion_logprobs_shape(client):
     ] == lp.text_offset
     stopped = [
         c
-        for c in client.completions.create(
-            model=MODEL,
-            prompt=PROMPT,
+        for c in completion(
+            client,
             max_tokens=12,
             temperature=0,
             logprobs=1,
@@ -332,9 +277,8 @@ def test_completion_logprobs_shape(client):
 
 
 def test_chat_logprobs_shape(client):
-    out = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
+    out = chat_completion(
+        client,
         max_tokens=5,
         temperature=0,
         logprobs=True,
@@ -349,16 +293,15 @@ def test_chat_logprobs_shape(client):
     for c in content:
         assert len(c.top_logprobs) == 2 and c.bytes == list(c.token.encode())
         assert c.top_logprobs[0].logprob == pytest.approx(c.logprob)
-    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    plain = chat_completion(client, max_tokens=2)
     assert plain.choices[0].logprobs is None
 
 
 def test_seed_reproduces_a_sampled_output(client):
     def sample(seed):
         return (
-            client.completions.create(
-                model=MODEL,
-                prompt=PROMPT,
+            completion(
+                client,
                 max_tokens=20,
                 temperature=1.0,
                 top_p=0.95,
@@ -374,9 +317,8 @@ def test_seed_reproduces_a_sampled_output(client):
 
 
 def test_vllm_extra_sampling_fields_are_accepted(client):
-    out = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    out = completion(
+        client,
         max_tokens=8,
         temperature=0.7,
         presence_penalty=0.5,
@@ -419,17 +361,10 @@ def test_vllm_extra_sampling_fields_are_accepted(client):
         and params.stop_token_ids == [5]
     )
     # and change what comes out: top_k=1 at temperature 1 is greedy
-    greedy = (
-        client.completions.create(
-            model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0
-        )
-        .choices[0]
-        .text
-    )
+    greedy = completion(client, max_tokens=8, temperature=0).choices[0].text
     top1 = (
-        client.completions.create(
-            model=MODEL,
-            prompt=PROMPT,
+        completion(
+            client,
             max_tokens=8,
             temperature=1.0,
             seed=3,
@@ -622,16 +557,13 @@ def test_an_engine_failure_is_a_500_and_the_server_recovers(http, live):
 # -----------------------------------------------------------------------------
 
 
-def test_a_client_disconnect_mid_stream_aborts_and_frees_blocks(http, live):
-    engine = live.engine
-    aborted_before = metric(
-        http, "minillm:request_success_total", finished_reason="abort"
-    )
-    with http.stream(
-        "POST",
-        "/v1/completions",
-        json={"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True},
-    ) as r:
+def disconnect_mid_stream(http):
+    """Leave a long stream after 6 lines, while it runs and holds blocks: the gauges
+    fall back to 0 (with an engine process, they come from its answer to the abort)
+    and one more request finished as "abort"."""
+    aborted = metric(http, "minillm:request_success_total", finished_reason="abort")
+    body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
@@ -643,10 +575,13 @@ def test_a_client_disconnect_mid_stream_aborts_and_frees_blocks(http, live):
             and metric(http, "minillm:num_requests_running") == 0
         )
     )
-    assert (
-        metric(http, "minillm:request_success_total", finished_reason="abort")
-        == aborted_before + 1
-    )
+    after = metric(http, "minillm:request_success_total", finished_reason="abort")
+    assert after == aborted + 1
+
+
+def test_a_client_disconnect_mid_stream_aborts_and_frees_blocks(http, live):
+    engine = live.engine
+    disconnect_mid_stream(http)
     assert wait_for(
         lambda: (
             not engine.has_unfinished_requests() and engine.kv_cache_manager.usage == 0
@@ -708,9 +643,7 @@ def test_tokenize_and_detokenize_round_trip(http):
 
 
 def test_metrics_expose_the_named_metrics_with_the_model_label(client, http):
-    client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True}
-    )
+    completion(client, max_tokens=4, extra_body={"ignore_eos": True})
     text = http.get("/metrics").text
     names = [
         "time_to_first_token_seconds",
@@ -945,17 +878,15 @@ def test_chat_json_schema_outputs_validate(client, stream):
 
 
 def test_completion_json_object_and_structured_outputs(client):
-    reply = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    reply = completion(
+        client,
         max_tokens=30,
         temperature=0,
         extra_body={"response_format": {"type": "json_object"}},
     )
     assert isinstance(json.loads(reply.choices[0].text), dict)
-    reply = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
+    reply = completion(
+        client,
         max_tokens=8,
         temperature=0,
         extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
@@ -992,9 +923,7 @@ def test_completion_json_object_and_structured_outputs(client):
 )
 def test_bad_schema_is_an_openai_400(client, live, body, words):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=4, response_format=body
-        )
+        chat_completion(client, max_tokens=4, response_format=body)
     err = e.value.response.json()["error"]
     assert err["param"] == "response_format" and words in err["message"]
     assert e.value.status_code == 400

@@ -14,7 +14,9 @@ import random
 import threading
 import time
 
+import helpers
 import pytest
+from helpers import MODEL, SERVER_SIZES, live_server
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,22 +32,28 @@ try:
 except ImportError:
     import httpx2 as httpx
 
-MODEL = "minillm-tiny"
 PROMPTS = [
     f'The "{kw}" statement'
     for kw in ["for", "while", "if", "try", "with", "return", "del", "pass"]
 ]
 ASYNC = dict(persistent_batch=True, async_scheduling=True)
-SIZES = dict(num_kv_blocks=256, max_model_len=512, max_num_seqs=16)
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
+def wait_for(predicate):
+    return helpers.wait_for(predicate, timeout=10.0)
+
+
+def record_aborts(engine, stepper):
+    """Make engine.abort_request record whether a step was in flight at each abort;
+    returns (that record, the original method)."""
+    in_flight_at_abort, original = [], engine.abort_request
+
+    def recording_abort(request_ids):  # runs on the engine thread
+        in_flight_at_abort.append(stepper is not None and stepper.in_flight is not None)
+        return original(request_ids)
+
+    engine.abort_request = recording_abort
+    return in_flight_at_abort, original
 
 
 def all_blocks_free(engine) -> bool:
@@ -101,11 +109,10 @@ def joined(chunks: list[dict], n: int) -> tuple[list[str], list[str | None]]:
 @pytest.fixture(scope="module")
 def fast(tiny, fast_path):
     """A live server over an engine with the persistent batch and async scheduling."""
-    engine = LLMEngine(*tiny, EngineConfig(**SIZES, **ASYNC))
+    engine = LLMEngine(*tiny, EngineConfig(**SERVER_SIZES, **ASYNC))
     path = fast_path(engine)
     assert path["async_scheduling"] and path["persistent_batch"] and path["stepper"]
-    with ServerThread(create_app(engine, MODEL)) as server:
-        server.engine = engine
+    with live_server(engine) as server:
         yield server
 
 
@@ -164,14 +171,7 @@ def test_a_disconnect_with_a_step_in_flight_ends_the_request_and_frees_blocks(
 ):
     engine = fast.engine
     stepper = fast_path(engine)["stepper"]
-    in_flight_at_abort = []
-    original = engine.abort_request
-
-    def recording_abort(request_ids):  # runs on the engine thread
-        in_flight_at_abort.append(stepper.in_flight is not None)
-        return original(request_ids)
-
-    engine.abort_request = recording_abort
+    in_flight_at_abort, original = record_aborts(engine, stepper)
     try:
         # greedy: a step is launched ahead only when every request is plain greedy
         body = {
@@ -209,16 +209,9 @@ def test_a_disconnect_with_a_step_in_flight_ends_the_request_and_frees_blocks(
 
 
 def test_an_abort_through_async_llm_with_a_step_in_flight(tiny, fast_path):
-    engine = LLMEngine(*tiny, EngineConfig(**SIZES, **ASYNC))
+    engine = LLMEngine(*tiny, EngineConfig(**SERVER_SIZES, **ASYNC))
     stepper = fast_path(engine)["stepper"]
-    in_flight_at_abort = []
-    original = engine.abort_request
-
-    def recording_abort(request_ids):  # runs on the engine thread
-        in_flight_at_abort.append(stepper.in_flight is not None)
-        return original(request_ids)
-
-    engine.abort_request = recording_abort
+    in_flight_at_abort, _ = record_aborts(engine, stepper)
     long = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
     short = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -323,7 +316,7 @@ class Fatal(BaseException):
 
 @pytest.mark.parametrize("failure", ["fatal", "unrecoverable"])
 def test_a_dead_engine_thread_fails_health_and_every_request(tiny, failure):
-    engine = LLMEngine(*tiny, EngineConfig(**SIZES, **ASYNC))
+    engine = LLMEngine(*tiny, EngineConfig(**SERVER_SIZES, **ASYNC))
     app = create_app(engine, MODEL)
     body = {"prompt": PROMPTS[7], "max_tokens": 400, "temperature": 0}
     body["ignore_eos"] = True
@@ -459,16 +452,9 @@ async def stop_words(client) -> list[str]:
 def test_randomised_concurrent_streams_with_drops(
     tiny, config, greedy_share, fast_path
 ):
-    engine = LLMEngine(*tiny, EngineConfig(**SIZES, **config))
+    engine = LLMEngine(*tiny, EngineConfig(**SERVER_SIZES, **config))
     stepper = fast_path(engine)["stepper"]
-    in_flight_at_abort = []
-    original = engine.abort_request
-
-    def recording_abort(request_ids):  # runs on the engine thread
-        in_flight_at_abort.append(stepper is not None and stepper.in_flight is not None)
-        return original(request_ids)
-
-    engine.abort_request = recording_abort
+    in_flight_at_abort, _ = record_aborts(engine, stepper)
     rng = random.Random(20240611)
     with ServerThread(create_app(engine, MODEL)) as server:
 

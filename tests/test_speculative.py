@@ -9,7 +9,8 @@ import torch
 import transformers
 from hypothesis import given, settings
 from transformers import LlamaConfig, LlamaForCausalLM
-from hf_models import MODELS, SHAPE
+from hf_models import MODELS, SHAPE, hf_greedy
+from helpers import TIGHT
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
@@ -62,6 +63,32 @@ def repetitive_prompts(n, vocab, seed=0):
         else:
             prompts.append((phrase.tolist() * 12)[:length])
     return prompts
+
+
+def code_prompts(tokenizer):
+    """Prefixes of a repeated piece of code and repetitive_prompts (proposals find
+    matches), the first again at the end (a shared prefix); and the code's ids."""
+    code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
+    prompts = [code[: 10 + 6 * i] for i in range(5)] + repetitive_prompts(4, 2048, 1)
+    return prompts + [prompts[0]], code
+
+
+def greedy_then_a_stop(prompts, code):
+    """GREEDY for every prompt but the last, which stops at the token code[8]."""
+    stop = SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[code[8]])
+    return [GREEDY] * (len(prompts) - 1) + [stop]
+
+
+def small_sizes(num_kv_blocks, options):
+    """Engine sizes in blocks of 4 tokens for 6 sequences, with chunks of 24 tokens
+    unless options sets its own max_num_batched_tokens (taken out of options)."""
+    chunk = options.pop("max_num_batched_tokens", 24)
+    return dict(
+        num_kv_blocks=num_kv_blocks,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=chunk,
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -138,30 +165,13 @@ def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(
 ):
     reference, path = hf_checkpoint(cls, config)
     prompts = repetitive_prompts(12, 384)
-    llm = LLM(
-        path,
-        device="cpu",
-        num_kv_blocks=40,
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=24,
-        speculative_config=NGRAM,
-    )
+    llm = LLM(path, **TIGHT, speculative_config=NGRAM)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     engine = llm.engine
     assert engine.num_preemptions > 0
     assert engine.model_runner.spec_stats.num_drafts > 0
     for prompt, out in zip(prompts, outputs):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            expected = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=24,
-                do_sample=False,
-                pad_token_id=0,
-            )[0, len(prompt) :].tolist()
-        assert out.outputs[0].token_ids == expected
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 24)
     assert all_blocks_free(engine)
 
 
@@ -176,15 +186,9 @@ def test_greedy_matches_transformers_under_preemption_and_chunked_prefill(
 )
 def test_tiny_model_is_unchanged_by_speculation(tiny, options):
     model, tokenizer = tiny
-    code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
-    prompts = [code[: 10 + 6 * i] for i in range(5)] + repetitive_prompts(4, 2048, 1)
-    prompts += [prompts[0]]  # a shared prefix
-    params = [GREEDY] * (len(prompts) - 1)
-    params.append(
-        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[code[8]])
-    )
-    small = dict(num_kv_blocks=40, block_size=4, max_num_seqs=6)
-    small["max_num_batched_tokens"] = options.pop("max_num_batched_tokens", 24)
+    prompts, code = code_prompts(tokenizer)
+    params = greedy_then_a_stop(prompts, code)
+    small = small_sizes(40, options)
     base = LLMEngine(model, tokenizer, EngineConfig(**small, **options))
     expected = [o.token_ids for o in generate(base, prompts, params)]
     runs = [("ngram", 1), ("ngram", 4), ("draft_model", 3)]

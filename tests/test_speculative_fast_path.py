@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 from hf_models import MODELS
-from test_speculative import all_blocks_free, generate, repetitive_prompts
+from test_speculative import (
+    all_blocks_free,
+    code_prompts,
+    generate,
+    greedy_then_a_stop,
+    repetitive_prompts,
+)
 
 from minillm.attention import paged_attention_ref
 from minillm.config import EngineConfig
@@ -28,12 +34,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 SMALL = dict(num_kv_blocks=40, block_size=4, max_num_seqs=6, max_num_batched_tokens=24)
 
 
-def tiny_prompts(tokenizer):
-    code = tokenizer.encode("for x in range(10):\n    print(x)\n" * 3)
-    prompts = [code[: 10 + 6 * i] for i in range(5)] + repetitive_prompts(4, 2048, 1)
-    return prompts + [prompts[0]], code  # a shared prefix
-
-
 @pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "medusa"])
 @pytest.mark.parametrize(
     "options",
@@ -44,11 +44,8 @@ def tiny_prompts(tokenizer):
 )
 def test_every_proposer_is_lossless_on_the_persistent_batch(tiny, method, options):
     model, tokenizer = tiny
-    prompts, code = tiny_prompts(tokenizer)
-    params = [GREEDY] * (len(prompts) - 1)
-    params.append(
-        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[code[8]])
-    )
+    prompts, code = code_prompts(tokenizer)
+    params = greedy_then_a_stop(prompts, code)
     small = {**SMALL, **options}
     expected = generate(
         LLMEngine(model, tokenizer, EngineConfig(**small)), prompts, params
@@ -71,7 +68,7 @@ def test_steps_launched_ahead_neither_verify_nor_propose(tiny):
     proposals, runs in step; the others are launched ahead; the tokens are the
     plain engine's."""
     model, tokenizer = tiny
-    prompts, _ = tiny_prompts(tokenizer)
+    prompts, _ = code_prompts(tokenizer)
     expected = generate(
         LLMEngine(model, tokenizer, EngineConfig(**SMALL)), prompts, GREEDY
     )
@@ -104,7 +101,7 @@ def test_greedy_verification_builds_no_sampling_metadata(tiny, monkeypatch):
     """Plainly greedy steps are verified by one argmax: chapter 6's metadata is never
     built (the tokens stay the plain engine's)."""
     model, tokenizer = tiny
-    prompts, _ = tiny_prompts(tokenizer)
+    prompts, _ = code_prompts(tokenizer)
     expected = generate(
         LLMEngine(model, tokenizer, EngineConfig(**SMALL)), prompts, GREEDY
     )
@@ -132,7 +129,7 @@ def test_sampling_on_the_persistent_batch_draws_what_chapter7_runner_draws(
     runner's draws follow the target's distribution (test_speculative.py,
     test_eagle.py)."""
     model, tokenizer = tiny
-    prompts, _ = tiny_prompts(tokenizer)
+    prompts, _ = code_prompts(tokenizer)
     params = [
         SamplingParams(
             temperature=0 if i % 3 == 0 else 0.8, top_k=20, seed=i, max_tokens=16,
@@ -163,21 +160,15 @@ def step_inputs(query_lens, seq_lens, tables, block_size, ids) -> StepInputs:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("seed", range(3))
-def test_padded_rows_leave_the_real_tokens_alone(tiny, backend, seed):
-    """A batch of chunks of 1..q tokens padded to q per sequence (pad_rows): the real
-    tokens' hidden states are the unpadded batch's, and no block but the scratch
-    block changes."""
-    model, _ = tiny
+def chunked_batch(model, backend, seed, block_size, q):
+    """A random step of 5 chunks of 1..q tokens over contexts of their own (blocks 0
+    to 62), and two caches of 64 blocks holding the same random context."""
     g = torch.Generator().manual_seed(seed)
-    block_size, q, num_seqs = 4, 4, 5
-    query_lens = torch.randint(1, q + 1, (num_seqs,), generator=g).tolist()
+    query_lens = torch.randint(1, q + 1, (5,), generator=g).tolist()
     seq_lens = [n + int(torch.randint(0, 14, (1,), generator=g)) for n in query_lens]
     tables, free = [], iter(range(64))
     for s in seq_lens:
         tables.append([next(free) for _ in range(-(-s // block_size))])
-    scratch = 63
     if backend == "triton":
         from minillm.kernels.paged_attention import triton_paged_attention as attend
     else:
@@ -190,13 +181,31 @@ def test_padded_rows_leave_the_real_tokens_alone(tiny, backend, seed):
         caches.append(cache)
     ids = torch.randint(2, 2048, (sum(query_lens),), generator=g).tolist()
     inputs = step_inputs(query_lens, seq_lens, tables, block_size, ids)
+    return inputs, caches
+
+
+def hidden_states(model, steps, caches):
+    """The model's hidden states for each step, on its own cache."""
+    hidden = []
+    for step, cache in zip(steps, caches):
+        ids, positions, md = step.to_device(torch.device("cpu"))
+        with torch.inference_mode():
+            hidden.append(model(ids, positions, md, cache))
+    return hidden
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("seed", range(3))
+def test_padded_rows_leave_the_real_tokens_alone(tiny, backend, seed):
+    """A batch of chunks of 1..q tokens padded to q per sequence (pad_rows): the real
+    tokens' hidden states are the unpadded batch's, and no block but the scratch
+    block changes."""
+    model, _ = tiny
+    block_size, q, scratch = 4, 4, 63
+    inputs, caches = chunked_batch(model, backend, seed, block_size, q)
     padded, where = pad_rows(inputs, q, scratch, block_size)
     assert (np.diff(padded.query_start_loc) == q).all()
-    hidden = []
-    for step, cache in zip((inputs, padded), caches):
-        ids_, positions, md = step.to_device(torch.device("cpu"))
-        with torch.inference_mode():
-            hidden.append(model(ids_, positions, md, cache))
+    hidden = hidden_states(model, (inputs, padded), caches)
     assert torch.allclose(hidden[1][where], hidden[0], atol=1e-4)
     for name in ("key_cache", "value_cache"):
         a, b = (getattr(c, name)[:, :scratch] for c in caches)
@@ -245,32 +254,10 @@ def test_decode_rows_give_the_chunks_hidden_states(tiny, backend, seed):
     (as_decode_rows, what the verification graphs replay): the hidden states and
     the K/V written are the chunked batch's."""
     model, _ = tiny
-    g = torch.Generator().manual_seed(seed)
-    block_size, q, num_seqs = 4, 4, 5
-    query_lens = torch.randint(1, q + 1, (num_seqs,), generator=g).tolist()
-    seq_lens = [n + int(torch.randint(0, 14, (1,), generator=g)) for n in query_lens]
-    tables, free = [], iter(range(64))
-    for s in seq_lens:
-        tables.append([next(free) for _ in range(-(-s // block_size))])
-    if backend == "triton":
-        from minillm.kernels.paged_attention import triton_paged_attention as attend
-    else:
-        attend = paged_attention_ref
-    caches = []
-    for _ in range(2):
-        cache = PagedKVCache(model.config, 64, block_size, attend, torch.float32)
-        torch.manual_seed(seed)  # the same context in both
-        cache.key_cache.normal_(), cache.value_cache.normal_()
-        caches.append(cache)
-    ids = torch.randint(2, 2048, (sum(query_lens),), generator=g).tolist()
-    inputs = step_inputs(query_lens, seq_lens, tables, block_size, ids)
+    inputs, caches = chunked_batch(model, backend, seed, block_size=4, q=4)
     rows = as_decode_rows(inputs)
-    assert rows.max_query_len == 1 and rows.num_seqs == sum(query_lens)
-    hidden = []
-    for step, cache in zip((inputs, rows), caches):
-        ids_, positions, md = step.to_device(torch.device("cpu"))
-        with torch.inference_mode():
-            hidden.append(model(ids_, positions, md, cache))
+    assert rows.max_query_len == 1 and rows.num_seqs == len(inputs.input_ids)
+    hidden = hidden_states(model, (inputs, rows), caches)
     assert torch.allclose(hidden[1], hidden[0], atol=1e-4)
     for name in ("key_cache", "value_cache"):
         a, b = (getattr(c, name) for c in caches)

@@ -170,10 +170,14 @@ def test_cached_masks_equal_checking_every_token(compiler):
     schema = {"type": "object", "properties": {"a": {"type": "array", "items": {
         "$ref": "#"}}, "b": {"type": "string", "maxLength": 3}}}  # fmt: skip
     compiled = compiler.compile(StructuredOutputsParams(json=schema))
-    m = GrammarMatcher(compiled)
-    rng = random.Random(2)
-    index = compiler.index
-    for _ in range(25):
+    check_masks_on_a_walk(compiler, compiled, random.Random(2), 25)
+
+
+def check_masks_on_a_walk(compiler, compiled, rng, steps):
+    """Walk up to `steps` random allowed tokens; at each, the fast mask equals the
+    tokens whose bytes advance the matcher's real stacks (and EOS once complete)."""
+    index, m = compiler.index, GrammarMatcher(compiled)
+    for _ in range(steps):
         fast = set(allowed_tokens(m.next_token_mask(), index.vocab_size).tolist())
         slow = {t for t, b in enumerate(index.token_bytes)
                 if b and compiled.advance(m.stacks, b) is not None}  # fmt: skip

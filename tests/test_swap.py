@@ -11,6 +11,7 @@ import torch
 import transformers
 from hypothesis import given, settings
 from hf_models import MODELS
+from helpers import TIGHT, mixed_prompts
 
 from minillm.block_pool import NoFreeBlocksError
 from minillm.config import EngineConfig
@@ -24,23 +25,6 @@ from minillm.swap import SwapScheduler, SwapSpace, Swapper
 
 transformers.logging.set_verbosity_error()
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-TIGHT = dict(
-    device="cpu",
-    num_kv_blocks=40,
-    block_size=4,
-    max_num_seqs=8,
-    max_num_batched_tokens=24,
-)
-
-
-def mixed_prompts(n, vocab, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        torch.randint(
-            1, vocab, (int(torch.randint(3, 60, (1,), generator=g)),), generator=g
-        ).tolist()
-        for _ in range(n)
-    ]
 
 
 def assert_no_leaks(llm):

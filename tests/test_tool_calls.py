@@ -11,13 +11,9 @@ import jsonschema
 import openai
 import pytest
 import torch
-from openai import OpenAI
+from helpers import MODEL, openai_client, live_server
 
-from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
-from minillm.server import ServerThread, create_app
 
-MODEL = "minillm-tiny"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {
     "type": "object",
@@ -52,23 +48,8 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.fixture(scope="module")
-def live(tiny):
-    model, tokenizer = tiny
-    engine = LLMEngine(
-        model,
-        tokenizer,
-        EngineConfig(num_kv_blocks=256, max_model_len=512, max_num_seqs=16),
-    )
-    with ServerThread(create_app(engine, MODEL)) as server:
-        server.engine = engine
-        yield server
-
-
-@pytest.fixture(scope="module")
 def client(live):
-    return OpenAI(
-        base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=60
-    )
+    return openai_client(live, timeout=60)
 
 
 def chat(client, **kwargs):
@@ -296,14 +277,12 @@ def live_process():
     from minillm.server import build_engine, parse_args
 
     engine = start(build_engine, parse_args(FLAGS))
-    with ServerThread(create_app(engine, MODEL)) as server:
+    with live_server(engine) as server:
         yield server
 
 
 def test_tool_calls_with_the_engine_in_its_own_process(live_process, client):
-    other = OpenAI(
-        base_url=live_process.url + "/v1", api_key="unused", max_retries=0, timeout=60
-    )
+    other = openai_client(live_process, timeout=60)
     for choice in (NAMED, "required"):
         kwargs = dict(tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=60)
         there, here = (
