@@ -478,14 +478,16 @@ def test_cuda_graphs_replay_the_adapters_kernels(adapter_dirs):
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [5, 6], [7, 8, 9]] * 3
     lrs = [None, *loras, None] * 3
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    runs, engines = [], []
+    runs, graph_steps, slot_loads = [], [], []
     for graphs in (False, True):  # two slots for three adapters: reloads mid-run
         llm = LLM(device="cuda", dtype="float32", enable_lora=True, max_loras=2,
-                  max_lora_rank=8, cuda_graphs=graphs)  # fmt: skip
+                  max_lora_rank=8, cuda_graphs=graphs,
+                  gpu_memory_utilization=0.3)  # fmt: skip
         outs = llm.generate(prompts, params, lora_request=lrs, use_tqdm=False)
         runs.append([o.outputs[0].token_ids for o in outs])
-        engines.append(llm.llm_engine)
-    runner = engines[1].model_runner
-    assert runner.num_graph_steps > 0 and runner.lora_manager.num_slot_loads > 3
-    assert engines[0].model_runner.num_graph_steps == 0
+        runner = llm.llm_engine.model_runner
+        graph_steps.append(runner.num_graph_steps)
+        slot_loads.append(runner.lora_manager.num_slot_loads)
+        llm.shutdown()
+    assert graph_steps[0] == 0 < graph_steps[1] and slot_loads[1] >= 3  # one evicted
     assert runs[1] == runs[0]
