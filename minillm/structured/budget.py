@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:4121
+# %% chapters/15_structured_output.md:4347
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 15).
 
@@ -22,17 +22,18 @@ from collections import OrderedDict
 import numpy as np
 
 from minillm.structured.ir import GrammarError
-from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits
+from minillm.structured.matcher import CompiledGrammar, Stacks, set_bits, short_tokens
 from minillm.structured.token_index import TokenIndex
 
 INF = 1 << 40
 
 
-# %% chapters/15_structured_output.md:4148
+# %% chapters/15_structured_output.md:4374
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
         self.dist = token_distances(compiled)
+        compiled.label_states(self.dist)  # positions alike must have equal needs
         self.worst: dict[int, int] = {}  # state -> the largest distance after a token
         # stacks -> the room below which the budget may cut tokens (INF: always)
         self.bites_below: OrderedDict[Stacks, int] = OrderedDict()
@@ -50,12 +51,23 @@ class FinishBudget:
         return self.compiled.token_walk(g)
 
     def worst_after(self, g: int) -> int:
-        """The largest distance left after one token that stays in state g's rule."""
+        """The largest distance left after one token that stays in state g's rule
+        (where g's mask came from a state alike: the short tokens' from its walk,
+        the long ones' from g's own)."""
+        c = self.compiled
         if g not in self.worst:
-            self.worst[g] = int(self.dist[self.token_walk(g)[1]].max(initial=0))
+            c.state_mask(g)  # its walk, or long_mask's
+            near, fits = c.near(g), short_tokens(c.index)[1]
+            if g not in c.walks and g in c.long_walks:
+                ids, ends = self.token_walk(near)
+                worst = self.dist[ends[fits[ids]]].max(initial=0)
+                worst = max(worst, self.dist[c.long_walks[g][1]].max(initial=0))
+            else:
+                worst = self.dist[self.token_walk(g)[1]].max(initial=0)
+            self.worst[g] = int(worst)
         return self.worst[g]
 
-    # %% chapters/15_structured_output.md:4358
+    # %% chapters/15_structured_output.md:4596
     def bound(self, stacks: Stacks) -> int:
         """The room below which the budget may cut tokens from the mask of stacks:
         the most tokens any allowed token leaves to finish (an uncertain one's
@@ -73,7 +85,7 @@ class FinishBudget:
             c._remember(self.bites_below, stacks, bound)
         return bound
 
-    # %% chapters/15_structured_output.md:4379
+    # %% chapters/15_structured_output.md:4617
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -93,7 +105,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/15_structured_output.md:4432
+    # %% chapters/15_structured_output.md:4670
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow). Remembered per stacks where the
@@ -102,17 +114,18 @@ class FinishBudget:
         known = self.plain.get(stacks)  # (bound, mask): a seen state is one lookup
         if known is not None and known[0] <= remaining - 1:  # it cannot bite
             return known[1]
-        bound = self.bound(stacks)
+        canon = c.canonical(stacks)  # an equivalent position's answers serve
+        bound = self.bound(canon)
         if bound <= remaining - 1:
-            words = c.mask(stacks)
+            words = c.mask(canon)
             c._remember(self.plain, stacks, (bound, words))
             return words
-        key = (stacks, remaining)
+        key = (canon, remaining)
         words = self.cuts.get(key)
         if words is None:
-            words = self.mask(stacks, remaining)
+            words = self.mask(canon, remaining)
             if not words.any():  # a token outside the budget's mask came before
-                words = c.mask(stacks)
+                words = c.mask(canon)
             c._remember(self.cuts, key, words)
         return words
 
@@ -128,7 +141,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/15_structured_output.md:4185
+# %% chapters/15_structured_output.md:4423
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -168,7 +181,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/15_structured_output.md:4236
+# %% chapters/15_structured_output.md:4474
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -196,7 +209,7 @@ def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     return np.array(out, np.int64)
 
 
-# %% chapters/15_structured_output.md:4265
+# %% chapters/15_structured_output.md:4503
 def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     """The state that state s's way reaches after the longest token it begins with
     (None where the way begins with a call)."""
@@ -215,7 +228,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/15_structured_output.md:4402
+# %% chapters/15_structured_output.md:4640
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

@@ -22,6 +22,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from minillm.structured.dfa import row_ids
 from minillm.structured.grammar import Grammar
 from minillm.structured.token_index import TokenIndex
 
@@ -38,7 +39,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/15_structured_output.md:3381
+# %% chapters/15_structured_output.md:3382
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -54,6 +55,10 @@ class CompiledGrammar:
         self.steps: OrderedDict[tuple[Stacks, int], Stacks | None] = OrderedDict()
         # closed stacks -> {uncertain token: stacks after it}, for mask and budget
         self.unsure: OrderedDict[Stacks, dict[int, Stacks]] = OrderedDict()
+        # rule -> its states' representatives ("Counts past the longest token")
+        self.reps: dict[int, list[tuple[int, int]]] = {}
+        self.labels: np.ndarray | None = None  # what representatives must share
+        self.long_walks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # long_mask's
         self.cache_size = cache_size
         self.initial: Stacks = ((grammar.rule_start[grammar.names[0]],),)
         self.eos_mask = np.zeros(self.num_words, np.uint32)  # only EOS
@@ -63,10 +68,14 @@ class CompiledGrammar:
     def events(self) -> np.ndarray | None:
         return self.grammar.is_event if self.grammar.has_calls else None
 
-    # %% chapters/15_structured_output.md:3410
+    # %% chapters/15_structured_output.md:3415
     def state_mask(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """(packed mask of the tokens DFA state g accepts, uncertain token ids)."""
         if g not in self.state_masks:
+            near = self.near(g)  # alike g for the short tokens ("Counts past...")
+            if near != g:
+                self.state_masks[g] = self.long_mask(g, near)
+                return self.state_masks[g]
             ids, ends, uncertain = self.walk_state(g)
             self.walks[g] = (ids, ends)  # the budget's walk: the same one, kept
             allowed = np.zeros(self.index.vocab_size, bool)
@@ -74,18 +83,22 @@ class CompiledGrammar:
             self.state_masks[g] = (pack(allowed, self.num_words), uncertain)
         return self.state_masks[g]
 
-    def full_walk(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def full_walk(self, g: int, index: TokenIndex | None = None):
         """(accepted ids, the state each ends in, uncertain ids): the whole trie
-        walked from g (the reference for walk_state, below)."""
-        accepted, uncertain = self.index.walk(self.grammar.table, g, self.events)
-        ids, ends = self.index.token_ids(accepted, with_states=True)
-        return ids, ends, self.index.token_ids(uncertain)
+        of index (the vocabulary's) walked from g (the reference for walk_state,
+        below)."""
+        index = index or self.index
+        accepted, uncertain = index.walk(self.grammar.table, g, self.events)
+        ids, ends = index.token_ids(accepted, with_states=True)
+        return ids, ends, index.token_ids(uncertain)
 
     def token_walk(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """The tokens state g accepts inside its rule, and the state each ends in
         (one trie walk per state serves the mask and the finish budget)."""
         if g not in self.walks:
             self.state_mask(g)
+        if g not in self.walks:  # a mask from a state alike: walk it now
+            self.walks[g] = self.walk_state(g)[:2]
         return self.walks[g]
 
     def precompute(self) -> None:
@@ -93,16 +106,16 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/15_structured_output.md:3587
-    def walk_state(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """full_walk(g): plain tokens by their lengths along class_chain, where
-        it holds, and the other tokens walked apart."""
-        index, table, sink = self.index, self.grammar.table, self.grammar.SINK
+    # %% chapters/15_structured_output.md:3600
+    def walk_state(self, g: int, index: TokenIndex | None = None):
+        """full_walk(g, index): plain tokens by their lengths along class_chain,
+        where it holds, and the other tokens walked apart."""
+        index, table, sink = index or self.index, self.grammar.table, self.grammar.SINK
         found = None
         if (table[g, PLAIN] != sink).sum() >= 8:  # inside a string, perhaps
             found = self.chain(g, len(index.levels))
         if found is None:
-            return self.full_walk(g)
+            return self.full_walk(g, index)
         ids, lengths, others = plain_index(index)
         ends = found[0][lengths]
         alive = (ends != sink) & class_tokens(index, found[1])
@@ -113,7 +126,7 @@ class CompiledGrammar:
             uncertain,
         )
 
-    # %% chapters/15_structured_output.md:3616
+    # %% chapters/15_structured_output.md:3629
     @functools.cached_property
     def plain_moves(self) -> tuple[list[int], list[int], np.ndarray]:
         """Per state: where all its plain bytes go (SINK: none live; -1: apart,
@@ -147,7 +160,7 @@ class CompiledGrammar:
         chain[len(out) :] = out[-1]  # the loop's state, or the sink
         return chain, live[g]
 
-    # %% chapters/15_structured_output.md:3700
+    # %% chapters/15_structured_output.md:3713
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -176,7 +189,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/15_structured_output.md:3738
+    # %% chapters/15_structured_output.md:3751
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -197,12 +210,17 @@ class CompiledGrammar:
         accepting = self.grammar.accepting
         return any(len(s) == 1 and accepting[s[0]] for s in self.closure(stacks))
 
-    # %% chapters/15_structured_output.md:3762
+    # %% chapters/15_structured_output.md:3775
     def mask(self, stacks: Stacks) -> np.ndarray:
         """(num_words,) uint32: the tokens that may come next (EOS if complete)."""
         words = self.masks.get(stacks)  # one hash of the stacks, not three
         if words is not None:
             self.masks.move_to_end(stacks)
+            return words
+        canon = self.canonical(stacks)
+        if canon is not stacks:  # an equivalent position's mask, computed once
+            words = self.mask(canon)
+            self._remember(self.masks, stacks, words)
             return words
         closed = self.closure(stacks)
         words = self.state_mask(closed[0][-1])[0].copy()
@@ -216,7 +234,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/15_structured_output.md:3790
+    # %% chapters/15_structured_output.md:3808
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -234,7 +252,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/15_structured_output.md:3824
+    # %% chapters/15_structured_output.md:3842
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -260,7 +278,7 @@ class CompiledGrammar:
             return [True] * (g.num_states + 1)
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
-    # %% chapters/15_structured_output.md:3865
+    # %% chapters/15_structured_output.md:3883
     def unsure_after(self, closed: Stacks) -> dict[int, Stacks]:
         """{uncertain token that some stack reads: the stacks after it}, each
         advance(closed, its bytes); the tokens in byte order, a shared prefix
@@ -270,6 +288,11 @@ class CompiledGrammar:
             return after
         token_bytes, after = self.index.token_bytes, {}
         tokens = self.unsure_tokens(closed).tolist()
+        if len(closed) == 1 and (near := self.near(closed[0][-1])) != closed[0][-1]:
+            fits = short_tokens(self.index)[1]  # the short ones as near's stacks
+            alike = self.unsure_after(self.closure((closed[0][:-1] + (near,),)))
+            after = {t: a for t, a in alike.items() if fits[t]}
+            tokens = [t for t in tokens if not fits[t]]
         tokens.sort(key=token_bytes.__getitem__)
         path, prev = [closed], b""  # path[i]: the stacks after prev[:i]; None: dead
         for t in tokens:
@@ -294,8 +317,68 @@ class CompiledGrammar:
         moved = {s[:-1] + (t,) for s in closed if (t := flat[s[-1] * 256 + b]) != sink}
         return self.closure(tuple(sorted(moved))) if moved else None
 
+    # %% chapters/15_structured_output.md:3976
+    def canonical(self, stacks: Stacks) -> Stacks:
+        """stacks, or stacks as good for every cache: the one stack's top replaced
+        by the representative of its class (stacks itself where it is one)."""
+        if len(stacks) != 1:
+            return stacks
+        *rest, g = stacks[0]
+        rep = self.classes(g)[0]
+        return stacks if rep == g else ((*rest, rep),)
 
-# %% chapters/15_structured_output.md:3479
+    def classes(self, g: int) -> tuple[int, int]:
+        """g's representatives to the longest token's depth and the short one."""
+        r = int(self.grammar.rule_of[g])
+        reps = self.reps.get(r)
+        if reps is None:
+            reps = self.reps[r] = self.representatives(r)
+        return reps[g - reps[0][0]] if reps else (g, g)  # reps[0]: the first state
+
+    # %% chapters/15_structured_output.md:4000
+    def representatives(self, r: int) -> list[tuple[int, int]]:
+        """Rule r's states' representatives at both depths ([] for a rule with
+        calls, or too small to hold two positions alike)."""
+        grammar, dfa = self.grammar, self.grammar.dfas[r]
+        lo, n = grammar.rule_start[grammar.names[r]], dfa.num_states
+        short, depth = short_tokens(self.index)[0], len(self.index.levels)
+        if any(dfa.calls) or n <= short + 1:
+            return []
+        events = np.packbits(grammar.is_event[lo : lo + n], axis=1)
+        labels = [dfa.accepting, events]
+        if self.labels is not None:
+            labels.append(np.unique(self.labels[lo : lo + n], return_inverse=True)[1])
+        labels = np.concatenate([x.reshape(n, -1).astype(np.int32) for x in labels], 1)
+        near = depth_classes(dfa.trans, labels, short)
+        far = depth_classes(dfa.trans, near[:, None], depth - short)  # refined on
+        first = [lo + np.unique(c, return_index=True)[1][c] for c in (far, near)]
+        return list(zip(*(f.tolist() for f in first)))
+
+    def label_states(self, labels: np.ndarray) -> None:
+        """Keep apart states of different labels ((states + 1,) ints) too. The
+        classes are found again; cached masks stay (they are per real stacks)."""
+        if self.labels is None or not np.array_equal(labels, self.labels):
+            self.labels, self.reps = labels, {}
+
+    # %% chapters/15_structured_output.md:4064
+    def near(self, g: int) -> int:
+        """A state alike g to the short depth (g itself where none is known)."""
+        return self.classes(g)[1]
+
+    def long_mask(self, g: int, near: int) -> tuple[np.ndarray, np.ndarray]:
+        """state_mask(g) from near, a state alike g to the short depth: near's
+        fate for the short tokens, a walk from g for the long ones."""
+        _, fits, short, long = short_tokens(self.index)
+        words, unsure = self.state_mask(near)
+        ids, ends, uncertain = self.walk_state(g, long)
+        self.long_walks[g] = (ids, ends)  # for the finish budget
+        allowed = np.zeros(self.index.vocab_size, bool)
+        allowed[ids] = True
+        words = words & short | pack(allowed, self.num_words)
+        return words, np.concatenate([unsure[fits[unsure]], uncertain])
+
+
+# %% chapters/15_structured_output.md:3492
 PLAIN = np.array(sorted(set(range(0x20, 0x7F)) - {ord('"'), ord("\\")}))
 
 
@@ -336,7 +419,7 @@ def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
     return index.__dict__["plain"]
 
 
-# %% chapters/15_structured_output.md:3530
+# %% chapters/15_structured_output.md:3543
 def class_chain(table: np.ndarray, events, g: int, depth: int):
     """plain_chain for the plain bytes that g accepts: (chain, the class as a
     (len(PLAIN),) bool), or None where a state on the way accepts other plain
@@ -362,7 +445,7 @@ def class_chain(table: np.ndarray, events, g: int, depth: int):
     return chain, cls
 
 
-# %% chapters/15_structured_output.md:3557
+# %% chapters/15_structured_output.md:3570
 def class_tokens(index: TokenIndex, cls: np.ndarray) -> np.ndarray:
     """(len(plain ids),) bool: the plain tokens whose bytes all lie in cls."""
     classes = index.__dict__.setdefault("classes", {})
@@ -387,7 +470,7 @@ def plain_bits(index: TokenIndex) -> np.ndarray:
     return index.__dict__["plain_bits"]
 
 
-# %% chapters/15_structured_output.md:3661
+# %% chapters/15_structured_output.md:3674
 def scan_walk(index: TokenIndex, table: np.ndarray, g: int, events):
     """index.walk(table, g, events) as (accepted ids, the state each ends in,
     uncertain ids): every token stepped at once, byte position by position."""
@@ -425,7 +508,43 @@ def scan_columns(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return index.__dict__["scan"]
 
 
-# %% chapters/15_structured_output.md:3902
+# %% chapters/15_structured_output.md:3946
+def depth_classes(trans: np.ndarray, labels: np.ndarray, depth: int) -> np.ndarray:
+    """(n,) class ids of an automaton's states (trans: (n, byte classes), -1 for
+    none; labels: (n, k) ints): equal ids for states that every byte string of
+    at most depth bytes kills at the same byte, through states of equal labels."""
+    cls = row_ids(labels)
+    for _ in range(depth):
+        if cls.max() + 1 == len(cls):  # all apart already
+            break
+        to = np.append(cls, -1)[trans]  # trans -1 reads the appended -1
+        new = row_ids(np.concatenate([cls[:, None], to], axis=1))
+        if new.max() == cls.max():  # no new split: deeper bytes tell none apart
+            break
+        cls = new
+    return cls
+
+
+# %% chapters/15_structured_output.md:4044
+SHORT = 256  # at most this many tokens are longer than the short depth
+
+
+def short_tokens(index: TokenIndex):
+    """(the short depth: the fewest bytes that all but SHORT tokens fit in; which
+    tokens fit, as (vocab,) bool and packed; the others as an index of their
+    own), kept on the index."""
+    if "short" not in index.__dict__:
+        lengths = np.array([len(b or b"") for b in index.token_bytes])
+        depth = int(np.sort(lengths)[-SHORT - 1]) if len(lengths) > SHORT else 0
+        fits = lengths <= depth
+        long = [None if f else b for f, b in zip(fits.tolist(), index.token_bytes)]
+        words = pack(fits, (index.vocab_size + 31) // 32)
+        others = TokenIndex(long, index.eos_token_ids, index.vocab_size)
+        index.__dict__["short"] = (depth, fits, words, others)
+    return index.__dict__["short"]
+
+
+# %% chapters/15_structured_output.md:4089
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -439,7 +558,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/15_structured_output.md:3917
+# %% chapters/15_structured_output.md:4104
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -475,7 +594,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/15_structured_output.md:3960
+    # %% chapters/15_structured_output.md:4147
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
@@ -509,7 +628,7 @@ class GrammarMatcher:
         return bytes(out)
 
 
-# %% chapters/15_structured_output.md:4043
+# %% chapters/15_structured_output.md:4269
 def canonical_tokens(index: TokenIndex, data: bytes) -> list[int]:
     """data cut into the vocabulary's longest tokens, left to right."""
     table = index.__dict__.get("token_of")

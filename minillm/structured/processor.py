@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_structured_output.md:4679
+# %% chapters/15_structured_output.md:4918
 """Structured output in the engine: vLLM's StructuredOutputsParams compiled into a
 logits processor, a compiler with caches, and the hook that applies a request's
 `structured_outputs` (chapter 15).
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 
-# %% chapters/15_structured_output.md:4708
+# %% chapters/15_structured_output.md:4947
 from minillm import sampling_params
 from minillm.registry import REQUEST_HOOKS
 from minillm.sampling_params import STRUCTURED_KINDS as KINDS
@@ -45,12 +45,13 @@ from minillm.structured.matcher import (
     plain_index,
     scan_columns,
     set_bits,
+    short_tokens,
 )
 from minillm.structured.regex import regex_expr
 from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 
 
-# %% chapters/15_structured_output.md:4732
+# %% chapters/15_structured_output.md:4972
 def grammar_rules(so: sampling_params.StructuredOutputsParams) -> dict:
     """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
     options = JsonOptions(not so.disable_any_whitespace, so.whitespace_pattern)
@@ -91,7 +92,7 @@ def logits_processor(so, compiler, max_tokens: int | None = None):
     return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/15_structured_output.md:4774
+# %% chapters/15_structured_output.md:5014
 class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
     """Chapter 6's constraint (vLLM's fields) with this chapter's functions as
     methods; chapter 6's own instances compile the same way."""
@@ -106,7 +107,7 @@ class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
         return logits_processor(self, compiler, max_tokens)
 
 
-# %% chapters/15_structured_output.md:4795
+# %% chapters/15_structured_output.md:5035
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -124,6 +125,8 @@ class GrammarCompiler:
         COMPILERS.setdefault(self.fingerprint, self)  # "Sent elsewhere"
         others = plain_index(self.index)[2]  # the walk by plain bytes' split,
         scan_columns(others), plain_bits(self.index)  # its tables: built once
+        long = short_tokens(self.index)[3]  # and the long tokens' ("Counts past")
+        scan_columns(plain_index(long)[2]), plain_bits(long)
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         key = constraint_key(params)
@@ -142,7 +145,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/15_structured_output.md:4837
+# %% chapters/15_structured_output.md:5079
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 6's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -175,7 +178,7 @@ class StructuredOutputLogitsProcessor:
         params, fingerprint = self.source
         return _rebuild, (params, self.max_tokens, fingerprint)
 
-    # %% chapters/15_structured_output.md:4877
+    # %% chapters/15_structured_output.md:5119
     def matcher(self, output_token_ids) -> GrammarMatcher:
         if self.last is not None:  # the last output, extended: no key to build
             seen, m = self.last  # seen: the processor's own list
@@ -211,7 +214,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/15_structured_output.md:4916
+    # %% chapters/15_structured_output.md:5158
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -229,7 +232,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/15_structured_output.md:4954
+    # %% chapters/15_structured_output.md:5196
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -244,7 +247,7 @@ class StructuredOutputLogitsProcessor:
         )
         return apply(logits)
 
-    # %% chapters/15_structured_output.md:4974
+    # %% chapters/15_structured_output.md:5216
     @staticmethod
     def prepare_batch(rows, processors, output_token_ids, device: torch.device):
         """apply_batch in two halves (chapter 11's overlap): the CPU's now — the
@@ -277,7 +280,7 @@ class StructuredOutputLogitsProcessor:
         return apply
 
 
-# %% chapters/15_structured_output.md:5009
+# %% chapters/15_structured_output.md:5251
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -287,7 +290,7 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/15_structured_output.md:5030
+# %% chapters/15_structured_output.md:5272
 def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     """[p.next_token_mask(ids) for each row], the common case inlined."""
     masks = []
@@ -318,14 +321,14 @@ def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     return masks
 
 
-# %% chapters/15_structured_output.md:5062
+# %% chapters/15_structured_output.md:5304
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/15_structured_output.md:5089
+# %% chapters/15_structured_output.md:5331
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
@@ -356,7 +359,7 @@ def reference_next_token_mask(
     return words if words.any() else c.mask(stacks)
 
 
-# %% chapters/15_structured_output.md:5172
+# %% chapters/15_structured_output.md:5414
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -394,7 +397,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/15_structured_output.md:5246
+# %% chapters/15_structured_output.md:5488
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -427,7 +430,7 @@ def structured_outputs_from_response_format(
         raise GrammarError(str(e)) from None
 
 
-# %% chapters/15_structured_output.md:5322
+# %% chapters/15_structured_output.md:5564
 def structured_outputs_hook(engine, params: SamplingParams) -> SamplingParams:
     """Chapter 7's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
     logits processor, compiled for the engine's tokenizer."""
