@@ -104,6 +104,22 @@ def test_split_k_counters_are_reset_and_int4_linear_runs_the_kernel():
     assert int4_linear(x[:0], ws, shuffled=True).shape == (0, 40)
 
 
+@pytest.mark.parametrize("M", [17, 70])  # int4_matmul; dequantize-then-cuBLAS
+def test_more_rows_than_w4a16_takes_read_the_kernel_layout_elsewhere(M):
+    from minillm.kernels.int4_gemm import (
+        FUSED_MAX_M,
+        W4A16_MAX_M,
+        dequantize_int4,
+        int4_matmul,
+    )
+
+    assert W4A16_MAX_M < 17 <= FUSED_MAX_M < 70
+    x, w, ws = make(M, 40, 256, 64)
+    assert torch.equal(dequantize_int4(ws, shuffled=True), dequantize_int4(w))
+    check(int4_matmul(x, ws, shuffled=True), x, w)
+    check(int4_linear(x, ws, shuffled=True), x, w)
+
+
 def test_bad_input_is_a_clear_error():
     x, w, ws = make(2, 32, 256, 128)
     with pytest.raises(ValueError, match="does not fit"):

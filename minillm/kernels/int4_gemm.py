@@ -55,8 +55,13 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
 # %% chapters/12_int4_gemm.md:925
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-           GATHER: tl.constexpr):  # fmt: skip
+           GATHER: tl.constexpr, SHUFFLED: tl.constexpr = False):  # fmt: skip
     """The (BLOCK_K, BLOCK_N) int32 codes of W.T at rows k0.., columns n."""
+    if SHUFFLED:  # shuffle_int4's layout: channel 16j + i of 128 is word i, nibble j
+        k = k0 + tl.arange(0, BLOCK_K)
+        words = tl.load(qw_ptr + ((k // 128) * 16 + k % 16)[:, None] * N + n[None, :],
+                        mask=n_ok[None, :], other=0)  # fmt: skip
+        return (words >> (((k % 128) // 16) * 4)[:, None]) & 0xF
     if GATHER:  # every word once per code it holds; the repeats hit the L1 cache
         k = k0 + tl.arange(0, BLOCK_K)
         words = tl.load(qw_ptr + (k // 8)[:, None] * N + n[None, :],
@@ -79,7 +84,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:974
+# %% chapters/12_int4_gemm.md:979
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -98,7 +103,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:1002
+# %% chapters/12_int4_gemm.md:1007
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -106,7 +111,8 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GATHER: tl.constexpr, FOLD: tl.constexpr, MAGIC: tl.constexpr,
                       SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                      NUM_STAGES: tl.constexpr):  # fmt: skip
+                      NUM_STAGES: tl.constexpr,
+                      SHUFFLED: tl.constexpr = False):  # fmt: skip
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -118,7 +124,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
         k = k0 + tl.arange(0, BLOCK_K)  # K is a multiple of BLOCK_K: no mask
         x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :],
                     mask=m_ok[:, None], other=0.0)  # fmt: skip
-        codes = _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K, BLOCK_N, GATHER)
+        codes = _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K, BLOCK_N, GATHER, SHUFFLED)
         if FOLD:  # x @ codes on the tensor cores; zero and scale per output
             acc += _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP, MAGIC, IEEE)
         else:
@@ -146,7 +152,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1064
+# %% chapters/12_int4_gemm.md:1070
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -174,7 +180,7 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/12_int4_gemm.md:1097
+# %% chapters/12_int4_gemm.md:1103
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts, zero at rest
 
 
@@ -192,14 +198,15 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/12_int4_gemm.md:1116
+# %% chapters/12_int4_gemm.md:1122
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
 
-def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
+def int4_matmul(x: Tensor, w: Int4Weight, shuffled: bool = False, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T, accumulated in float32; knobs override
     default_config (block_m, block_n, block_k, gather, fold, split_k, num_warps, ...).
+    shuffled: w.qweight is in shuffle_int4's layout.
     """
     (M, K), (N, K_w) = x.shape, _nk(w)
     if K != K_w or M < 1:
@@ -227,41 +234,42 @@ def int4_matmul(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
         GROUP=w.group_size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GATHER=cfg["gather"], FOLD=cfg["fold"], MAGIC=MAGIC.get(x.dtype, 0),
         SPLIT=splits > 1, IEEE=x.dtype == torch.float32,
-        NUM_STAGES=cfg["num_stages"],
+        NUM_STAGES=cfg["num_stages"], SHUFFLED=shuffled,
         num_warps=cfg["num_warps"], num_stages=1,
     )
     # fmt: on
     return y
 
 
-# %% chapters/12_int4_gemm.md:1193
+# %% chapters/12_int4_gemm.md:1200
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
 @triton.jit
 def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, GROUP: tl.constexpr,
-                    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+                    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SHUFFLED: tl.constexpr):  # fmt: skip
     k0, n = tl.program_id(0) * BLOCK_K, tl.program_id(1) * BLOCK_N
     n = n + tl.arange(0, BLOCK_N)
-    codes = _codes(qw_ptr, k0, n, n < N, N, BLOCK_K, BLOCK_N, True)
+    codes = _codes(qw_ptr, k0, n, n < N, N, BLOCK_K, BLOCK_N, True, SHUFFLED)
     w = _weights(codes, s_ptr, z_ptr, k0, n, n < N, N, GROUP, out_ptr.dtype.element_ty)
     k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + k[:, None] * N + n[None, :], w, mask=(n < N)[None, :])
 
 
-def dequantize_int4(w: Int4Weight) -> Tensor:
-    """w.dequantize(dtype of its scales).T, as a (K, N) tensor, in one kernel."""
+def dequantize_int4(w: Int4Weight, shuffled: bool = False) -> Tensor:
+    """w.dequantize(dtype of its scales).T, as a (K, N) tensor, in one kernel;
+    shuffled: w.qweight is in shuffle_int4's layout."""
     N, K = _nk(w)
     out = torch.empty(K, N, dtype=w.scales.dtype, device=w.qweight.device)
     bk = min(64, w.group_size & -w.group_size)  # a power of two dividing the group
     grid = (K // bk, triton.cdiv(N, 128))
-    _dequant_kernel[grid](
-        w.qweight, w.scales, w.zeros, out, N, w.group_size, bk, 128, num_warps=4
-    )
+    _dequant_kernel[grid](w.qweight, w.scales, w.zeros, out, N, w.group_size, bk,
+                          128, shuffled, num_warps=4)  # fmt: skip
     return out
 
 
-# %% chapters/12_int4_gemm.md:1267
+# %% chapters/12_int4_gemm.md:1275
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured, "Measured on the H200")
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
@@ -310,7 +318,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1329
+# %% chapters/12_int4_gemm.md:1337
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -323,7 +331,7 @@ def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
-# %% chapters/12_int4_gemm.md:1347
+# %% chapters/12_int4_gemm.md:1355
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
     tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
@@ -358,7 +366,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/12_int4_gemm.md:1451
+# %% chapters/12_int4_gemm.md:1459
 @triton.jit
 def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
                    MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -402,7 +410,7 @@ def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
     return acc + (part - x_sum * (zero + OFFSET)[None, :]) * scale[None, :]
 
 
-# %% chapters/12_int4_gemm.md:1499
+# %% chapters/12_int4_gemm.md:1507
 @triton.jit
 def _part_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     if DOT:
@@ -435,7 +443,7 @@ def _dequantized_slice(words, j: tl.constexpr, s_ptr, z_ptr, g, n, n_ok, N, dtyp
     return ((codes - zero[None, :]) * scale[None, :]).to(dtype)
 
 
-# %% chapters/12_int4_gemm.md:1549
+# %% chapters/12_int4_gemm.md:1557
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                   M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -479,7 +487,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
            pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
 
 
-# %% chapters/12_int4_gemm.md:1598
+# %% chapters/12_int4_gemm.md:1606
 @triton.jit
 def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
            pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -504,7 +512,7 @@ def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/12_int4_gemm.md:1632
+# %% chapters/12_int4_gemm.md:1640
 def w4a16_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     """w4a16_matmul's knobs for an (M, N, K) product: the CUDA cores for one or two
     rows (from a first H100 sweep), tl.dot from three (tiles chosen from the
@@ -530,7 +538,7 @@ def w4a16_split(M: int, N: int, K: int, block_m: int, block_n: int, sms: int) ->
     return split
 
 
-# %% chapters/12_int4_gemm.md:1659
+# %% chapters/12_int4_gemm.md:1667
 def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Tensor:
     """x (M, K) @ W.T for w's qweight in the kernel's layout (shuffle_int4), or in
     pack_int4's with shuffled=False (groups of a multiple of 128 only); knobs
@@ -572,7 +580,12 @@ def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Te
     return y
 
 
-# %% chapters/12_int4_gemm.md:1738
+# %% chapters/12_int4_gemm.md:1746
+# the most rows w4a16_matmul takes (the H100 run in "Measured"): from 32 rows on its
+# large tiles ran at a third of bf16's speed; int4_matmul and cuBLAS take those
+W4A16_MAX_M = 16
+
+
 @torch.library.custom_op("minillm::int4_mm", mutates_args=())
 def _int4_mm(
     x: Tensor,
@@ -587,13 +600,13 @@ def _int4_mm(
     )
     if x.shape[0] == 0:
         return x.new_empty(0, qweight.shape[1])
-    if shuffled:  # the kernel's layout: one kernel, its knobs picked by M
+    if shuffled and x.shape[0] <= W4A16_MAX_M:  # the kernel's layout, few rows
         return w4a16_matmul(x, w)
-    if x.shape[0] > FUSED_MAX_M:  # pack_int4's layout (K not a multiple of 128)
-        return x @ dequantize_int4(w)  # (M, K) @ (K, N): cuBLAS
-    if x.shape[0] <= GEMV_MAX_M:
+    if x.shape[0] > FUSED_MAX_M:  # either layout; cuBLAS
+        return x @ dequantize_int4(w, shuffled)  # (M, K) @ (K, N)
+    if x.shape[0] <= GEMV_MAX_M and not shuffled:
         return int4_gemv(x, w)  # one row: the CUDA cores
-    return int4_matmul(x, w)
+    return int4_matmul(x, w, shuffled)
 
 
 @_int4_mm.register_fake
@@ -601,7 +614,7 @@ def _(x, qweight, scales, zeros, group_size, shuffled=False):  # the output's sh
     return x.new_empty(x.shape[0], qweight.shape[1])
 
 
-# %% chapters/12_int4_gemm.md:1768
+# %% chapters/12_int4_gemm.md:1781
 def int4_linear(
     x: Tensor, w: Int4Weight, bias: Tensor | None = None, shuffled: bool = False
 ) -> Tensor:
