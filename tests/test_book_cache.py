@@ -115,7 +115,7 @@ def test_a_run_of_other_code_is_not_primed(tmp_path, capsys):
     (root / "minillm" / "a.py").write_text("A = 3\n")
     book_cache.prime(runs, root)
     out = capsys.readouterr().out
-    assert "0 pages take" in out and "run made from other code" in out
+    assert "0 pages take" in out and "1 pages whose run was made from other code" in out
     assert not (root / "_build" / ".jupyter_cache").exists() or not list(
         (root / "_build" / ".jupyter_cache").rglob("*.ipynb")
     )

@@ -113,8 +113,10 @@ def prime(folder: Path, root: Path = ROOT) -> int:
         )
         cache.cache_notebook_bundle(bundle, check_validity=False, overwrite=True)
         primed += 1
+    other = [r for r in reasons if r.endswith(": run made from other code")]
     unrun = [r for r in reasons if r.endswith(": no run")]
-    said = [r for r in reasons if r not in unrun]
+    said = [r for r in reasons if r not in unrun and r not in other]
+    said += [f"{len(other)} pages whose run was made from other code"] if other else []
     said += [f"{len(unrun)} pages with no run in {folder}"] if unrun else []
     print(
         f"book_cache: {primed} pages take make test's outputs; executed anew: "
