@@ -77,12 +77,26 @@ def workload(
     return prompts, output_lens
 
 
-def random_checkpoint(folder: Path) -> None:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+LLAMA_3_2_1B = dict(
+    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+    max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+)  # fmt: skip
+SHAPES = {"qwen3-0.6b": "Qwen3-0.6B", "llama-3.2-1b": "Llama-3.2-1B"}
+
+
+def random_checkpoint(folder: Path, shape: str = "qwen3-0.6b") -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config
+    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_0_6B)).to(torch.bfloat16)
+        if shape == "llama-3.2-1b":
+            model = LlamaForCausalLM(LlamaConfig(**LLAMA_3_2_1B))
+        else:
+            model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_0_6B))
+        model = model.to(torch.bfloat16)
     model.save_pretrained(folder)
     del model
     torch.cuda.empty_cache()
@@ -163,6 +177,7 @@ def build_llm(folder, args, fused: bool = True) -> LLM:
         max_model_len=2 * args.max_len + 16,
         fused_sampling=fused,
         kv_cache_dtype=getattr(args, "cache_dtype", "auto"),
+        quantization=getattr(args, "quant", None),
     )
 
 
@@ -339,6 +354,22 @@ def kv_cache_runs(folder, prompts, output_lens, args, record, out) -> None:
     args.cache_dtype = args.kv_cache_dtype[0]
 
 
+def quantization_runs(folder, prompts, output_lens, args, record, out) -> None:
+    """The greedy run once more for each --quantization after the first, on an engine
+    of its own: record["quantizations"][method], with its speed-up over the first."""
+    first = record["minillm"]["output_tokens_per_s"]
+    for method in args.quantization[1:]:
+        save(args.name, record, out)  # a run out of time keeps what came before
+        args.quant = None if method == "none" else method
+        run = run_minillm(folder, prompts, output_lens, args)
+        run["speedup_vs_first"] = run["output_tokens_per_s"] / first
+        record.setdefault("quantizations", {})[method] = run
+        print(f"minillm, quantization={method}: {run['output_tokens_per_s']:,.0f} "
+              f"output tok/s ({run['speedup_vs_first']:.2f}x of "
+              f"{args.quantization[0]})", flush=True)  # fmt: skip
+    args.quant = None if args.quantization[0] == "none" else args.quantization[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -423,9 +454,25 @@ def main() -> None:
         "greedy run again with each of the others, on an engine of its own, stored "
         "under kv_cache_dtypes with its speed-up over the first",
     )
+    parser.add_argument(
+        "--quantization",
+        nargs="+",
+        default=["none"],
+        choices=["none", "int4", "gptq", "awq", "fp8", "w8a8"],
+        help="the engine's weight quantization (chapters 12-13); more than one: the "
+        "greedy run again with each of the others, on an engine of its own, stored "
+        "under quantizations with its speed-up over the first",
+    )
+    parser.add_argument(
+        "--shape",
+        default="qwen3-0.6b",
+        choices=sorted(SHAPES),
+        help="the random checkpoint's shape when --model is not given",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.cache_dtype = args.kv_cache_dtype[0]
+    args.quant = None if args.quantization[0] == "none" else args.quantization[0]
     require_committed()  # before measuring: stored runs are of committed code
     if not torch.cuda.is_available():
         sys.exit(
@@ -436,13 +483,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.model) if args.model else Path(tmp)
         if not args.model:
-            random_checkpoint(folder)
+            random_checkpoint(folder, args.shape)
         bandwidth = copy_bandwidth()
         record = {
             "benchmark": "throughput",
             "environment": environment(),
             "workload": {
-                "model": str(args.model or "Qwen3-0.6B shape, random weights"),
+                "model": str(args.model or f"{SHAPES[args.shape]} shape, random"),
+                "quantization": args.quantization[0],
                 "dtype": "bfloat16",
                 "num_requests": args.num_requests,
                 "prompt_len": [args.min_len, args.max_len],
@@ -493,6 +541,7 @@ def main() -> None:
                       "output tok/s", flush=True)  # fmt: skip
         record.update(sampled_runs(folder, prompts, output_lens, args, record, llm))
         kv_cache_runs(folder, prompts, output_lens, args, record, out)
+        quantization_runs(folder, prompts, output_lens, args, record, out)
         del llm
         gc.collect()
         torch.cuda.empty_cache()
