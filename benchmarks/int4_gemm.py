@@ -1,4 +1,4 @@
-"""Chapter 12's W4A16 products against bf16 cuBLAS and PyTorch's own INT4 kernel, and
+"""Chapter 13's W4A16 products against bf16 cuBLAS and PyTorch's own INT4 kernel, and
 batch-1 decode through the engine, int4 against bf16.
 
 Products: for every projection of a Qwen3-0.6B, a Llama-3.2-1B and a Llama-3.1-8B
@@ -33,7 +33,7 @@ every M of --rows (where w4a16_config's knobs come from).
 --sweep: a grid of the fused kernel's knobs on Llama-3.1-8B's down_proj and
 gate_up_proj at M = 1, 16, 64, 256 (where default_config's knobs come from).
 --gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1 (stored by
-chapter 12 as `--gemv-sweep --no-products --name int4_gemm_gemv_sweep`).
+chapter 13 as `--gemv-sweep --no-products --name int4_gemm_gemv_sweep`).
 --models, --rows: time only these models' shapes and these row counts.
 
 --decode: batch-1 decode time per output token through LLMEngine with CUDA graphs

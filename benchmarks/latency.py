@@ -13,7 +13,7 @@ token is left out). Measured in the same run:
 
 - minillm eager: chapter 10's Triton attention, no CUDA graphs;
 - minillm with CUDA graphs (the same engine, `cuda_graphs=True`);
-- with --quantization NAME (chapter 12's int4, chapter 13's methods): the same engine
+- with --quantization NAME (chapter 13's int4, chapter 14's methods): the same engine
   with CUDA graphs on weights quantized at load (written to latency_NAME-*.json);
 - with --early-launch 0 (or 1, 2): the same engine with CUDA graphs, its kernels
   launched in that mode (chapter 10's EARLY_LAUNCH) rather than the default;
@@ -236,7 +236,7 @@ def run_minillm(
     # chapter 10's kernels need a GPU
     backend = "triton" if args.device == "cuda" else "torch"
     options = engine_options(attention_backend=backend, cuda_graphs=cuda_graphs)
-    if quantization:  # chapter 12's option
+    if quantization:  # chapter 13's option
         options.update(engine_options(quantization=quantization))
         if args.quick and quantization == "int4":  # --quick's hidden size is 64
             options.update(engine_options(int4_group_size=32))
@@ -472,7 +472,7 @@ def main() -> None:
     parser.add_argument(
         "--quantization",
         default=None,
-        help="also run the engine with this quantization method (chapter 12: int4); "
+        help="also run the engine with this quantization method (chapter 13: int4); "
         "the results go to latency_NAME-*.json",
     )
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""Many LoRA adapters in one engine (chapter 19): throughput on the standard workload
+"""Many LoRA adapters in one engine (chapter 23): throughput on the standard workload
 with 1, 4, 16 and 64 distinct rank-16 adapters on every linear layer, against the same
 engine without LoRA, and batch-1 latency with one adapter against none.
 

@@ -260,7 +260,7 @@ PREFILL_FINAL = [
 ]
 
 
-# a verify step of speculative decoding (chapter 14): 4 query tokens per sequence
+# a verify step of speculative decoding (chapter 15): 4 query tokens per sequence
 VERIFY_VARIANTS = [
     {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
     {

@@ -1,4 +1,4 @@
-"""Speculative decoding (chapter 14): what a step costs per query token, and what the
+"""Speculative decoding (chapter 15): what a step costs per query token, and what the
 proposers buy at batch 1 to 128, against the same engine without them.
 
 Two measurements, in one run:

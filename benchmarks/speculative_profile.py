@@ -1,4 +1,4 @@
-"""Where a batch-1 speculative step's time goes (chapter 14): the engine's CPU time
+"""Where a batch-1 speculative step's time goes (chapter 15): the engine's CPU time
 per phase, the GPU's kernels of a verification step against a plain decode step, and
 the skinny product's time at the verification's row counts.
 

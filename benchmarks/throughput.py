@@ -450,7 +450,7 @@ def main() -> None:
         nargs="+",
         default=["auto"],
         choices=["auto", "fp8", "fp8_e4m3"],
-        help="the KV cache's dtype (chapter 13's FP8 cache); more than one: the "
+        help="the KV cache's dtype (chapter 14's FP8 cache); more than one: the "
         "greedy run again with each of the others, on an engine of its own, stored "
         "under kv_cache_dtypes with its speed-up over the first",
     )
@@ -459,7 +459,7 @@ def main() -> None:
         nargs="+",
         default=["none"],
         choices=["none", "int4", "gptq", "awq", "fp8", "w8a8"],
-        help="the engine's weight quantization (chapters 12-13); more than one: the "
+        help="the engine's weight quantization (chapters 13-14); more than one: the "
         "greedy run again with each of the others, on an engine of its own, stored "
         "under quantizations with its speed-up over the first",
     )

@@ -1,4 +1,4 @@
-"""The single-GPU times behind chapter 18's projection of tensor-parallel decode steps.
+"""The single-GPU times behind chapter 22's projection of tensor-parallel decode steps.
 
 For Llama-3.1-8B and Llama-3.1-70B shapes, bf16, at TP = 1, 2, 4, 8: the time of each
 projection of one rank's shard of a decoder layer (q/k/v and gate/up merged, as vLLM

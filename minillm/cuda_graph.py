@@ -55,7 +55,7 @@ class CUDAGraphRunner:
         self.max_batch_size = n = self.sizes[-1]
         self.query_len = q = query_len  # query tokens per sequence
         device, bs = kv_cache.key_cache.device, kv_cache.block_size
-        max_blocks = -(-(max_model_len + q - 1) // bs)  # room for chapter 14's pads
+        max_blocks = -(-(max_model_len + q - 1) // bs)  # room for chapter 15's pads
         self.pad_slot = scratch_block * bs  # padding rows write here
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Tensor] = {}  # bucket -> the hidden states it writes

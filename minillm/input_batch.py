@@ -133,7 +133,7 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput) -> StepInputs:
         query_lens.append(n)
         context_lens.append(start)
         known = request.all_token_ids[start : start + n]
-        if len(known) < n and request.spec_token_ids:  # proposals (chapter 14)
+        if len(known) < n and request.spec_token_ids:  # proposals (chapter 15)
             known += request.spec_token_ids[: n - len(known)]
         # a placeholder's slot (async scheduling, below): filled on the device
         token_ids += known + [0] * (n - len(known))

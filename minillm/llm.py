@@ -33,7 +33,7 @@ def default_device() -> str:
 def prompt_of(prompt: str | list[int] | dict) -> str | list[int] | dict:
     """A prompt as the engine takes it: text, token ids, or the dict forms of vLLM's
     `TextPrompt` and `TokensPrompt` ({"prompt": ...}, {"prompt_token_ids": ...}), so
-    that code written for `vllm.LLM` runs here unchanged (chapter 17)."""
+    that code written for `vllm.LLM` runs here unchanged (chapter 21)."""
     if isinstance(prompt, dict) and not {"prompt", "prompt_token_ids"} & set(prompt):
         raise ValueError(
             f"a prompt dict needs 'prompt' or 'prompt_token_ids': {prompt}"
@@ -450,7 +450,7 @@ class PoolingNotSupportedError(NotImplementedError, ValueError):
 
 def _no_lora(lora_request) -> None:
     if lora_request is not None:
-        raise ValueError("lora_request: only generate takes one (chapter 19)")
+        raise ValueError("lora_request: only generate takes one (chapter 23)")
 
 
 def _pooling(name: str) -> PoolingNotSupportedError:

@@ -170,7 +170,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     @staticmethod
     def extra_keys(request: Request, block_index: int) -> tuple | None:
         """What besides tokens decides whether a block may be shared, on the first
-        block: the cache salt, and the LoRA adapter (chapter 19) if any.
+        block: the cache salt, and the LoRA adapter (chapter 23) if any.
         """
         if block_index:
             return None  # the chain carries the first block's keys to the rest

@@ -77,7 +77,7 @@ class SchedulerOutput:
 
     def samples(self, request: Request) -> bool:
         """Whether request gets a new token this step: its scheduled tokens reach the
-        end of what it has (proposed tokens, chapter 14, may come after it).
+        end of what it has (proposed tokens, chapter 15, may come after it).
         """
         return (
             request.num_computed_tokens + self.num_scheduled_tokens[request.request_id]
@@ -114,7 +114,7 @@ class Scheduler:
         # request id -> (num_preemptions, blocks) when its blocks were last sent
         self.blocks_sent: dict[str, tuple[int, int]] = {}
         # check(request, running) -> bool: False holds a waiting request back this
-        # step, keeping its place (chapter 19: at most max_loras adapters at once)
+        # step, keeping its place (chapter 23: at most max_loras adapters at once)
         self.admission_checks: list = []
 
     # %% chapters/05_scheduler.md:631
@@ -264,7 +264,7 @@ class Scheduler:
             ]
             new_tokens = sampled_token_ids.get(request.request_id)
             if new_tokens:
-                # proposed tokens past the end (chapter 14): the runner kept
+                # proposed tokens past the end (chapter 15): the runner kept
                 # len(new_tokens) - 1 of them; the rejected ones are not computed
                 num_proposed = request.num_computed_tokens - num_before
                 if num_proposed > 0:
@@ -327,7 +327,7 @@ class Scheduler:
 # %% chapters/05_scheduler.md:665
 def _tokens_to_go(request: Request) -> int:
     """Tokens of request not yet computed; a placeholder (chapter 11) and a proposed
-    token (chapter 14) count as one each."""
+    token (chapter 15) count as one each."""
     return (
         request.num_tokens
         + request.num_output_placeholders

@@ -1,4 +1,4 @@
-"""Chapter 19: LoRA adapters (PEFT loading, the batched products, the engine).
+"""Chapter 23: LoRA adapters (PEFT loading, the batched products, the engine).
 
 The kernels run under TRITON_INTERPRET=1 on a CPU (conftest.py)."""
 

@@ -1,4 +1,4 @@
-"""Chapter 13's quality table: the stored SmolLM2 table is the one the chapter asks
+"""Chapter 14's quality table: the stored SmolLM2 table is the one the chapter asks
 for (its key hashes the weights, the sizes and the code the rows run, so a change
 to a quantizer makes the stored copy stale, and this file says so loudly instead of
 letting the book recompute it or serve an old one), and its intervals are what the
@@ -28,7 +28,7 @@ from minillm.quantization.quality import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CHAPTER = ROOT / "chapters" / "13_quantization.md"
+CHAPTER = ROOT / "chapters" / "14_quantization.md"
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_the_sources_hash_sees_code_but_not_the_tanglers_origin_lines(tmp_path):
     gptq = copy / "quantization" / "gptq.py"
     text = gptq.read_text()
     marker = next(x for x in text.splitlines() if x.startswith("# %% "))
-    gptq.write_text(text.replace(marker, "# %% chapters/13_quantization.md:99999"))
+    gptq.write_text(text.replace(marker, "# %% chapters/14_quantization.md:99999"))
     assert sources_hash(copy) == sources_hash(package)  # the prose moved, not code
     gptq.write_text(text.replace("damp: float = 0.01", "damp: float = 0.02", 1))
     assert sources_hash(copy) != sources_hash(package)

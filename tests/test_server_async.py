@@ -1,4 +1,4 @@
-"""The server (chapter 16) on the GPU default path's logic, its shutdown and its
+"""The server (chapter 19) on the GPU default path's logic, its shutdown and its
 failures, and a randomised stress run; all on a CPU.
 
 A GPU engine runs chapter 11's persistent batch with async scheduling: while the

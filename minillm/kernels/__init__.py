@@ -3,8 +3,8 @@
 """minillm.kernels: modules tangled from the course's chapters.
 
 module                   chapter
-int4_gemm                chapters/12_int4_gemm.md
-lora                     chapters/19_lora.md
+int4_gemm                chapters/13_int4_gemm.md
+lora                     chapters/23_lora.md
 paged_attention          chapters/10_triton_decode.md
 paged_decode             chapters/10_triton_decode.md
 paged_prefill            chapters/10_triton_decode.md
@@ -13,6 +13,6 @@ qk_norm_rope             chapters/11_cuda_graph.md
 reshape_and_cache        chapters/10_triton_decode.md
 sample                   chapters/11_cuda_graph.md
 skinny_gemm              chapters/10_triton_decode.md
-token_bitmask            chapters/15_structured_output.md
-w8a8                     chapters/13_quantization.md
+token_bitmask            chapters/16_structured_output.md
+w8a8                     chapters/14_quantization.md
 """

@@ -3,12 +3,12 @@
 """minillm.lora: modules tangled from the course's chapters.
 
 module                   chapter
-engine                   chapters/19_lora.md
-layers                   chapters/19_lora.md
-manager                  chapters/19_lora.md
-ops                      chapters/19_lora.md
-peft                     chapters/19_lora.md
-request                  chapters/19_lora.md
-serving                  chapters/19_lora.md
-train                    chapters/19_lora.md
+engine                   chapters/23_lora.md
+layers                   chapters/23_lora.md
+manager                  chapters/23_lora.md
+ops                      chapters/23_lora.md
+peft                     chapters/23_lora.md
+request                  chapters/23_lora.md
+serving                  chapters/23_lora.md
+train                    chapters/23_lora.md
 """

@@ -3,17 +3,17 @@
 """minillm.quantization: modules tangled from the course's chapters.
 
 module                   chapter
-apply                    chapters/13_quantization.md
-awq                      chapters/13_quantization.md
-calibration              chapters/13_quantization.md
-checkpoint               chapters/13_quantization.md
-fp8                      chapters/13_quantization.md
-gptq                     chapters/13_quantization.md
-kv_fp8                   chapters/13_quantization.md
-methods                  chapters/13_quantization.md
-quality                  chapters/13_quantization.md
-rotation                 chapters/13_quantization.md
-rtn                      chapters/13_quantization.md
-sequential               chapters/13_quantization.md
-w8a8                     chapters/13_quantization.md
+apply                    chapters/14_quantization.md
+awq                      chapters/14_quantization.md
+calibration              chapters/14_quantization.md
+checkpoint               chapters/14_quantization.md
+fp8                      chapters/14_quantization.md
+gptq                     chapters/14_quantization.md
+kv_fp8                   chapters/14_quantization.md
+methods                  chapters/14_quantization.md
+quality                  chapters/14_quantization.md
+rotation                 chapters/14_quantization.md
+rtn                      chapters/14_quantization.md
+sequential               chapters/14_quantization.md
+w8a8                     chapters/14_quantization.md
 """

@@ -3,13 +3,13 @@
 """minillm.speculative: modules tangled from the course's chapters.
 
 module                   chapter
-draft_model              chapters/14_speculative.md
-eagle                    chapters/14_speculative.md
-eagle_graphs             chapters/14_speculative.md
-medusa                   chapters/14_speculative.md
-ngram                    chapters/14_speculative.md
-rejection                chapters/14_speculative.md
-runner                   chapters/14_speculative.md
-verify_graphs            chapters/14_speculative.md
-workloads                chapters/14_speculative.md
+draft_model              chapters/15_speculative.md
+eagle                    chapters/15_speculative.md
+eagle_graphs             chapters/15_speculative.md
+medusa                   chapters/15_speculative.md
+ngram                    chapters/15_speculative.md
+rejection                chapters/15_speculative.md
+runner                   chapters/15_speculative.md
+verify_graphs            chapters/15_speculative.md
+workloads                chapters/15_speculative.md
 """

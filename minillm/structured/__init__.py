@@ -3,19 +3,19 @@
 """minillm.structured: modules tangled from the course's chapters.
 
 module                   chapter
-bitmask                  chapters/15_structured_output.md
-budget                   chapters/15_structured_output.md
-charset                  chapters/15_structured_output.md
-dfa                      chapters/15_structured_output.md
-fsm                      chapters/15_structured_output.md
-grammar                  chapters/15_structured_output.md
-ir                       chapters/15_structured_output.md
-json_schema              chapters/15_structured_output.md
-json_text                chapters/15_structured_output.md
-matcher                  chapters/15_structured_output.md
-numbers                  chapters/15_structured_output.md
-processor                chapters/15_structured_output.md
-regex                    chapters/15_structured_output.md
-schema_ops               chapters/15_structured_output.md
-token_index              chapters/15_structured_output.md
+bitmask                  chapters/16_structured_output.md
+budget                   chapters/16_structured_output.md
+charset                  chapters/16_structured_output.md
+dfa                      chapters/16_structured_output.md
+fsm                      chapters/16_structured_output.md
+grammar                  chapters/16_structured_output.md
+ir                       chapters/16_structured_output.md
+json_schema              chapters/16_structured_output.md
+json_text                chapters/16_structured_output.md
+matcher                  chapters/16_structured_output.md
+numbers                  chapters/16_structured_output.md
+processor                chapters/16_structured_output.md
+regex                    chapters/16_structured_output.md
+schema_ops               chapters/16_structured_output.md
+token_index              chapters/16_structured_output.md
 """

@@ -1,4 +1,4 @@
-"""Checks for chapter 18's exercises (chapters/18_parallelism.md, "Exercises")."""
+"""Checks for chapter 22's exercises (chapters/22_parallelism.md, "Exercises")."""
 
 import torch
 from _check import answer

@@ -1,4 +1,4 @@
-"""Checks for chapter 15's exercises (chapters/15_structured_output.md, "Exercises")."""
+"""Checks for chapter 16's exercises (chapters/16_structured_output.md, "Exercises")."""
 
 import pytest
 from _check import answer

@@ -1,4 +1,4 @@
-"""Checks for chapter 13's exercises (chapters/13_quantization.md, "Exercises")."""
+"""Checks for chapter 14's exercises (chapters/14_quantization.md, "Exercises")."""
 
 import torch
 from _check import answer

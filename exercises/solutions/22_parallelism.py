@@ -1,4 +1,4 @@
-"""Worked solutions to chapter 18's exercises (chapters/18_parallelism.md).
+"""Worked solutions to chapter 22's exercises (chapters/22_parallelism.md).
 
 Installed into minillm.parallel's modules the way a reader's exported cells would put
 them there; the checks are exercises/test_18_parallelism.py.

@@ -1,4 +1,4 @@
-"""Worked solutions to chapter 13's exercises (chapters/13_quantization.md).
+"""Worked solutions to chapter 14's exercises (chapters/14_quantization.md).
 
 Installed into minillm.quantization's modules the way a reader's exported cells would
 put them there; the checks are exercises/test_13_quantization.py.

@@ -1,4 +1,4 @@
-"""Checks for chapter 17's exercises (beside vLLM). See _check.py."""
+"""Checks for chapter 21's exercises (beside vLLM). See _check.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Worked solutions to chapter 16's exercises (chapters/16_server.md).
+"""Worked solutions to chapter 19's exercises (chapters/19_server.md).
 
 Installed the way a reader's exported cells would be: changed methods set on
 AsyncLLM, CompletionRequest, OpenAIServingCompletion and EngineCoreClient, and

@@ -1,4 +1,4 @@
-"""Worked solutions to chapter 17's exercises (chapters/17_vllm_comparison.md).
+"""Worked solutions to chapter 21's exercises (chapters/21_vllm_comparison.md).
 
 Installed the way a reader's exported cells would be: two functions in
 minillm.loadgen and a new module, minillm.agreement. The checks are
@@ -74,7 +74,7 @@ def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 loadgen.goodput = goodput
 loadgen.arrival_offsets = arrival_offsets
 # a new module, minillm/agreement.py, as `#| export agreement` would tangle it
-agreement = types.ModuleType("minillm.agreement", "Greedy agreement (chapter 17).")
+agreement = types.ModuleType("minillm.agreement", "Greedy agreement (chapter 21).")
 agreement.greedy_agreement = greedy_agreement
 sys.modules["minillm.agreement"] = minillm.agreement = agreement
 

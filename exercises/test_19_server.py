@@ -1,4 +1,4 @@
-"""Checks for chapter 16's exercises (the server). See _check.py."""
+"""Checks for chapter 19's exercises (the server). See _check.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for chapter 14's exercises (chapters/14_speculative.md, "Exercises")."""
+"""Checks for chapter 15's exercises (chapters/15_speculative.md, "Exercises")."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Worked solutions to chapter 14's exercises (chapters/14_speculative.md).
+"""Worked solutions to chapter 15's exercises (chapters/15_speculative.md).
 
 Installed into minillm.speculative's modules the way a reader's exported cells would
 put them there; the checks are exercises/test_14_speculative.py.

@@ -1,4 +1,4 @@
-"""Checks for chapter 12's exercises (chapters/12_int4_gemm.md, "Exercises")."""
+"""Checks for chapter 13's exercises (chapters/13_int4_gemm.md, "Exercises")."""
 
 import pytest
 import torch
