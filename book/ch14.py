@@ -3,7 +3,7 @@ verdicts of the quality tables, and the tables and figures of the stored quality
 speed runs.
 
 The chapter (chapters/14_quantization.md) and its lab notes
-(chapters/lab_notes/13_quantization_lab.md) import them; the quantizers themselves
+(chapters/lab_notes/14_quantization_lab.md) import them; the quantizers themselves
 are in minillm/quantization/.
 """
 

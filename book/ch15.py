@@ -3,7 +3,7 @@ the checks and measurements share, the live CPU runs and their table, and the fi
 of the stored `benchmarks/speculative.py` runs.
 
 The chapter (chapters/15_speculative.md) and its lab notes
-(chapters/lab_notes/14_speculative_lab.md) import them; speculation itself is in
+(chapters/lab_notes/15_speculative_lab.md) import them; speculation itself is in
 minillm/speculative/.
 """
 

@@ -2,7 +2,7 @@
 the plots and tables of the stored `benchmarks/serve.py` runs.
 
 The chapter (chapters/19_server.md) and its lab notes
-(chapters/lab_notes/16_server_lab.md) import them; the server itself is in minillm/.
+(chapters/lab_notes/19_server_lab.md) import them; the server itself is in minillm/.
 """
 
 from __future__ import annotations
