@@ -126,7 +126,7 @@ def test_echo_puts_the_prompt_in_front_of_each_choice(tiny):
     ):
         echoed = http.post("/v1/completions", json={**body, "echo": True})
         if echoed.status_code == 400 and echoed.json()["error"]["param"] == "echo":
-            pytest.skip("exercise 16.3: echo is still rejected")
+            pytest.skip("exercise 19.3: echo is still rejected")
         assert echoed.status_code == 200, echoed.text
         plain = http.post("/v1/completions", json=body).json()
         texts = [c["text"] for c in sorted(plain["choices"], key=lambda c: c["index"])]

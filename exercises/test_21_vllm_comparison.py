@@ -66,7 +66,7 @@ def test_greedy_agreement_counts_tokens_before_the_first_difference():
     try:
         module = importlib.import_module("minillm.agreement")
     except ModuleNotFoundError:
-        pytest.skip("exercise 17.3: minillm/agreement.py does not exist yet")
+        pytest.skip("exercise 21.3: minillm/agreement.py does not exist yet")
     greedy_agreement = answer(module, "greedy_agreement", "17.3")
     a = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
     b = [[1, 2, 3, 4], [5, 0, 7, 8], [9, 9, 9, 1]]  # re-aligned after a difference

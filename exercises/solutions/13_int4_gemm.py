@@ -1,7 +1,7 @@
 """Worked solutions to chapter 13's exercises (chapters/13_int4_gemm.md).
 
 Installed into minillm.int4 and minillm.kernels.int4_gemm the way a reader's exported
-cells would put them there; the checks are exercises/test_12_int4_gemm.py.
+cells would put them there; the checks are exercises/test_13_int4_gemm.py.
 """
 
 from __future__ import annotations

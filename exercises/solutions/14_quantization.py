@@ -1,7 +1,7 @@
 """Worked solutions to chapter 14's exercises (chapters/14_quantization.md).
 
 Installed into minillm.quantization's modules the way a reader's exported cells would
-put them there; the checks are exercises/test_13_quantization.py.
+put them there; the checks are exercises/test_14_quantization.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Worked solutions to chapter 15's exercises (chapters/15_speculative.md).
 
 Installed into minillm.speculative's modules the way a reader's exported cells would
-put them there; the checks are exercises/test_14_speculative.py.
+put them there; the checks are exercises/test_15_speculative.py.
 """
 
 from __future__ import annotations

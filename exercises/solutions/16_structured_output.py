@@ -1,7 +1,7 @@
 """Worked solutions to chapter 16's exercises (chapters/16_structured_output.md).
 
 Installed into minillm.structured's modules the way a reader's exported cells would
-put them there; the checks are exercises/test_15_structured_output.py.
+put them there; the checks are exercises/test_16_structured_output.py.
 """
 
 from __future__ import annotations

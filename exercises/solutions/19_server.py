@@ -2,7 +2,7 @@
 
 Installed the way a reader's exported cells would be: changed methods set on
 AsyncLLM, CompletionRequest, OpenAIServingCompletion and EngineCoreClient, and
-create_app with one more argument. The checks are exercises/test_16_server.py.
+create_app with one more argument. The checks are exercises/test_19_server.py.
 """
 
 from __future__ import annotations

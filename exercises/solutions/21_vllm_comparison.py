@@ -2,7 +2,7 @@
 
 Installed the way a reader's exported cells would be: two functions in
 minillm.loadgen and a new module, minillm.agreement. The checks are
-exercises/test_17_vllm_comparison.py.
+exercises/test_21_vllm_comparison.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Worked solutions to chapter 22's exercises (chapters/22_parallelism.md).
 
 Installed into minillm.parallel's modules the way a reader's exported cells would put
-them there; the checks are exercises/test_18_parallelism.py.
+them there; the checks are exercises/test_22_parallelism.py.
 """
 
 from __future__ import annotations
