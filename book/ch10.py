@@ -1,6 +1,6 @@
-"""Chapter 10's helpers that are not the lesson: line references into the chapter's
-kernels, a random paged batch for the checkpoints, and the figures (the decode grid,
-the skinny product's programs, and the Measured section's stored GPU runs).
+"""Chapter 10's and 10x's helpers that are not the lesson: line references into the
+chapters' kernels, a random paged batch for the checkpoints, and the figures (the
+decode grid, the skinny product's programs, and the Measured sections' stored runs).
 
 The chapter (chapters/10_triton_decode.md) and its lab notes
 (chapters/lab_notes/10_triton_decode_lab.md) import them; the kernels are in
@@ -25,7 +25,9 @@ def glue_parts(prefix: str, defines: str) -> None:
     that defines `defines`, its lines numbered from 1 as the book shows them, so that an
     edit of the kernel cannot leave the walk-through's line numbers stale.
     """
-    lines = CHAPTER.read_text().splitlines()
+    chapter = next(p for p in sorted(CHAPTER.parent.glob("*.md"))
+                   if f"\ndef {defines}(" in p.read_text())  # fmt: skip
+    lines = chapter.read_text().splitlines()
     at = lines.index(f"def {defines}(")
     opening = max(i for i in range(at) if lines[i].startswith("```{code-cell}"))
     first = opening + 1
@@ -245,17 +247,24 @@ def _skinny_panel(ax, gemm, names):
     ax.legend(fontsize=6)
 
 
-def plot_measured(decode, prefill, first, ours, gemm, names):
-    """The Measured section's figure, from stored GPU runs: decode attention's
+def plot_measured(decode, prefill, first, ours):
+    """Chapter 10's Measured figure, from stored GPU runs: decode attention's
     bandwidth against the reference and the copy bandwidth; prefill's TFLOP/s (rows
-    `first` and `ours` of the prefill run) against dense SDPA and a large matmul; the
-    one-row products `names` against cuBLAS and the weights' stream at the copy
-    bandwidth."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    `first` and `ours` of the prefill run) against dense SDPA and a large matmul."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     _decode_panel(axes[0], decode)
     _prefill_panel(axes[1], prefill, first, ours)
-    _skinny_panel(axes[2], gemm, names)
     for ax in axes:
         ax.title.set_fontsize(8)
+    plt.tight_layout()
+    plt.show()
+
+
+def plot_products(gemm, names):
+    """Chapter 10x's Measured figure: the one-row products `names` of the stored
+    decode_gemm run against cuBLAS and the weights' stream at the copy bandwidth."""
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    _skinny_panel(ax, gemm, names)
+    ax.title.set_fontsize(8)
     plt.tight_layout()
     plt.show()

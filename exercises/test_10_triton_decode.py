@@ -6,8 +6,6 @@ is imported), on small grids.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ from _check import answer, attempted
 
 triton = pytest.importorskip("triton")
 
-from minillm.kernels import paged_decode, paged_prefill, skinny_gemm  # noqa: E402
+from minillm.kernels import paged_decode, paged_prefill  # noqa: E402
 from minillm.kernels.paged_prefill import (  # noqa: E402
     PREFILL_KNOBS,
     prefill_block_m,
@@ -24,7 +22,6 @@ from minillm.kernels.paged_prefill import (  # noqa: E402
 from minillm.model import build_attention_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 def _batch(query_lens, seq_lens, block_size, n_heads, n_kv, head_dim, seed=0):
@@ -118,28 +115,3 @@ def test_prefill_row_occupancy():
     tables = [[0] * -(-n // 16) for n in seq_lens]
     _, md = build_attention_metadata(decodes, seq_lens, tables, 16, DEVICE)
     assert fn(md, 16, 8) < 2 / 16
-
-
-# 10.3 --------------------------------------------------------------------------------
-
-
-def test_faster_backend():
-    fn = answer(skinny_gemm, "faster_backend", "10.3")
-    found = sorted(RESULTS.glob("decode_gemm-*.json"))
-    if not found:
-        pytest.skip("no stored decode_gemm result")
-    record = json.loads(found[-1].read_text())
-    expected = {
-        (r["M"], r["N"], r["K"]): "cublas"
-        if r["cublas_us"] < r["skinny_us"]
-        else "skinny"
-        for r in record["rows"]
-    }
-    assert "cublas" in expected.values() and "skinny" in expected.values()
-    for (M, N, K), backend in expected.items():
-        assert attempted(fn, "10.3", record, M, N, K) == backend, (M, N, K)
-    # shapes the record did not measure: the rule linear() follows
-    for M, N, K in ((3, 1024, 2048), (16, 77, 99), (1, 4096, 4096)):
-        assert (M, N, K) not in expected and fn(record, M, N, K) == "skinny"
-    for M in (17, 64, 4096):
-        assert fn(record, M, 1024, 2048) == "cublas"

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minillm.kernels import paged_decode, paged_prefill, skinny_gemm
+from minillm.kernels import paged_decode, paged_prefill
 from minillm.kernels.paged_decode import decode_num_splits, reduce_splits
 from minillm.kernels.paged_prefill import (
     PREFILL_KNOBS,
@@ -135,22 +135,10 @@ def prefill_row_occupancy(
     return real / (programs * block_m * group_p2)
 
 
-# 10.3
-def faster_backend(record: dict, M: int, N: int, K: int) -> str:
-    """ "cublas" or "skinny": the measured winner for a shape the record holds, else
-    the rule linear() follows (the skinny kernel for 1..MAX_M rows)."""
-    for row in record["rows"]:
-        if (row["M"], row["N"], row["K"]) == (M, N, K):
-            return "cublas" if row["cublas_us"] < row["skinny_us"] else "skinny"
-    return "skinny" if 1 <= M <= skinny_gemm.MAX_M else "cublas"
-
-
 paged_decode.paged_decode_window = paged_decode_window
 paged_prefill.prefill_row_occupancy = prefill_row_occupancy
-skinny_gemm.faster_backend = faster_backend
 
 SOLUTIONS = {
     "window": (_decode_window_kernel, paged_decode_window),
     "occupancy": prefill_row_occupancy,
-    "faster_backend": faster_backend,
 }

@@ -12,7 +12,7 @@ penalties                chapters/11_cuda_graph.md
 qk_norm_rope             chapters/11_cuda_graph.md
 reshape_and_cache        chapters/10_triton_decode.md
 sample                   chapters/11_cuda_graph.md
-skinny_gemm              chapters/10_triton_decode.md
+skinny_gemm              chapters/10x_skinny_gemm.md
 token_bitmask            chapters/16_structured_output.md
 w8a8                     chapters/14_quantization.md
 """
