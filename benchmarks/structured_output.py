@@ -13,7 +13,7 @@ in one run:
   state's mask when it is first reached;
 - constrained, warm: the same again, the compiled grammars cached (as a server that
   has seen the schemas before);
-- constrained, warm, in order: the same on chapter 11's reference order
+- constrained, warm, in order: the same on chapter 12's reference order
   (`overlap_masks=False`): each step's grammar masks are filled before its forward
   pass is launched, instead of while it runs;
 - constrained, warm, per row: the same with each processor hidden behind a plain
@@ -102,8 +102,8 @@ class TimedRow:
 
 
 class Timed(TimedRow):
-    """The same, batch-level (chapter 6's apply_batch, in chapter 11's two halves):
-    one bitmask per step, and the requests stay on chapter 11's run-ahead path. The
+    """The same, batch-level (chapter 6's apply_batch, in chapter 12's two halves):
+    one bitmask per step, and the requests stay on chapter 12's run-ahead path. The
     device half's time (the masked fill's launch) is also counted apart."""
 
     @staticmethod
@@ -321,7 +321,7 @@ def main() -> None:
         deadline = time.monotonic() + 60
         while not args.wait_for.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
-    # name: (constrained, per row, chapter 11's overlap_masks)
+    # name: (constrained, per row, chapter 12's overlap_masks)
     conditions = {"unconstrained": (False, False, True),
                   "constrained_cold": (True, False, True),
                   "constrained_warm": (True, False, True),

@@ -143,7 +143,7 @@ SAMPLING = {  # --sampling: the requests' parameters (all ignore_eos)
     "seeded": dict(temperature=0.8, top_p=0.95, seed=0),  # seed i for request i
     "top_k": dict(temperature=0.8, top_k=50),
     "min_p": dict(temperature=0.8, min_p=0.05),
-    # OpenAI-style penalties on top of "sampled": chapter 11's counts on the device
+    # OpenAI-style penalties on top of "sampled": chapter 12's counts on the device
     "penalties": dict(
         temperature=0.8,
         top_p=0.95,
@@ -406,7 +406,7 @@ def main() -> None:
         "--unfused",
         action="store_true",
         help="also run each sampled mode with fused_sampling=False (chapter 6's "
-        "sampler in step, the path before chapter 11's kernel)",
+        "sampler in step, the path before chapter 12's kernel)",
     )
     parser.add_argument(
         "--knobs-before",

@@ -1,6 +1,5 @@
 """Chapter 11's helpers that are not the lesson: reading the stored H200 profiles, the
-figures (the persistent batch's rows, the async timeline, the measured steps) and a
-timer.
+figures (the persistent batch's rows, the measured steps) and a timer.
 
 The chapter (chapters/11_cuda_graph.md) and its lab notes
 (chapters/lab_notes/11_cuda_graph_lab.md) import them; the engine itself is in minillm/.
@@ -134,57 +133,11 @@ def draw_input_batch(batch, running: list[str], bucket: int, num_steps: int):
     plt.show()
 
 
-def draw_timeline(sync: dict, ahead: dict, steps: int = 3):
-    """Three steps of the synchronous loop and of async scheduling, drawn from the
-    stored profiles of 256 requests: a schematic in which every step takes the
-    profiled averages and the CPU's work is the synchronous run's GPU idle time."""
-    cpu_ms, gpu_ms = sync["gpu_idle_ms_per_step"], sync["gpu_ms_per_step"]
-    fig, axes = plt.subplots(2, 1, figsize=(9, 2.8), sharex=True)
-    mid = dict(ha="center", va="center", fontsize=7)
-    for ax, title, ahead_of_gpu in [
-        (axes[0], "synchronous (chapter 7's loop)", False),
-        (axes[1], "async scheduling (the CPU one step ahead)", True),
-    ]:
-        cpu_free, gpu_ends = 0.0, [0.0]
-        for step in range(1, steps + 1):
-            # the CPU starts a step once done with the last and, running ahead, once
-            # it has the tokens of the step before the last; synchronous: the last's
-            waits_for = gpu_ends[-2] if ahead_of_gpu and step > 1 else gpu_ends[-1]
-            cpu_start = max(cpu_free, waits_for)
-            cpu_free = cpu_start + cpu_ms
-            gpu_start = max(cpu_free, gpu_ends[-1])
-            gpu_ends.append(gpu_start + gpu_ms)
-            bar = dict(edgecolor="white")
-            ax.broken_barh([(cpu_start, cpu_ms)], (1, 0.8), color="tab:orange", **bar)
-            ax.broken_barh([(gpu_start, gpu_ms)], (0, 0.8), color="tab:blue", **bar)
-            ax.text(gpu_start + gpu_ms / 2, 0.4, f"step {step}", color="white", **mid)
-            ax.text(cpu_start + cpu_ms / 2, 1.4, f"{step}", **mid)
-        ax.set(yticks=[0.4, 1.4], yticklabels=["GPU", "CPU"], title=title)
-        ax.title.set_fontsize(9)
-    axes[1].set_xlabel(
-        f"ms (per step: GPU {gpu_ms:.1f} ms of kernels, CPU {cpu_ms:.1f} ms; measured "
-        f"steps {sync['wall_ms_per_step']:.1f} ms synchronous, "
-        f"{ahead['wall_ms_per_step']:.1f} ms async)"
-    )
-    plt.tight_layout()
-    plt.show()
-
-
-SAMPLING_BARS = [
-    ("sampled_unfused", "sampled,\nchapter 6 in step"),
-    ("sampled", "sampled,\non the device"),
-    ("seeded_unfused", "seeded,\nchapter 6 in step"),
-    ("seeded", "seeded,\non the device"),
-]
-
-
-def plot_measured(record: dict, limit_ms: float | None, tput: dict | None):
-    """Left: ms per engine step against the decode batch, eager, CUDA graphs and
-    graphs over compiled layers, with the batch-1 floor. Right: the standard
-    workload's sampled throughput as a share of greedy, chapter 6's sampler in step
-    against the sampling kernel ahead."""
+def plot_measured(record: dict, limit_ms: float | None):
+    """ms per engine step against the decode batch: eager, CUDA graphs and graphs
+    over compiled layers, with the batch-1 floor."""
     env, rows = record["environment"], record["steps"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.6), width_ratios=(3, 2))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     batches = [r["batch"] for r in rows]
     ax.plot(batches, [r["eager_ms"] for r in rows], "o-", label="eager")
     ax.plot(batches, [r["graph_ms"] for r in rows], "o-", label="CUDA graphs")
@@ -195,21 +148,11 @@ def plot_measured(record: dict, limit_ms: float | None, tput: dict | None):
         ax.axhline(limit_ms, ls=":", color="grey", label="batch-1 floor (bytes)")
     ax.set(xscale="log", yscale="log", xlabel="decode batch (sequences)",
            ylabel="ms per engine step")  # fmt: skip
-    ax.set_title(f"decode step, Qwen3-0.6B shape, bf16, {env['gpu']}", fontsize=9)
+    ax.set_title(
+        f"decode step, Qwen3-0.6B shape, bf16, {env['gpu']} "
+        f"(measured {env['date'][:10]})",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
-    if tput is not None and "sampling" in tput:
-        shares = [
-            tput["sampling"][name]["fraction_of_greedy"] for name, _ in SAMPLING_BARS
-        ]
-        colors = ["0.7", "tab:green"] * 2
-        bx.bar([label for _, label in SAMPLING_BARS], shares, color=colors)
-        bx.axhline(1.0, ls=":", color="grey")
-        bx.text(-0.4, 1.02, "greedy", fontsize=8, color="grey")
-        bx.set(ylim=(0, 1.1), ylabel="output tok/s, share of greedy")
-        bx.set_title("sampled, 256 requests, top-p 0.95", fontsize=9)
-        bx.tick_params(axis="x", labelsize=7)
-    else:
-        bx.set_axis_off()
-    fig.suptitle(f"measured ({env['date'][:10]})", fontsize=9)
     plt.tight_layout()
     plt.show()

@@ -13,7 +13,7 @@ SamplingParams           minillm.sampling_params
 
 module                   chapter
 async_llm                chapters/19_server.md
-async_scheduling         chapters/11_cuda_graph.md
+async_scheduling         chapters/12_async_scheduling.md
 attention                chapters/04_paged_attention.md
 beam_search              chapters/07_engine.md
 block_pool               chapters/03_block_allocator.md
@@ -27,7 +27,7 @@ engine                   chapters/07_engine.md
 engine_core              chapters/19_server.md
 fused_layers             chapters/11_cuda_graph.md
 gguf_loader              chapters/01_model.md
-gpu_model_runner         chapters/11_cuda_graph.md
+gpu_model_runner         chapters/12_async_scheduling.md
 hf                       chapters/01_model.md
 input_batch              chapters/11_cuda_graph.md
 int4                     chapters/13_int4_gemm.md
@@ -50,7 +50,7 @@ registry                 chapters/07_engine.md
 request                  chapters/05_scheduler.md
 sampler                  chapters/06_sampler.md
 sampler_reference        chapters/06_sampler.md
-sampling_ahead           chapters/11_cuda_graph.md
+sampling_ahead           chapters/12_async_scheduling.md
 sampling_metadata        chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
 scheduler                chapters/05_scheduler.md

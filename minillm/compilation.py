@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1249
+# %% chapters/11_cuda_graph.md:942
 """Compiled decoder layers (chapter 11, "Fewer kernels"). vLLM compiles the whole
 model with its own passes: vllm/compilation/."""
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:794
+# %% chapters/11_cuda_graph.md:487
 """CUDA graphs for decode steps (chapter 11, "Capturing and replaying").
 
 `CUDAGraphRunner` captures the model's decode forward pass once per batch-size bucket,
@@ -33,7 +33,7 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes) | {max_num_seqs})
 
 
-# %% chapters/11_cuda_graph.md:829
+# %% chapters/11_cuda_graph.md:522
 class CUDAGraphRunner:
     """One captured decode forward pass per batch size in capture_sizes, replayed
     over persistent buffers.
@@ -73,7 +73,7 @@ class CUDAGraphRunner:
         self.query_start_loc = q * torch.arange(n + 1, dtype=torch.int32, device=device)
         self._init_host_copies()
 
-    # %% chapters/11_cuda_graph.md:875
+    # %% chapters/11_cuda_graph.md:568
     NAMES = ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")
 
     def _init_host_copies(self) -> None:
@@ -99,7 +99,7 @@ class CUDAGraphRunner:
             max_seq_len=self.max_model_len,
         )
 
-    # %% chapters/11_cuda_graph.md:916
+    # %% chapters/11_cuda_graph.md:609
     @torch.inference_mode()
     def capture(self, pool=None) -> None:
         start, q = time.perf_counter(), self.query_len
@@ -124,7 +124,7 @@ class CUDAGraphRunner:
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
 
-    # %% chapters/11_cuda_graph.md:953
+    # %% chapters/11_cuda_graph.md:646
     def bucket(self, num_seqs: int) -> int:
         return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1157
+# %% chapters/11_cuda_graph.md:850
 """Decode-batch products through chapter 10's skinny Triton kernel (chapter 11,
 "Fewer kernels")."""
 

@@ -87,9 +87,9 @@ class LLMEngine:
             tokenizer, self.eos_token_ids, self.max_model_len
         )
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
-        self.is_shut_down, self.stepper = False, None  # stepper: chapter 11's
+        self.is_shut_down, self.stepper = False, None  # stepper: chapter 12's
         LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
-        for hook in ENGINE_HOOKS:  # chapter 11's stepper, chapter 23's adapter limit
+        for hook in ENGINE_HOOKS:  # chapter 12's stepper, chapter 23's adapter limit
             hook(self)
 
     # %% chapters/07_engine.md:1604

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:240
+# %% chapters/11_cuda_graph.md:228
 """The persistent batch (chapter 11, "The persistent batch").
 
 `InputBatch` keeps every running request's block table in a row of a CPU array between
@@ -37,7 +37,7 @@ class InputBatch:
         self.req_to_row: dict[str, int] = {}
         self.free_rows = list(range(max_num_reqs - 1, -1, -1))
 
-    # %% chapters/11_cuda_graph.md:283
+    # %% chapters/11_cuda_graph.md:271
     def row_for(self, request_id: str, new_ids: list[int], resumed: bool) -> int:
         """The request's row, its table extended by new_ids (replaced by them if
         resumed: a new request, or one back from preemption).
@@ -71,7 +71,7 @@ class InputBatch:
             self.free_rows.append(row)
 
 
-# %% chapters/11_cuda_graph.md:327
+# %% chapters/11_cuda_graph.md:315
 @dataclass
 class StepInputs:
     """One step's flat batch as CPU arrays (what chapter 1's build_attention_metadata
@@ -109,7 +109,7 @@ class StepInputs:
         return upload(self.input_ids, device), upload(self.positions, device), metadata
 
 
-# %% chapters/11_cuda_graph.md:370
+# %% chapters/11_cuda_graph.md:358
 def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     """a on the device, copied without making the CPU wait for the GPU."""
     t = torch.as_tensor(a)
@@ -118,7 +118,7 @@ def upload(a: np.ndarray | list, device: torch.device) -> Tensor:
     return t.to(device, non_blocking=True)
 
 
-# %% chapters/11_cuda_graph.md:388
+# %% chapters/11_cuda_graph.md:376
 def prepare_inputs(batch: InputBatch, output: SchedulerOutput) -> StepInputs:
     """The step's inputs; request i of output.scheduled_requests is sequence i of the
     batch.
@@ -135,7 +135,7 @@ def prepare_inputs(batch: InputBatch, output: SchedulerOutput) -> StepInputs:
         known = request.all_token_ids[start : start + n]
         if len(known) < n and request.spec_token_ids:  # proposals (chapter 15)
             known += request.spec_token_ids[: n - len(known)]
-        # a placeholder's slot (async scheduling, below): filled on the device
+        # a placeholder's slot (async scheduling, chapter 12): filled on the device
         token_ids += known + [0] * (n - len(known))
         all_sample = all_sample and output.samples(request)
     rows_a, q_lens, ctx = np.array(rows), np.array(query_lens), np.array(context_lens)

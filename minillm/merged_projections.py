@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1038
+# %% chapters/11_cuda_graph.md:731
 """Merged projections (chapter 11, "Fewer kernels"): one qkv_proj and one gate_up_proj
 per layer, made from a loaded model's weights by surgery in place.
 
@@ -34,7 +34,7 @@ class MergedMLP(MLP):
         return self.down_proj(F.silu(gate) * up)
 
 
-# %% chapters/11_cuda_graph.md:1076
+# %% chapters/11_cuda_graph.md:769
 def merged_linear(parts: list[nn.Linear]) -> nn.Linear:
     """One nn.Linear whose outputs are the parts' outputs, concatenated."""
     bias = parts[0].bias is not None

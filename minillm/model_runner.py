@@ -5,7 +5,7 @@
 # %% chapters/07_engine.md:469
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
-vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 11 builds ours for GPUs
+vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 12 builds ours for GPUs
 (gpu_model_runner.py).
 """
 

@@ -167,9 +167,9 @@ REQUEST_HOOKS: list[Callable] = []
 # check(engine, request) before a new request is queued: raises ValueError to refuse
 # it, changing nothing (chapter 23 loads the request's LoRA adapter)
 REQUEST_CHECKS: list[Callable] = []
-# hook(engine), once its parts are built: chapter 11 sets its step loop, chapter 23
+# hook(engine), once its parts are built: chapter 12 sets its step loop, chapter 23
 # adds a scheduler admission check
 ENGINE_HOOKS: list[Callable] = []
-# blocker(config) -> {"cuda_graphs" or "torch_compile": why chapter 11's option can't
+# blocker(config) -> {"cuda_graphs" or "torch_compile": why chapter 12's option can't
 # run}; a reason turns that option's default (None, "auto") off (chapter 23's LoRA)
 FAST_PATH_BLOCKERS: list[Callable] = []

@@ -55,7 +55,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    # tokens sampled on the device that the CPU has not read yet (chapter 11)
+    # tokens sampled on the device that the CPU has not read yet (chapter 12)
     num_output_placeholders: int = 0
     num_preemptions: int = 0
     # tokens proposed for it, computed (and checked) with its next step (chapter 15)

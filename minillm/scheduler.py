@@ -297,7 +297,7 @@ class Scheduler:
             self.kv_cache_manager.free(request)
             self.blocks_sent.pop(request_id, None)
             request.status = status
-            # a token in flight for it is thrown away (chapter 11)
+            # a token in flight for it is thrown away (chapter 12)
             request.num_output_placeholders = 0
             self.finished_req_ids.add(request_id)
 
@@ -326,7 +326,7 @@ class Scheduler:
 
 # %% chapters/05_scheduler.md:665
 def _tokens_to_go(request: Request) -> int:
-    """Tokens of request not yet computed; a placeholder (chapter 11) and a proposed
+    """Tokens of request not yet computed; a placeholder (chapter 12) and a proposed
     token (chapter 15) count as one each."""
     return (
         request.num_tokens

@@ -34,8 +34,8 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def fast_path():
-    """fast_path(engine): which of chapters 10-11's paths an engine runs, as a dict:
-    the parts it resolved (chapter 7's seam) and its runner's flags (chapter 11's).
+    """fast_path(engine): which of chapters 10-12's paths an engine runs, as a dict:
+    the parts it resolved (chapter 7's seam) and its runner's flags (chapter 12's).
     """
 
     def read(engine) -> dict:
@@ -46,7 +46,7 @@ def fast_path():
             "cuda_graphs": getattr(runner, "cuda_graphs", False),
             "torch_compile": getattr(runner, "torch_compile", False),
             "async_scheduling": getattr(runner, "async_scheduling", False),
-            "stepper": engine.stepper,  # chapter 11's overlapped step loop, or None
+            "stepper": engine.stepper,  # chapter 12's overlapped step loop, or None
         }
 
     return read

@@ -392,7 +392,7 @@ def test_lora_keeps_the_graphs_and_turns_compiled_layers_off():
         LoRAConfig.check_parts(config, parts)
         return GPUModelRunner.fast_path(config, parts), parts.get("fast_path_blocked")
 
-    assert resolve() == ((True, True, True), None)  # no adapters: chapter 11's
+    assert resolve() == ((True, True, True), None)  # no adapters: chapter 12's
     flags, why = resolve(enable_lora=True)
     assert flags == (True, False, True) and "enable_lora" in why  # graphs, async
     assert resolve(enable_lora=True, cuda_graphs=True)[0] == (True, False, True)
@@ -465,7 +465,7 @@ def test_enable_lora_builds_with_the_devices_defaults(adapter_dirs, device, fast
     assert len(out[0].outputs[0].token_ids) == 4
     flags = fast_path(llm.llm_engine)
     assert not flags["torch_compile"]  # adapters wrap plain nn.Linear layers
-    if device == "cuda":  # chapter 11's defaults otherwise: graphs, async scheduling
+    if device == "cuda":  # chapter 12's defaults otherwise: graphs, async scheduling
         assert flags["cuda_graphs"] and flags["async_scheduling"]
         assert "enable_lora" in llm.llm_engine.parts["fast_path_blocked"]
 

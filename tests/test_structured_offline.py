@@ -189,7 +189,7 @@ def test_constrained_params_pickle_and_compile_again(llm):
 
 
 def test_chapter_11s_runner_and_run_ahead_apply_the_hook_too(device):
-    """The persistent batch with async scheduling (chapter 11) masks the rows of
+    """The persistent batch with async scheduling (chapter 12) masks the rows of
     the hook's processors as it masks an explicit processor's: the same tokens."""
     so = StructuredOutputsParams(json=SCHEMA)
     with LLM(

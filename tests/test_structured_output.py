@@ -356,7 +356,7 @@ def test_engine_tokens_equal_with_batch_and_per_row_masks():
 
 
 def test_constrained_requests_run_ahead_like_chapter7():
-    """Greedy constrained requests stay on chapter 11's run-ahead path (async
+    """Greedy constrained requests stay on chapter 12's run-ahead path (async
     scheduling, persistent batch): each step's mask waits for the token in flight,
     and the outputs equal chapter 7's engine, step for step."""
     from minillm import LLM, SamplingParams
@@ -474,7 +474,7 @@ def overlap_run(llm, mix: str) -> list:
 
 @pytest.mark.parametrize("mix", ["constrained", "mixed", "preempted"])
 def test_overlapped_masks_equal_the_in_order_reference(device, mix):
-    """Chapter 11's overlap (the grammar masks filled on the CPU while the step's
+    """Chapter 12's overlap (the grammar masks filled on the CPU while the step's
     forward pass runs) gives the greedy tokens of the in-order reference
     (overlap_masks=False: masks first, then the forward), alone, mixed with
     unconstrained requests, and under preemption and chunked prefill; on the CPU

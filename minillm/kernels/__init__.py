@@ -8,10 +8,10 @@ lora                     chapters/23_lora.md
 paged_attention          chapters/10_triton_decode.md
 paged_decode             chapters/10_triton_decode.md
 paged_prefill            chapters/10_triton_decode.md
-penalties                chapters/11_cuda_graph.md
+penalties                chapters/12_async_scheduling.md
 qk_norm_rope             chapters/11_cuda_graph.md
 reshape_and_cache        chapters/10_triton_decode.md
-sample                   chapters/11_cuda_graph.md
+sample                   chapters/12_async_scheduling.md
 skinny_gemm              chapters/10x_skinny_gemm.md
 token_bitmask            chapters/16_structured_output.md
 w8a8                     chapters/14_quantization.md

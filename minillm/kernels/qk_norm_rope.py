@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_cuda_graph.md:1481
+# %% chapters/11_cuda_graph.md:1174
 """Q/K norms, rotary embedding and the KV-cache write in one Triton kernel (chapter 11,
 "Fused layers").
 
@@ -39,7 +39,7 @@ def _normed(
     return x
 
 
-# %% chapters/11_cuda_graph.md:1519
+# %% chapters/11_cuda_graph.md:1212
 @triton.jit(do_not_specialize=["T"])  # T changes with every prompt step
 def _qk_norm_rope_write_kernel(
     qkv_ptr, g_ptr, cos_ptr, sin_ptr, q_ptr, key_cache_ptr, value_cache_ptr,
@@ -83,13 +83,13 @@ def _qk_norm_rope_write_kernel(
         tl.store(value_cache_ptr + at, v.to(value_cache_ptr.dtype.element_ty), mask=ok)
 
 
-# %% chapters/11_cuda_graph.md:1564
+# %% chapters/11_cuda_graph.md:1257
 # tokens a program takes: one for a single token, else a tile of up to 16 (see below)
 ONE_TOKEN_UP_TO = 1
 TOKENS_PER_PROGRAM = 16
 
 
-# %% chapters/11_cuda_graph.md:1574
+# %% chapters/11_cuda_graph.md:1267
 def qk_norm_rope_write(
     qkv: Tensor,
     norm_weight: Tensor | None,

@@ -90,7 +90,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
                 self.lora_manager.clear_batch()
 
         def forward(self, output, patch_input_ids=None):
-            self.lora_manager.set_step(output)  # chapter 11's, eager and async steps
+            self.lora_manager.set_step(output)  # chapter 12's, eager and async steps
             try:
                 return super().forward(output, patch_input_ids)
             finally:

@@ -66,7 +66,7 @@ class ParallelConfig:
         if config.tensor_parallel_size > 1 and parts["persistent_batch"] is not False:
             raise ValueError(
                 "tensor_parallel_size > 1 runs chapter 7's model runner in each "
-                "worker: set persistent_batch=False (chapter 11's keeps per-request "
+                "worker: set persistent_batch=False (chapter 12's keeps per-request "
                 "state that the workers would have to mirror)"
             )
 

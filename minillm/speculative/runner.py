@@ -9,7 +9,7 @@
 vLLM: vllm/config/speculative.py (`SpeculativeConfig`), vllm/v1/spec_decode/metrics.py
 (`SpecDecodingStats`), and the proposal and verification steps of
 vllm/v1/worker/gpu_model_runner.py. The runner here extends whichever runner chapter 7
-picked (the seam's RUNNER_EXTENSIONS): chapter 7's, or chapter 11's on the persistent
+picked (the seam's RUNNER_EXTENSIONS): chapter 7's, or chapter 12's on the persistent
 batch, whose CUDA graphs it extends to verification steps (verify_graphs.py).
 """
 
@@ -437,7 +437,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
     def launch(self, output):
-        """Chapter 11's step launched ahead, for a step that neither verifies nor
+        """Chapter 12's step launched ahead, for a step that neither verifies nor
         proposes; None (run it in step) for any other."""
         requests = output.scheduled_requests
         if self.speculating(len(requests)) or any(r.spec_token_ids for r in requests):
