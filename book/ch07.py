@@ -1,15 +1,32 @@
-"""Chapter 7's helpers that are not the lesson: the package's import graph and its
-drawing, and the plots of the Measured section and of the lab notes (issue 44).
+"""Chapter 7's helpers that are not the lesson: a batch run to completion, the
+package's import graph and its drawing, and the plots of the Measured section and of
+the lab notes (issue 44).
 
     from book.ch07 import import_graph, draw_module_map, plot_measured
+    from book.ch07 import run_to_completion
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+
+
+def run_to_completion(engine, prompts: list, params) -> list:
+    """Each prompt's final RequestOutput, in the prompts' order: every prompt added as
+    a request (output_kind="final_only"), then engine steps until none is left. The
+    loop chapter 7x's `LLM.generate` wraps, for chapter 7's checks."""
+    params = replace(params, output_kind="final_only")
+    ids = [f"run-{i}" for i in range(len(prompts))]
+    for request_id, prompt in zip(ids, prompts):
+        engine.add_request(request_id, prompt, params)
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+    return [finished[i] for i in ids]
 
 
 def module_imports(source: str) -> set[str]:
@@ -36,7 +53,7 @@ def import_graph(package: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
         if "from chapters/" not in head:
             continue
         name = ".".join(path.relative_to(package).with_suffix("").parts)
-        chapter_of[name] = head.split("from chapters/")[1][:2]
+        chapter_of[name] = head.split("from chapters/")[1].split("_")[0]
         imports[name] = module_imports(source)
     # keep the names that are modules: not a package, not a function imported by name
     imports = {a: {b for b in found if b in chapter_of} for a, found in imports.items()}
@@ -79,7 +96,7 @@ def draw_module_map(chapter_of: dict[str, str], imports: dict[str, set[str]]):
         label = name.replace("kernels.", "kernels.\n") if len(name) > 15 else name
         ax.text(x, y, label, ha="center", va="center", fontsize=6, bbox=box)
     ticks = [1.5 * x for x in range(len(columns))]
-    ax.set_xticks(ticks, [f"ch. {int(c)}" for c in columns])
+    ax.set_xticks(ticks, [f"ch. {c.lstrip('0')}" for c in columns])
     lowest = min(y for _, y in place.values())
     ax.set(ylim=(lowest - 0.6, 0.6), xlim=(-0.9, ticks[-1] + 0.9), yticks=[])
     for side in ("top", "right", "left"):

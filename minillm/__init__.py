@@ -15,7 +15,7 @@ module                   chapter
 async_llm                chapters/19_server.md
 async_scheduling         chapters/12_async_scheduling.md
 attention                chapters/04_paged_attention.md
-beam_search              chapters/07_engine.md
+beam_search              chapters/07x_offline_api.md
 block_pool               chapters/03_block_allocator.md
 compilation              chapters/11_cuda_graph.md
 config                   chapters/07_engine.md
@@ -33,7 +33,7 @@ input_batch              chapters/11_cuda_graph.md
 int4                     chapters/13_int4_gemm.md
 kv_cache                 chapters/02_paged_kv.md
 kv_cache_manager         chapters/05_scheduler.md
-llm                      chapters/07_engine.md
+llm                      chapters/07x_offline_api.md
 loadgen                  chapters/21_vllm_comparison.md
 logits_processors        chapters/06_sampler.md
 logprobs                 chapters/07_engine.md

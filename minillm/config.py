@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1061
+# %% chapters/07_engine.md:1066
 """The engine's configuration (chapter 7, "The configuration")."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class EngineConfig:
     # the declared options (the seam) that were given, as (name, value) pairs
     options: tuple[tuple[str, Any], ...] = ()
 
-    # %% chapters/07_engine.md:1106
+    # %% chapters/07_engine.md:1111
     def __init__(self, options=(), **kwargs):
         load_plugins()  # every declared option is known from here on
         given = dict(options)

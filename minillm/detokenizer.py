@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:301
+# %% chapters/07_engine.md:306
 """Incremental detokenization with stop strings (chapter 7, "Text, a piece at a time").
 
 vLLM: vllm/v1/engine/detokenizer.py (the offsets) and vllm/v1/core/sched/utils.py
@@ -43,7 +43,7 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    # %% chapters/07_engine.md:351
+    # %% chapters/07_engine.md:356
     def update(self, new_token_ids: list[int]) -> str | None:
         """Add tokens; returns the stop string that matched, if one did (text is then
         cut).
@@ -59,7 +59,7 @@ class IncrementalDetokenizer:
                 self.read_offset = len(self.tokens)
         return self._find_stop(start)
 
-    # %% chapters/07_engine.md:378
+    # %% chapters/07_engine.md:383
     def _find_stop(self, new_text_start: int) -> str | None:
         for stop in self.stop:
             at = self.output_text.find(stop, max(0, new_text_start - len(stop) + 1))

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:117
+# %% chapters/07_engine.md:122
 """Logprobs as vLLM returns them (vllm/logprobs.py): per position a dict from token
 id to Logprob (chapter 7, "Output types")."""
 
@@ -26,7 +26,7 @@ SampleLogprobs = list[LogprobsOnePosition]  # one per output token
 PromptLogprobs = list[LogprobsOnePosition | None]  # None for the first prompt token
 
 
-# %% chapters/07_engine.md:147
+# %% chapters/07_engine.md:152
 def position_logprobs(
     lp: SamplerLogprobs, decode: Callable[[int], str | None]
 ) -> LogprobsOnePosition:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:469
+# %% chapters/07_engine.md:474
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
 vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 12 builds ours for GPUs
@@ -39,7 +39,7 @@ class ModelRunnerOutput:
     )
 
 
-# %% chapters/07_engine.md:511
+# %% chapters/07_engine.md:516
 class ModelRunner:
     """Runs one scheduled step: builds the flat batch, runs the model over the paged
     cache, samples.
@@ -61,7 +61,7 @@ class ModelRunner:
         # request id -> its block ids, kept up to date from each SchedulerOutput
         self.block_tables: dict[str, list[int]] = {}
 
-    # %% chapters/07_engine.md:543
+    # %% chapters/07_engine.md:548
     # None: the cache lives on the model's device; chapter 22's executor says "meta"
     # (its workers hold the cache, the engine keeps only the shape)
     kv_cache_device: str | None = None
@@ -77,7 +77,7 @@ class ModelRunner:
     def remove_request(self, request_id: str) -> None:
         """A request is finished or aborted."""
 
-    # %% chapters/07_engine.md:571
+    # %% chapters/07_engine.md:576
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         hidden, metadata = self.run_forward(output)
@@ -117,7 +117,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, metadata, self.kv_cache)
         return hidden, metadata
 
-    # %% chapters/07_engine.md:622
+    # %% chapters/07_engine.md:627
     def sample(
         self, output: SchedulerOutput, hidden: Tensor, last: Tensor
     ) -> ModelRunnerOutput:
@@ -156,7 +156,7 @@ class ModelRunner:
                     logprobs[r.request_id] = lp
         return out.sampled_token_ids.tolist(), logprobs
 
-    # %% chapters/07_engine.md:696
+    # %% chapters/07_engine.md:701
     def wants_prompt_logprobs(self, output: SchedulerOutput) -> bool:
         return any(
             prompt_rows(r, output.num_scheduled_tokens[r.request_id])
@@ -188,7 +188,7 @@ class ModelRunner:
         return result
 
 
-# %% chapters/07_engine.md:677
+# %% chapters/07_engine.md:682
 PROMPT_LOGPROBS_ROWS = 256  # rows of vocabulary-wide logits computed at once
 
 
@@ -201,7 +201,7 @@ def prompt_rows(request: Request, num_scheduled: int) -> int:
     return max(0, min(start + num_scheduled, request.num_prompt_tokens - 1) - start)
 
 
-# %% chapters/07_engine.md:749
+# %% chapters/07_engine.md:754
 def reclaim_gpu_memory() -> None:
     """Free what dropped engines still hold: unfreeze the heap, collect, and return
     the cached blocks to the device."""

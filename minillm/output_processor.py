@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1217
+# %% chapters/07_engine.md:1203
 """From a step's new tokens to RequestOutputs (chapter 7, "The output processor"):
 per request its text, logprobs, stop conditions and metrics, and the n > 1 children
 gathered under their parent.
@@ -24,7 +24,7 @@ from minillm.request import Request, RequestStatus
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1245
+# %% chapters/07_engine.md:1231
 @dataclass
 class RequestState:
     request: Request
@@ -52,7 +52,7 @@ class ParentRequest:
     prompt_logprobs_shown: bool = False  # output_kind="delta": sent once
 
 
-# %% chapters/07_engine.md:1278
+# %% chapters/07_engine.md:1264
 class OutputProcessor:
     """Text, logprobs, stop conditions and outputs of the engine's requests."""
 
@@ -89,7 +89,7 @@ class OutputProcessor:
             self.request_states.pop(child_id, None)
         return children
 
-    # %% chapters/07_engine.md:1327
+    # %% chapters/07_engine.md:1313
     def check_stop(
         self, state: RequestState, stop_string: str | None
     ) -> RequestStatus | None:
@@ -114,7 +114,7 @@ class OutputProcessor:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1361
+    # %% chapters/07_engine.md:1347
     def update(self, updated: list[Request], result: ModelRunnerOutput):
         """([(request id, finished status)], [parent ids with an output])"""
         now, stopped, touched = time.monotonic(), [], {}
@@ -140,7 +140,7 @@ class OutputProcessor:
                 touched[state.parent_id] = None
         return stopped, list(touched)
 
-    # %% chapters/07_engine.md:1401
+    # %% chapters/07_engine.md:1387
     def make_outputs(self, parent_ids) -> tuple[list[RequestOutput], list[str]]:
         """(the parents' outputs, the ids of the children now forgotten)"""
         outputs, forgotten = [], []
@@ -173,7 +173,7 @@ class OutputProcessor:
             None if logprobs is None else logprobs[lps:], cumulative, state.metrics,
         )  # fmt: skip
 
-    # %% chapters/07_engine.md:1445
+    # %% chapters/07_engine.md:1431
     def decoder(self, request: Request):
         """token id -> its text (None without a tokenizer or with detokenize off)."""
         if self.tokenizer is None or not request.sampling_params.detokenize:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:180
+# %% chapters/07_engine.md:185
 """What the engine returns: requests' outputs and their timings (chapter 7).
 
 Shaped like vLLM's vllm/outputs.py: a RequestOutput is one prompt and its n
@@ -37,7 +37,7 @@ class RequestMetrics:
         return self.first_scheduled_time - self.arrival_time
 
 
-# %% chapters/07_engine.md:227
+# %% chapters/07_engine.md:232
 class _CallableBool(int):
     """True or False that also answers a call with itself."""
 
@@ -48,7 +48,7 @@ class _CallableBool(int):
         return repr(bool(self))
 
 
-# %% chapters/07_engine.md:239
+# %% chapters/07_engine.md:244
 @dataclass
 class CompletionOutput:
     index: int

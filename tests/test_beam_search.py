@@ -1,4 +1,4 @@
-"""Beam search (chapter 7, "Beam search"): `LLM.beam_search` against a naive beam
+"""Beam search (chapter 7x, "Beam search"): `LLM.beam_search` against a naive beam
 search that recomputes every beam with chapter 1's model, the bookkeeping on a
 made-up model, vLLM's parameters and output types, and the prefix cache's sharing.
 """

@@ -1,5 +1,5 @@
-"""The engine and LLM API of chapter 7, against transformers and chapter 1's dense
-generation.
+"""The engine (chapter 7) and the LLM API (chapter 7x), against transformers and
+chapter 1's dense generation.
 """
 
 import dataclasses

@@ -1,7 +1,8 @@
 """Worked solutions to chapter 7's exercises (chapters/07_engine.md).
 
 Installed the way a reader's exported cells would be: methods set on LLMEngine and
-LLM, a SamplingParams with one more field, a part registered through minillm.registry.
+the output processor, a SamplingParams with one more field, a part registered through
+minillm.registry.
 The checks are exercises/test_07_engine.py.
 """
 
@@ -9,12 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator
 
 import minillm.sampling_params as sampling_params
 from minillm.engine import LLMEngine
 from minillm.kv_cache_manager import KVCacheManager
-from minillm.llm import LLM
 from minillm.output_processor import OutputProcessor
 from minillm.registry import KV_CACHE_MANAGERS
 from minillm.sampling_params import SamplingParamsError
@@ -43,30 +42,6 @@ def prompt_logprobs(self: LLMEngine, prompt_token_ids: list[int]) -> list[float]
 
 
 # 7.2
-def stream(self: LLM, prompt, params=None) -> Iterator[str]:
-    """Text deltas as the engine produces them: each cumulative output's text minus
-    what was already shown (the detokenizer holds back a possible stop string)."""
-    params = dataclasses.replace(
-        params or sampling_params.SamplingParams(), output_kind="cumulative"
-    )
-    request_id = f"stream-{next(_ids)}"
-    self.engine.add_request(request_id, prompt, params)
-    shown, finished = "", False
-    try:
-        while not finished:
-            for output in self.engine.step():
-                if output.request_id != request_id:
-                    continue
-                text, finished = output.outputs[0].text, output.finished
-                if len(text) > len(shown):
-                    yield text[len(shown) :]
-                    shown = text
-    finally:  # a reader that stops early: the request stops too
-        if not finished:
-            self.engine.abort_request(request_id)
-
-
-# 7.3
 @dataclasses.dataclass
 class SamplingParams(sampling_params.SamplingParams):
     best_of: int | None = None  # sample this many, return the n most likely
@@ -118,7 +93,7 @@ def make_outputs_best_of(self, parent_ids):
     return outputs, forgotten
 
 
-# 7.4
+# 7.3
 @KV_CACHE_MANAGERS.register("counting")
 class CountingKVCacheManager(KVCacheManager):
     """Chapter 5's manager, counting every block it hands out."""
@@ -137,7 +112,6 @@ class CountingKVCacheManager(KVCacheManager):
 
 
 LLMEngine.prompt_logprobs = prompt_logprobs
-LLM.stream = stream
 # where the reader's field would live: pickled requests (chapter 19's engine process)
 # name minillm.sampling_params.SamplingParams, which a fresh process can import
 SamplingParams.__module__ = "minillm.sampling_params"
@@ -147,7 +121,6 @@ OutputProcessor.make_outputs = make_outputs_best_of
 
 SOLUTIONS = {
     "prompt_logprobs": prompt_logprobs,
-    "stream": stream,
     "best_of": (SamplingParams, add_request_best_of, make_outputs_best_of),
     "counting": CountingKVCacheManager,
 }
