@@ -1,5 +1,6 @@
 """Chapter 19's helpers that are not the lesson: a load client, /metrics scrapes, and
-the plots and tables of the stored `benchmarks/serve.py` runs.
+the plots and tables of the stored `benchmarks/serve.py` runs (those that compare
+servers are chapter 20's, in book/ch20.py).
 
 The chapter (chapters/19_server.md) and its lab notes
 (chapters/lab_notes/19_server_lab.md) import them; the server itself is in minillm/.
@@ -97,6 +98,17 @@ def plot_latency_cdfs(url: str, clients: list[tuple[float, float]]) -> None:
     plt.show()
 
 
+def plot_rates(rates: dict[str, float], title: str) -> None:
+    """Output tokens per second of each way of running the same requests, as bars."""
+    fig, ax = plt.subplots(figsize=(9, 2.2))
+    bars = ax.barh(list(rates), list(rates.values()), color=["C1", "C0", "gray"])
+    ax.bar_label(bars, fmt="%.0f", padding=3)
+    ax.set(xlabel="output tokens/s", title=title, xlim=(0, 1.2 * max(rates.values())))
+    ax.invert_yaxis()
+    plt.tight_layout()
+    plt.show()
+
+
 def mode_name(run: dict) -> str:
     """How a run sent its requests: a concurrency limit, all at once, or a rate."""
     if run["max_concurrency"]:
@@ -137,60 +149,8 @@ def print_serve(record: dict) -> None:
         )
 
 
-def server_name(flags: str) -> str:
-    """A server of a `--compare` run, named by its flags."""
-    where = "engine thread" if "--engine-in-thread" in flags else "engine process"
-    return where + (", asyncio + h11" if "asyncio" in flags else ", uvloop + httptools")
-
-
-def servers_of(record: dict) -> dict[str, list[dict]]:
-    """{server name: its runs} of a record: this tree's server and those compared."""
-    return {server_name(""): record["runs"]} | {
-        server_name(c["flags"]): c["runs"] for c in record.get("compare", [])
-    }
-
-
 def busiest_run(runs: list[dict]) -> dict:
     """The run with every request sent at once (the most streams in flight)."""
     return next(
         r for r in runs if r["request_rate"] == "inf" and not r["max_concurrency"]
     )
-
-
-def print_servers(record: dict) -> None:
-    """Each compared server's runs with every request at once (and its CPU split)."""
-    for name, runs in servers_of(record).items():
-        for r in (r for r in runs if r["request_rate"] == "inf"):
-            front, cpu = r.get("front_end_cpu_us_per_token"), ""
-            if front is not None:
-                engine = r["server_cpu_us_per_token"] - front
-                cpu = f", CPU/token: front end {front:3.0f}, engine {engine:3.0f} µs"
-            print(
-                f"{record['code_commit']} {name:>34}, {mode_name(r):>14}: "
-                f"{r['output_tokens_per_s']:7,.0f} tok/s "
-                f"({r['fraction_of_offline']:4.0%}){cpu}"
-            )
-
-
-def print_ab(ab: dict) -> None:
-    """The delta-outputs A/B: every run of both trees, in the order they ran."""
-    offline = ab["offline"]
-    print(
-        f"offline engine: {offline['output_tokens_per_s']:7,.0f} tok/s, CPU "
-        f"{offline['cpu_us_per_token']:3.0f} µs/token"
-    )
-    trees = [
-        ("delta outputs", ab["code_commit"], ab["runs"]),
-        ("before", ab["baseline_tree"]["commit"], ab["baseline_tree"]["runs"]),
-    ]
-    for tree, commit, runs in trees:
-        print(f"{tree} ({commit}), in the order they ran:")
-        for r in runs:
-            front = r["front_end_cpu_us_per_token"]
-            print(
-                f"  {mode_name(r):>14}: {r['output_tokens_per_s']:7,.0f} tok/s "
-                f"({r['fraction_of_offline']:5.1%}), ITL p99 "
-                f"{r['itl_ms']['p99']:3.0f} ms, CPU/token: front end {front:3.0f} "
-                f"µs, engine process {r['server_cpu_us_per_token'] - front:3.0f} µs,"
-                f" waiting in send {r['engine_send_wait_s']:.2f} s"
-            )

@@ -24,7 +24,7 @@ cuda_graph               chapters/11_cuda_graph.md
 decode_linear            chapters/11_cuda_graph.md
 detokenizer              chapters/07_engine.md
 engine                   chapters/07_engine.md
-engine_core              chapters/19_server.md
+engine_core              chapters/20_engine_process.md
 fused_layers             chapters/11_cuda_graph.md
 gguf_loader              chapters/01_model.md
 gpu_model_runner         chapters/12_async_scheduling.md
@@ -80,6 +80,7 @@ PLUGINS = (
     "minillm.quantization.methods",
     "minillm.speculative.runner",
     "minillm.structured.processor",
+    "minillm.engine_core",
     "minillm.parallel.executor",
     "minillm.lora.engine",
     "minillm.lora.serving",

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_server.md:1186
+# %% chapters/19_server.md:1184
 """The engine thread of the server (chapter 19, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -40,7 +40,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/19_server.md:1231
+# %% chapters/19_server.md:1229
 class Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
@@ -55,7 +55,7 @@ class Sink:
         self.queue.put_nowait(item)
 
 
-# %% chapters/19_server.md:1250
+# %% chapters/19_server.md:1248
 def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[Sink, object]]):
     """Hand items to their sinks on loop: one wake-up of the loop for them all."""
     try:
@@ -85,7 +85,7 @@ ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/19_server.md:1295
+# %% chapters/19_server.md:1293
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -119,7 +119,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/19_server.md:1338
+    # %% chapters/19_server.md:1336
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -147,7 +147,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/19_server.md:1379
+    # %% chapters/19_server.md:1377
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -171,7 +171,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/19_server.md:1412
+    # %% chapters/19_server.md:1410
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -202,7 +202,7 @@ class AsyncLLM:
                 self._deltas.add(request_id)
         command.sink.put(ACCEPTED)
 
-    # %% chapters/19_server.md:1452
+    # %% chapters/19_server.md:1450
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -234,7 +234,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/19_server.md:1545
+    # %% chapters/19_server.md:1543
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -270,7 +270,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/19_server.md:1495
+# %% chapters/19_server.md:1493
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_server.md:223
+# %% chapters/19_server.md:221
 """OpenAI-compatible request and response models for the server (chapter 19, "The
 server").
 
@@ -38,7 +38,7 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
-# %% chapters/19_server.md:265
+# %% chapters/19_server.md:263
 class ErrorInfo(BaseModel):
     message: str
     type: str  # "BadRequestError", "NotFoundError", "InternalServerError"
@@ -62,7 +62,7 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False  # a last chunk with empty choices and the usage
 
 
-# %% chapters/19_server.md:295
+# %% chapters/19_server.md:293
 class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat requests share."""
 
@@ -92,7 +92,7 @@ class SamplingRequest(OpenAIBaseModel):
     # vLLM's extra: StructuredOutputsParams' fields (json, regex, choice, ...)
     structured_outputs: dict[str, Any] | None = None
 
-    # %% chapters/19_server.md:334
+    # %% chapters/19_server.md:332
     def _check_supported(self) -> None:
         if self.logit_bias:
             raise InvalidRequestError("logit_bias is not supported", "logit_bias")
@@ -101,7 +101,7 @@ class SamplingRequest(OpenAIBaseModel):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
-    # %% chapters/19_server.md:352
+    # %% chapters/19_server.md:350
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None
     ) -> SamplingParams:
@@ -140,7 +140,7 @@ class SamplingRequest(OpenAIBaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# %% chapters/19_server.md:403
+# %% chapters/19_server.md:401
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
@@ -166,7 +166,7 @@ class CompletionRequest(SamplingRequest):
         return self._sampling_params(self.max_tokens, self.logprobs)
 
 
-# %% chapters/19_server.md:436
+# %% chapters/19_server.md:434
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -189,7 +189,7 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(parts)
 
 
-# %% chapters/19_server.md:467
+# %% chapters/19_server.md:465
 class FunctionDefinition(OpenAIBaseModel):
     name: str
     description: str | None = None
@@ -210,7 +210,7 @@ class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
     function: NamedFunction
 
 
-# %% chapters/19_server.md:494
+# %% chapters/19_server.md:492
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -240,7 +240,7 @@ class ChatCompletionRequest(SamplingRequest):
             max_tokens, (self.top_logprobs or 0) if self.logprobs else None
         )
 
-    # %% chapters/19_server.md:2706
+    # %% chapters/19_server.md:2701
     def checked_tool_choice(self) -> str | ChatCompletionNamedToolChoiceParam | None:
         """tool_choice with OpenAI's default filled in ("auto" with tools): None for
         "none"; InvalidRequestError names a bad field."""
@@ -276,7 +276,7 @@ class ChatCompletionRequest(SamplingRequest):
             )
         return choice
 
-    # %% chapters/19_server.md:2745
+    # %% chapters/19_server.md:2740
     def tool_call_schema(self) -> dict | None:
         """The JSON Schema that a forced call ("required" or a named function) puts
         on the output, as vLLM's get_json_schema_from_tools builds it; else None."""
@@ -302,7 +302,7 @@ class ChatCompletionRequest(SamplingRequest):
         return {**schema, "$defs": defs} if defs else schema
 
 
-# %% chapters/19_server.md:533
+# %% chapters/19_server.md:531
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -336,7 +336,7 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/19_server.md:572
+# %% chapters/19_server.md:570
 class ChatCompletionLogProb(BaseModel):
     token: str
     logprob: float | None
@@ -351,7 +351,7 @@ class ChatCompletionLogProbs(BaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
-# %% chapters/19_server.md:592
+# %% chapters/19_server.md:590
 class FunctionCall(BaseModel):
     name: str
     arguments: str  # the arguments as JSON text, as OpenAI sends them
@@ -386,7 +386,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-# %% chapters/19_server.md:633
+# %% chapters/19_server.md:631
 class DeltaFunctionCall(BaseModel):
     name: str | None = None  # in a call's first chunk
     arguments: str | None = None  # the next piece of the JSON text
@@ -422,7 +422,7 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-# %% chapters/19_server.md:673
+# %% chapters/19_server.md:671
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -438,7 +438,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# %% chapters/19_server.md:694
+# %% chapters/19_server.md:692
 class TokenizeRequest(OpenAIBaseModel):
     """Either a prompt or chat messages (rendered with the chat template, as
     /v1/chat/completions does).
@@ -468,7 +468,7 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-# %% chapters/19_server.md:2688
+# %% chapters/19_server.md:2683
 def _parameters(tool: ChatCompletionToolsParam, i: int) -> dict:
     """A tool's parameters schema; none or {}: a call without arguments."""
     params = tool.function.parameters

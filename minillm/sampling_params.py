@@ -50,7 +50,7 @@ class SamplingParamsError(ValueError):
         super().__init__(f"{field} must be {allowed}, got {value!r}")
         self.field, self.value, self.allowed = field, value, allowed
 
-    def __reduce__(self):  # pickled with its own arguments (chapter 19's processes)
+    def __reduce__(self):  # pickled with its own arguments (chapter 20's processes)
         return type(self), (self.field, self.value, self.allowed)
 
 

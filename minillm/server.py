@@ -2,12 +2,12 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_server.md:2982
+# %% chapters/19_server.md:2977
 """The OpenAI-compatible HTTP server (chapter 19, "The server"): the FastAPI app, a
 server thread for notebooks and tests, and the `minillm serve` command.
 
-The engine runs in a process of its own (engine_core.py) or in a thread
-(async_llm.py); the endpoints are serving.py, serving_completion.py and
+The engine runs in a thread (async_llm.py) or in a process of its own
+(engine_core.py, chapter 20); the endpoints are serving.py, serving_completion.py and
 serving_chat.py. vLLM's counterparts: vllm/entrypoints/launchers/app.py and
 vllm/entrypoints/cli/serve.py.
 """
@@ -24,7 +24,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 
-# %% chapters/19_server.md:3014
+# %% chapters/19_server.md:3009
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
 from minillm.registry import load_plugins
@@ -52,18 +52,15 @@ from minillm.serving import APIError, validation_error
 from minillm.serving_chat import OpenAIServingChat
 from minillm.serving_completion import OpenAIServingCompletion
 
-if TYPE_CHECKING:  # the section "The engine in a process of its own"
-    from minillm.engine_core import EngineCoreClient
-
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/19_server.md:3040
+# %% chapters/19_server.md:3032
 class OpenAIServer(OpenAIServingCompletion, OpenAIServingChat):
     """All the endpoints of one served model, over one AsyncLLM."""
 
 
-# %% chapters/19_server.md:3061
+# %% chapters/19_server.md:3053
 async def with_cancellation(raw: Request, coroutine):
     """Await coroutine; cancel it if the client disconnects first (then the result is
     never sent).
@@ -88,7 +85,7 @@ async def with_cancellation(raw: Request, coroutine):
     return task.result()
 
 
-# %% chapters/19_server.md:3094
+# %% chapters/19_server.md:3086
 async def respond(raw: Request, coroutine) -> Response:
     try:
         result = await with_cancellation(raw, coroutine)
@@ -117,7 +114,7 @@ async def internal_error(_, e: Exception) -> Response:  # the last resort
     return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
 
 
-# %% chapters/19_server.md:3131
+# %% chapters/19_server.md:3123
 router = APIRouter()
 
 
@@ -140,7 +137,7 @@ async def models(raw: Request):
     return server_of(raw).list_models()
 
 
-# %% chapters/19_server.md:3160
+# %% chapters/19_server.md:3152
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, raw: Request):
     return server_of(raw).tokenize(req)
@@ -162,9 +159,9 @@ async def metrics(raw: Request):
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-# %% chapters/19_server.md:3194
+# %% chapters/19_server.md:3186
 def create_app(
-    engine: LLMEngine | EngineCoreClient,
+    engine: LLMEngine | Any,  # Any: chapter 20's EngineCoreClient
     served_model_name: str = "minillm-tiny",
     chat_template: str | None = None,
     model_path: str | None = None,
@@ -195,7 +192,7 @@ def create_app(
     return app
 
 
-# %% chapters/19_server.md:3232
+# %% chapters/19_server.md:3224
 class ServerThread:
     """A uvicorn server for app in a background thread (notebooks, tests). Use as a
     context manager.
@@ -221,7 +218,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # %% chapters/19_server.md:3267
+    # %% chapters/19_server.md:3259
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -246,7 +243,7 @@ class ServerThread:
         self.stop()
 
 
-# %% chapters/19_server.md:3592
+# %% chapters/19_server.md:3509
 def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -282,7 +279,7 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% chapters/19_server.md:3632
+# %% chapters/19_server.md:3549
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-model-len",
@@ -314,7 +311,7 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
 
 
-# %% chapters/19_server.md:3673
+# %% chapters/19_server.md:3590
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda if available)"
@@ -337,7 +334,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     _add_optimisation_flags(p)
 
 
-# %% chapters/19_server.md:3699
+# %% chapters/19_server.md:3616
 def _add_optimisation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speculative-config",
@@ -368,11 +365,13 @@ def _add_optimisation_flags(p: argparse.ArgumentParser) -> None:
 
 # a later chapter's additions to the command line and the app, registered when its
 # module is imported: ext.add_flags(parser), ext.engine_options(args) -> a dict of
-# EngineConfig options, ext.extend_app(app, args) (chapter 23's LoRA adapters)
+# EngineConfig options, ext.extend_app(app, args) (chapter 23's LoRA adapters); and
+# optionally ext.start_engine(args) -> an engine client, or None for the thread
+# (chapter 20's engine in a process of its own)
 SERVER_EXTENSIONS: list = []
 
 
-# %% chapters/19_server.md:3738
+# %% chapters/19_server.md:3657
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="minillm serve", description="An OpenAI-compatible server for minillm."
@@ -386,7 +385,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# %% chapters/19_server.md:3758
+# %% chapters/19_server.md:3677
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     import torch
 
@@ -412,7 +411,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, str]:
     return LLMEngine(model, tokenizer, _engine_config(args, extra)), name
 
 
-# %% chapters/19_server.md:3788
+# %% chapters/19_server.md:3707
 def _engine_config(args: argparse.Namespace, extra: dict) -> EngineConfig:
     """The EngineConfig of the flags; extra: the SERVER_EXTENSIONS' options."""
     return EngineConfig(
@@ -441,7 +440,7 @@ def _engine_config(args: argparse.Namespace, extra: dict) -> EngineConfig:
     )
 
 
-# %% chapters/19_server.md:3821
+# %% chapters/19_server.md:3743
 def main(argv: list[str] | None = None) -> None:
     """`minillm serve [flags]` or `python -m minillm.server [flags]`."""
     import sys
@@ -454,16 +453,15 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.engine_in_thread:
+    client = None  # chapter 20's engine in a process of its own, the default
+    for extension in SERVER_EXTENSIONS:
+        if client is None and hasattr(extension, "start_engine"):
+            client = extension.start_engine(args)  # None with --engine-in-thread
+    if client is None:  # the engine in a thread of this process (AsyncLLM)
         engine, name = build_engine(args)
         blocks = engine.kv_cache_manager.num_blocks
-    else:  # "The engine in a process of its own", the default
-        from minillm.engine_core import EngineCoreClient
-
-        # named by its module, which the new process imports (this __main__ may be
-        # another program's, a profiler's say)
-        engine = EngineCoreClient("minillm.server:build_engine", args)
-        name, blocks = engine.model_name, engine.num_kv_blocks
+    else:
+        engine, name, blocks = client, client.model_name, client.num_kv_blocks
     template = Path(args.chat_template).read_text() if args.chat_template else None
     app = create_app(engine, name, template, args.model)
     for extension in SERVER_EXTENSIONS:
@@ -480,6 +478,10 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **stack)
 
 
-# %% chapters/19_server.md:3865
+# %% chapters/19_server.md:3789
 if __name__ == "__main__":
+    import sys
+
+    # the SERVER_EXTENSIONS that the plugins fill are this copy's
+    sys.modules.setdefault("minillm.server", sys.modules[__name__])
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_server.md:1696
+# %% chapters/19_server.md:1694
 """What the OpenAI endpoints share (chapter 19, "The endpoints"): errors in OpenAI's
 shape, the chat template, the served model's state, tokenization, the model list, and
 the bookkeeping of a streamed response.
@@ -18,7 +18,7 @@ vllm/entrypoints/serve/tokenize/serving.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jinja2
 import jinja2.sandbox
@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 
-# %% chapters/19_server.md:1724
+# %% chapters/19_server.md:1722
 from minillm.async_llm import AsyncLLM
 from minillm.engine import LLMEngine
 from minillm.outputs import RequestOutput
@@ -48,11 +48,8 @@ from minillm.protocol import (
 from minillm.logprobs import SampleLogprobs, sampled_logprob
 from minillm.sampling_params import SamplingParams, StructuredOutputsParams
 
-if TYPE_CHECKING:  # the section "The engine in a process of its own"
-    from minillm.engine_core import EngineCoreClient
 
-
-# %% chapters/19_server.md:1754
+# %% chapters/19_server.md:1749
 class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
@@ -74,7 +71,7 @@ class APIError(Exception):
         )
 
 
-# %% chapters/19_server.md:1784
+# %% chapters/19_server.md:1779
 def bad_request(e: ValueError) -> APIError:
     """A ValueError from the protocol or the engine (SamplingParamsError names its
     field) as a 400.
@@ -99,7 +96,7 @@ def validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, "invalid request: " + "; ".join(problems), param)
 
 
-# %% chapters/19_server.md:1819
+# %% chapters/19_server.md:1814
 # for models without one (the tiny model): "role: content" lines, then "assistant:"
 DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
@@ -120,13 +117,13 @@ def compile_chat_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-# %% chapters/19_server.md:1849
+# %% chapters/19_server.md:1844
 class OpenAIServing:
     """The endpoints' shared state and logic: one served model, one AsyncLLM."""
 
     def __init__(
         self,
-        engine: LLMEngine | EngineCoreClient,
+        engine: LLMEngine | Any,  # Any: chapter 20's EngineCoreClient
         served_model_name: str,
         chat_template: str | None = None,
         model_path: str | None = None,
@@ -140,7 +137,7 @@ class OpenAIServing:
         self.vocab_size = engine.vocab_size
         if isinstance(engine, LLMEngine):  # stepped by a thread of this process
             self.llm = AsyncLLM(engine, EngineMetrics(served_model_name))
-        else:  # an engine in a process of its own, behind its client (below)
+        else:  # an engine in a process of its own, behind its client (chapter 20)
             self.llm = engine
             engine.metrics = EngineMetrics(served_model_name)  # the name clients use
         self.chat_template = (
@@ -149,7 +146,7 @@ class OpenAIServing:
         self._template = compile_chat_template(self.chat_template)
         self.lora_modules: dict[str, Any] = {}  # name -> LoRARequest (chapter 23)
 
-    # %% chapters/19_server.md:1883
+    # %% chapters/19_server.md:1878
     def check_model(self, model: str | None) -> Any:
         """The adapter that `model` names (chapter 23), or None for the base model;
         404 for any other name."""
@@ -163,7 +160,7 @@ class OpenAIServing:
                 "model",
             )
 
-    # %% chapters/19_server.md:1906
+    # %% chapters/19_server.md:1901
     def render_chat(
         self,
         messages: list[ChatMessage],
@@ -197,7 +194,7 @@ class OpenAIServing:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    # %% chapters/19_server.md:1947
+    # %% chapters/19_server.md:1942
     def list_models(self) -> ModelList:
         base = ModelCard(
             id=self.model_name, root=self.model_path, max_model_len=self.max_model_len
@@ -230,7 +227,7 @@ class OpenAIServing:
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens
         )
 
-    # %% chapters/19_server.md:1987
+    # %% chapters/19_server.md:1982
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         if any(not 0 <= t < self.vocab_size for t in req.tokens):
@@ -244,7 +241,7 @@ class OpenAIServing:
     async def metrics_text(self) -> bytes:
         return await self.llm.metrics_text()
 
-    # %% chapters/19_server.md:2014
+    # %% chapters/19_server.md:2009
     def constrain(
         self,
         req: SamplingRequest,
@@ -275,7 +272,7 @@ class OpenAIServing:
             message = str(e).removeprefix("structured_outputs: ")
             raise InvalidRequestError(message, field) from e
 
-    # %% chapters/19_server.md:2120
+    # %% chapters/19_server.md:2115
     def _new_pieces(
         self, output: RequestOutput, states: dict[int, _ChoiceState], base: int
     ):
@@ -309,7 +306,7 @@ class OpenAIServing:
         )
 
 
-# %% chapters/19_server.md:2056
+# %% chapters/19_server.md:2051
 def sse(payload) -> str:
     """One server-sent event carrying a pydantic model (or the final [DONE])."""
     return (
@@ -333,7 +330,7 @@ def with_adapter(prompt: str | list[int], lora_request) -> str | list[int] | dic
     return {key: prompt, "lora_request": lora_request}
 
 
-# %% chapters/19_server.md:2087
+# %% chapters/19_server.md:2082
 @dataclass
 class _ChoiceState:
     """What has been sent of one choice of a streamed response."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_server.md:2437
+# %% chapters/19_server.md:2432
 """`/v1/chat/completions` (chapter 19, "The endpoints"): messages through the chat
 template, one answer or a stream of deltas out. vLLM's counterpart:
 vllm/entrypoints/openai/chat_completion/serving.py.
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import NamedTuple
 
 
-# %% chapters/19_server.md:2454
+# %% chapters/19_server.md:2449
 from minillm.async_llm import RequestStream
 from minillm.protocol import (
     AssistantMessage,
@@ -45,7 +45,7 @@ from minillm.serving import with_adapter
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/19_server.md:2485
+# %% chapters/19_server.md:2480
 class OpenAIServingChat(OpenAIServing):
     """The chat completions endpoint."""
 
@@ -69,7 +69,7 @@ class OpenAIServingChat(OpenAIServing):
             ]
         )
 
-    # %% chapters/19_server.md:2517
+    # %% chapters/19_server.md:2512
     async def create_chat_completion(
         self, req: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
@@ -96,7 +96,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
         return self._chat_response(request_id, output, params, forced)
 
-    # %% chapters/19_server.md:2550
+    # %% chapters/19_server.md:2545
     def _chat_response(
         self, request_id: str, output, params, forced
     ) -> ChatCompletionResponse:
@@ -116,7 +116,7 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/19_server.md:2577
+    # %% chapters/19_server.md:2572
     async def _stream_chat(
         self,
         req: ChatCompletionRequest,
@@ -149,7 +149,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
         yield sse("[DONE]")
 
-    # %% chapters/19_server.md:2618
+    # %% chapters/19_server.md:2613
     def _chat_chunk(
         self, request_id: str, created: int, choices: list, usage=None
     ) -> str:
@@ -183,7 +183,7 @@ class OpenAIServingChat(OpenAIServing):
             else self.chat_logprobs(piece.logprobs, num_logprobs),
         )
 
-    # %% chapters/19_server.md:2791
+    # %% chapters/19_server.md:2786
     def forced_tool_call(self, req: ChatCompletionRequest) -> ForcedToolCall | None:
         choice, schema = req.checked_tool_choice(), req.tool_call_schema()
         if choice == "auto":
@@ -209,7 +209,7 @@ class OpenAIServingChat(OpenAIServing):
         return ForcedToolCall(StructuredOutputsParams(json=schema), name)
 
 
-# %% chapters/19_server.md:2781
+# %% chapters/19_server.md:2776
 class ForcedToolCall(NamedTuple):
     """A tool_choice that forces a call: the output's schema, and the function's
     name (None for "required": the output names its functions)."""
@@ -217,7 +217,7 @@ class ForcedToolCall(NamedTuple):
     constraint: StructuredOutputsParams
     name: str | None
 
-    # %% chapters/19_server.md:2863
+    # %% chapters/19_server.md:2858
     def stream_choice(self, piece: StreamPiece, texts: dict[int, str]):
         """A piece of a streamed forced call as a choice, or None (nothing yet)."""
         first = piece.index not in texts
@@ -245,7 +245,7 @@ class ForcedToolCall(NamedTuple):
         )  # fmt: skip
 
 
-# %% chapters/19_server.md:2826
+# %% chapters/19_server.md:2821
 def tool_calls_in(text: str, name: str | None) -> list[ToolCall] | None:
     """The calls in a forced call's output; None if it does not hold them."""
     if name is not None:  # the named function's arguments

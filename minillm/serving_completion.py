@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/19_server.md:2165
+# %% chapters/19_server.md:2160
 """`/v1/completions` (chapter 19, "The endpoints"): prompts in, one response or a
 stream of server-sent events out. vLLM's counterpart:
 vllm/entrypoints/openai/completion/serving.py.
@@ -31,7 +31,7 @@ from minillm.serving import with_adapter
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/19_server.md:2202
+# %% chapters/19_server.md:2197
 class OpenAIServingCompletion(OpenAIServing):
     """The completions endpoint."""
 
@@ -56,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
-    # %% chapters/19_server.md:2239
+    # %% chapters/19_server.md:2234
     async def create_completion(
         self, req: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
@@ -83,7 +83,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, request_id, stream, index_of, params.logprobs
         )
 
-    # %% chapters/19_server.md:2274
+    # %% chapters/19_server.md:2269
     async def _full_completion(
         self,
         req: CompletionRequest,
@@ -117,7 +117,7 @@ class OpenAIServingCompletion(OpenAIServing):
             id=request_id, model=self.model_name, choices=choices, usage=usage
         )
 
-    # %% chapters/19_server.md:2350
+    # %% chapters/19_server.md:2345
     async def _stream_completion(
         self,
         req: CompletionRequest,
@@ -156,7 +156,7 @@ class OpenAIServingCompletion(OpenAIServing):
             stream.abort()  # runs on a client disconnect too (the task is cancelled)
         yield sse("[DONE]")
 
-    # %% chapters/19_server.md:2398
+    # %% chapters/19_server.md:2393
     def _completion_chunk(
         self, request_id: str, created: int, choices: list, usage=None
     ) -> str:
@@ -184,7 +184,7 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
 
-# %% chapters/19_server.md:2323
+# %% chapters/19_server.md:2318
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 

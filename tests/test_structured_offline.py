@@ -170,7 +170,7 @@ def test_a_request_is_not_constrained_twice(llm):
 
 
 def test_constrained_params_pickle_and_compile_again(llm):
-    """The engine in a process of its own (chapter 19) receives pickled params: the
+    """The engine in a process of its own (chapter 20) receives pickled params: the
     processor comes back compiled from its source, and the hook sees it there."""
     import pickle
 

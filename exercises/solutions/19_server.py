@@ -1,37 +1,27 @@
 """Worked solutions to chapter 19's exercises (chapters/19_server.md).
 
 Installed the way a reader's exported cells would be: changed methods set on
-AsyncLLM, CompletionRequest, OpenAIServingCompletion and EngineCoreClient, and
-create_app with one more argument. The checks are exercises/test_19_server.py.
+AsyncLLM, CompletionRequest and OpenAIServingCompletion, and create_app with one more
+argument. The checks are exercises/test_19_server.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import dataclasses
-import functools
 import itertools
-import multiprocessing
-import socket
 
 import minillm.server as server_module
 from minillm import protocol
 from minillm.async_llm import AsyncLLM, RequestStream, Sink, _Add
-from minillm.engine_core import (
-    EngineCoreClient,
-    run_engine_core,
-    start_without_main,
-    stop_process,
-)
 from minillm.outputs import RequestOutput
 from minillm.protocol import random_id
 from minillm.serving import APIError, bad_request, with_adapter
 from minillm.serving_completion import OpenAIServingCompletion
 
 
-# 16.1
+# 19.1
 class CoalescingQueue(asyncio.Queue):
     """An asyncio.Queue holding at most one output per request: a newer output takes
     the place of the one still waiting (outputs are cumulative). Errors and markers
@@ -68,7 +58,7 @@ async def generate(self, requests, coalesce: bool = False) -> RequestStream:
     return RequestStream(self, request_ids, sink)
 
 
-# 16.2
+# 19.2
 class TimedStream:
     """A RequestStream that gives up at a deadline: it raises an API error in
     OpenAI's shape (HTTP 408 for a whole response; an error event in a stream), and
@@ -124,7 +114,7 @@ def create_app(
     return app
 
 
-# 16.3
+# 19.3
 def to_sampling_params(self):
     """CompletionRequest's, with echo accepted (suffix is still not supported)."""
     if self.suffix is not None:
@@ -186,61 +176,13 @@ async def create_completion(self, req):
     return result if req.stream else await result
 
 
-# 16.4
-_client_init = EngineCoreClient.__init__
-
-
-def client_init(self, build, *build_args, timeout: float = 1800.0):
-    """EngineCoreClient.__init__, keeping what restart() needs."""
-    self._build, self._build_args, self._timeout = build, build_args, timeout
-    _client_init(self, build, *build_args, timeout=timeout)
-
-
-def _spawn(self) -> None:
-    """A new engine process with the same build; blocks until it is ready."""
-    context = multiprocessing.get_context("spawn")
-    self._socket, theirs = socket.socketpair()
-    self._process = context.Process(
-        target=run_engine_core,
-        args=(theirs, self._build, self._build_args),
-        name="minillm-engine-core",
-    )
-    start_without_main(self._process, self._build)
-    theirs.close()
-    atexit.unregister(self._at_exit)
-    self._at_exit = functools.partial(stop_process, self._process)
-    atexit.register(self._at_exit)
-    for key, value in self._wait_ready(self._timeout).items():
-        setattr(self, key, value)
-
-
-async def restart(self) -> None:
-    """Bring a dead engine back: a new process, connected on the running loop."""
-    if self.is_alive():
-        raise RuntimeError("the engine process is running: nothing to restart")
-    reading = getattr(self, "_reading", None)
-    if reading is not None:
-        await reading  # the old reader has ended, and failed its callers
-    await asyncio.to_thread(stop_process, self._process)  # reap the old one
-    await asyncio.to_thread(_spawn, self)  # _wait_ready blocks: not on the loop
-    self._outputs, self._num_completions, self._deltas = {}, {}, set()
-    self._calls, self._sinks, self._closed = {}, {}, False
-    self._waited = 0.0  # the new engine counts its send_wait from 0
-    self._loop = asyncio.get_running_loop()
-    self._connected = self._loop.create_task(self._connect())
-    await self._connected
-
-
 AsyncLLM.generate = generate
 server_module.create_app = create_app
 protocol.CompletionRequest.to_sampling_params = to_sampling_params
 OpenAIServingCompletion.create_completion = create_completion
-EngineCoreClient.__init__ = client_init
-EngineCoreClient.restart = restart
 
 SOLUTIONS = {
     "coalesce": (CoalescingQueue, generate),
     "timeout": (TimedStream, create_app),
     "echo": (EchoStream, create_completion),
-    "restart": (_spawn, restart),
 }
