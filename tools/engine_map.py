@@ -61,7 +61,13 @@ AFTERNOON = [
     "scheduler",
     "prefix_cache",
 ]
-WEEKEND = AFTERNOON + ["model", "engine", "cuda_graph", "vllm_comparison"]
+WEEKEND = AFTERNOON + [
+    "model",
+    "engine",
+    "offline_api",
+    "cuda_graph",
+    "vllm_comparison",
+]
 
 # Our module -> the file (or folder, ending in "/") of vLLM v1 that does the same
 # job, relative to site-packages; None where vLLM has none (training, the course's

@@ -12,7 +12,7 @@ from torch import Tensor
 from minillm.speculative import eagle, ngram, rejection
 
 
-# 14.1
+# 15.1
 def propose_latest(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k tokens that followed the most recent earlier occurrence of the last n
     tokens, trying the longest n first."""
@@ -26,7 +26,7 @@ def propose_latest(token_ids: list[int], k: int, min_n: int, max_n: int) -> list
     return []
 
 
-# 14.2
+# 15.2
 def expected_acceptance_length(alpha: float, k: int) -> float:
     """E[tokens per step] = sum_{i=0..k} alpha**i: the bonus token always, the i-th
     proposal if it and every one before it were accepted."""
@@ -35,7 +35,7 @@ def expected_acceptance_length(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-# 14.3
+# 15.3
 def residual(p: Tensor, q: Tensor) -> Tensor:
     """max(0, p - q), normalised: where a rejected token is drawn from. With p = q
     nothing is ever rejected; p itself is then a safe answer."""
@@ -44,7 +44,7 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
     return torch.where(total > 0, r / total.clamp(min=1e-30), p)
 
 
-# 14.4
+# 15.4
 def chain_acceptance(
     draft, tokens: Tensor, features: Tensor, W: int, depth: int
 ) -> list[float]:

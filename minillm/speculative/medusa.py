@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_speculative.md:1274
+# %% chapters/15_speculative.md:968
 """The Medusa proposer: k residual heads on the target's last settled feature, each
 guessing one more position ahead, through the target's LM head (chapter 15).
 
@@ -27,7 +27,7 @@ from minillm.speculative.eagle import EagleProposer, EagleRecipe, cached_build
 from minillm.speculative.eagle import distillation_data
 
 
-# %% chapters/15_speculative.md:1300
+# %% chapters/15_speculative.md:995
 class MedusaHeads(nn.Module):
     """k residual blocks f + SiLU(W_i f); the target's LM head, frozen, on each."""
 
@@ -47,7 +47,7 @@ class MedusaHeads(nn.Module):
         return self.frozen[0](torch.stack(heads, dim=-2)).float()
 
 
-# %% chapters/15_speculative.md:1325
+# %% chapters/15_speculative.md:1016
 class MedusaProposer(EagleProposer):
     """Greedy guesses of each head from each request's last settled feature; the
     feature buffer is EagleProposer's, one row deep."""
@@ -71,7 +71,6 @@ class MedusaProposer(EagleProposer):
         return out
 
 
-# %% chapters/15_speculative.md:1350
 @dataclass(frozen=True)
 class MedusaRecipe:
     data: EagleRecipe = EagleRecipe()  # the same generations as EAGLE's
@@ -83,7 +82,7 @@ class MedusaRecipe:
     seed: int = 0
 
 
-# %% chapters/15_speculative.md:1363
+# %% chapters/15_speculative.md:1052
 def train_medusa(target: CausalLM, tokenizer, recipe: MedusaRecipe) -> tuple:
     """MedusaHeads trained on the target's own generations, and their log."""
     torch.manual_seed(recipe.seed)
@@ -117,7 +116,7 @@ def train_medusa(target: CausalLM, tokenizer, recipe: MedusaRecipe) -> tuple:
     return heads, log
 
 
-# %% chapters/15_speculative.md:1398
+# %% chapters/15_speculative.md:1087
 def medusa_path(recipe: MedusaRecipe = MedusaRecipe(), cache_dir=None) -> Path:
     """The folder of the tiny model's Medusa heads, trained first if no cache holds
     them (the time it took is in the folder's build.json)."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_speculative.md:391
+# %% chapters/15_speculative.md:248
 """The n-gram (prompt lookup) proposer (chapter 15).
 
 vLLM: vllm/v1/spec_decode/ngram_proposer.py (`NgramProposer`, which finds the match
@@ -44,7 +44,7 @@ class NgramProposer:
         return []
 
 
-# %% chapters/15_speculative.md:445
+# %% chapters/15_speculative.md:294
 def ngram_propose_ref(
     token_ids: list[int], k: int, min_n: int, max_n: int
 ) -> list[int]:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_speculative.md:170
+# %% chapters/15_speculative.md:99
 """Verifying proposed tokens: the greedy rule and rejection sampling (chapter 15).
 
 vLLM: vllm/v1/sample/rejection_sampler.py (`rejection_sample`, its greedy and random
@@ -31,7 +31,6 @@ def greedy_accept(draft_token_ids: list[int], target_argmax: list[int]) -> list[
     return target_argmax[: num_accepted + 1]
 
 
-# %% chapters/15_speculative.md:205
 def draw_token(dist: Tensor, generator: torch.Generator | None) -> list[int]:
     """One token from dist (vocab,), not yet normalised: chapter 6's race, its noise
     keyed by one draw from generator."""
@@ -43,7 +42,7 @@ def draw_token(dist: Tensor, generator: torch.Generator | None) -> list[int]:
     return random_sample(dist[None] / dist.sum(), key, position).tolist()
 
 
-# %% chapters/15_speculative.md:218
+# %% chapters/15_speculative.md:144
 def rejection_sample(
     draft_token_ids: list[int],
     target_probs: Tensor,
@@ -77,7 +76,7 @@ def rejection_sample(
     return draft_token_ids[:n] + draw_token(dist, generator)
 
 
-# %% chapters/15_speculative.md:263
+# %% chapters/15_speculative.md:181
 def rejection_sample_ref(
     draft_token_ids: list[int],
     target_probs: Tensor,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_speculative.md:2284
+# %% chapters/15_speculative.md:1652
 """CUDA graphs for verification steps (chapter 15, "On chapter 11's fast path").
 
 `pad_rows` pads every sequence of a step to q query tokens (a uniform shape, for
@@ -21,7 +21,7 @@ from minillm.cuda_graph import CUDAGraphRunner
 from minillm.input_batch import StepInputs
 
 
-# %% chapters/15_speculative.md:2304
+# %% chapters/15_speculative.md:1673
 def pad_rows(
     inputs: StepInputs, q: int, scratch_block: int, block_size: int
 ) -> tuple[StepInputs, np.ndarray]:
@@ -54,7 +54,7 @@ def pad_rows(
     return padded, where
 
 
-# %% chapters/15_speculative.md:2413
+# %% chapters/15_speculative.md:1711
 def as_decode_rows(inputs: StepInputs) -> StepInputs:
     """The same step with every query token a sequence of its own: one query token
     whose seq_len, its position + 1, makes the causal mask, and its sequence's

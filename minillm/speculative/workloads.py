@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_speculative.md:2686
+# %% chapters/15_speculative.md:1896
 """The workloads of chapter 15's measurements: prompts from the held-out topics of the
 course corpus (chapter 1's split), shared by the chapter and benchmarks/speculative.py.
 """
