@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1434
+# %% chapters/06_sampler.md:1011
 """Logits processors: the rules that reshape a batch's next-token logits (chapter 6,
 "The sampler").
 
@@ -22,7 +22,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:1475
+# %% chapters/06_sampler.md:1039
 def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     """Logits processors, allowed / banned tokens and min_tokens: -inf where a row
     may not go. In place.
@@ -54,7 +54,7 @@ def apply_token_constraints(logits: Tensor, md: SamplingMetadata) -> Tensor:
     return apply_bad_words_and_bias(logits, md)
 
 
-# %% chapters/06_sampler.md:1517
+# %% chapters/06_sampler.md:1072
 def apply_bad_words_and_bias(logits: Tensor, md: SamplingMetadata) -> Tensor:
     """-inf for each bad word's last token where the row's output ends with the
     word's other tokens; then + logit_bias. In place."""
@@ -77,7 +77,7 @@ def apply_bad_words_and_bias(logits: Tensor, md: SamplingMetadata) -> Tensor:
     return logits
 
 
-# %% chapters/06_sampler.md:1586
+# %% chapters/06_sampler.md:1109
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     """(num_seqs, length) token ids padded with vocab_size -> (num_seqs, vocab_size)
     occurrence counts.
@@ -88,7 +88,7 @@ def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     return counts[:, :vocab_size]  # the padding column goes
 
 
-# %% chapters/06_sampler.md:1601
+# %% chapters/06_sampler.md:1121
 def apply_penalties(
     logits: Tensor,
     prompt_token_ids: Tensor,
@@ -113,7 +113,7 @@ def apply_penalties(
     )
 
 
-# %% chapters/06_sampler.md:1630
+# %% chapters/06_sampler.md:1147
 def apply_penalties_to_counts(
     logits: Tensor,
     prompt_seen: Tensor,
@@ -134,7 +134,7 @@ def apply_penalties_to_counts(
     return logits
 
 
-# %% chapters/06_sampler.md:1686
+# %% chapters/06_sampler.md:1183
 def apply_temperature(logits: Tensor, temperature: Tensor, all_random: bool) -> Tensor:
     """Divide each row by its temperature (greedy rows, T = 0, by 1). In place."""
     if not all_random:
@@ -152,7 +152,7 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-# %% chapters/06_sampler.md:1737
+# %% chapters/06_sampler.md:1209
 def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Tensor:
     """Keep each row's k most likely tokens, then the smallest top set holding
     probability p, with every token tied with its least likely member. In place.

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1827
+# %% chapters/06_sampler.md:1273
 """The batched sampler: a batch's logits in, next tokens and logprobs out (chapter 6,
 "The sampler").
 
@@ -36,7 +36,7 @@ from minillm.sampling_metadata import SamplingMetadata, pad_token_ids
 from minillm.sampling_params import SAMPLING_EPS
 
 
-# %% chapters/06_sampler.md:1862
+# %% chapters/06_sampler.md:1308
 MASK32 = 0xFFFFFFFF
 
 
@@ -57,7 +57,7 @@ def row_keys(seeds: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
     return key, mix32(key ^ 0x9E3779B9)
 
 
-# %% chapters/06_sampler.md:1896
+# %% chapters/06_sampler.md:1333
 def uniform_from_bits(bits: Tensor) -> Tensor:
     """float32 U in (0, 1) from 32-bit words: the midpoints of 2**23 equal cells."""
     return ((bits >> 9).to(torch.float32) + 0.5) * 2.0**-23  # in (0, 1), exactly
@@ -79,7 +79,7 @@ def random_sample(probs: Tensor, seeds: Tensor, positions: Tensor) -> Tensor:
     return probs.div(noise).argmax(dim=-1)  # (num_seqs,)
 
 
-# %% chapters/06_sampler.md:1941
+# %% chapters/06_sampler.md:1360
 def stream_keys(md: SamplingMetadata, generator: torch.Generator | None) -> Tensor:
     """(num_seqs,) int64: each row's noise key — its seed if seeded, else a fresh
     draw from generator (None: torch's default)."""
@@ -95,7 +95,7 @@ def stream_keys(md: SamplingMetadata, generator: torch.Generator | None) -> Tens
     return torch.where(md.seeded, md.seeds, fresh.to(md.seeds.device))
 
 
-# %% chapters/06_sampler.md:2026
+# %% chapters/06_sampler.md:1382
 @dataclass
 class SampleLogprobs:
     """One request's logprobs for one sampled token."""
@@ -117,7 +117,7 @@ class LogprobsTensors:
     logprobs: Tensor  # (num_seqs, 1 + max_num_logprobs) float32
     sampled_token_ranks: Tensor  # (num_seqs,) int64
 
-    # %% chapters/06_sampler.md:2056
+    # %% chapters/06_sampler.md:1406
     def tolists(
         self, num_logprobs: Sequence[int | None]
     ) -> list[SampleLogprobs | None]:
@@ -142,7 +142,7 @@ class LogprobsTensors:
         ]
 
 
-# %% chapters/06_sampler.md:2093
+# %% chapters/06_sampler.md:1433
 def gather_logprobs(
     logprobs: Tensor, num_logprobs: int, token_ids: Tensor
 ) -> LogprobsTensors:
@@ -160,7 +160,7 @@ def gather_logprobs(
     )
 
 
-# %% chapters/06_sampler.md:2118
+# %% chapters/06_sampler.md:1457
 @dataclass
 class SamplerOutput:
     sampled_token_ids: Tensor  # (num_seqs,) int64
@@ -193,7 +193,7 @@ class Sampler(nn.Module):
             )
         self.logprobs_mode, self.generator = logprobs_mode, generator
 
-    # %% chapters/06_sampler.md:2164
+    # %% chapters/06_sampler.md:1492
     def forward(self, logits: Tensor, md: SamplingMetadata) -> SamplerOutput:
         # (num_seqs, vocab); the caller's tensor stays as it was
         logits = logits.to(torch.float32, copy=True)
@@ -212,7 +212,7 @@ class Sampler(nn.Module):
             logprobs_tensors = gather_logprobs(logprobs, md.max_num_logprobs, sampled)
         return SamplerOutput(sampled, logprobs_tensors)
 
-    # %% chapters/06_sampler.md:2191
+    # %% chapters/06_sampler.md:1517
     @staticmethod
     def apply_constraints_and_penalties(logits: Tensor, md: SamplingMetadata) -> Tensor:
         logits = apply_token_constraints(logits, md)
@@ -240,7 +240,7 @@ class Sampler(nn.Module):
             logits = apply_min_p(logits, md.min_p)
         return apply_top_k_top_p(logits, md.top_k, md.top_p)
 
-    # %% chapters/06_sampler.md:2230
+    # %% chapters/06_sampler.md:1548
     def sample(self, logits: Tensor, md: SamplingMetadata) -> tuple[Tensor, Tensor]:
         """(sampled token ids (num_seqs,), the logits they were drawn from (num_seqs,
         vocab)).

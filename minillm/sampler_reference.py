@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:2305
+# %% chapters/06_sampler.md:1589
 """The sampler's oracle: one request at a time, each rule as its definition (chapter 6,
 "The sampler").
 
@@ -32,7 +32,7 @@ def _softmax(v: list[float]) -> list[float]:
     return [a / total for a in e]
 
 
-# %% chapters/06_sampler.md:2340
+# %% chapters/06_sampler.md:1620
 def reference_logits(
     logits: Sequence[float],
     params: SamplingParams,
@@ -72,7 +72,7 @@ def reference_logits(
     return x
 
 
-# %% chapters/06_sampler.md:2384
+# %% chapters/06_sampler.md:1661
 def _reference_bad_words_and_bias(
     x: list[float], params: SamplingParams, output_token_ids: list[int]
 ) -> list[float]:
@@ -87,7 +87,7 @@ def _reference_bad_words_and_bias(
     return x
 
 
-# %% chapters/06_sampler.md:2407
+# %% chapters/06_sampler.md:1680
 def reference_probs(
     logits: Sequence[float],
     params: SamplingParams,
@@ -124,7 +124,7 @@ def reference_probs(
     return _softmax(x)
 
 
-# %% chapters/06_sampler.md:2455
+# %% chapters/06_sampler.md:1720
 def _lowbias32(x: int) -> int:
     x ^= x >> 16
     x = (x * 0x7FEB352D) % 2**32
@@ -144,7 +144,7 @@ def reference_noise(seed: int, position: int, token: int) -> float:
     return -math.log(((bits >> 9) + 0.5) / 2**23)
 
 
-# %% chapters/06_sampler.md:2695
+# %% chapters/06_sampler.md:1802
 def chi2_sf(x: float, dof: int) -> float:
     """P(X >= x) for X ~ chi-square(dof): the regularized upper incomplete gamma
     Q(dof / 2, x / 2).
@@ -178,7 +178,7 @@ def chi2_sf(x: float, dof: int) -> float:
     return math.exp(log_prefactor) * h
 
 
-# %% chapters/06_sampler.md:2745
+# %% chapters/06_sampler.md:1840
 def chi_square_test(
     counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0
 ) -> tuple[float, int, float]:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:1068
+# %% chapters/06_sampler.md:728
 """A batch's sampling parameters as tensors (chapter 6, "A batch of requests").
 
 vLLM: vllm/v1/sample/metadata.py. `SamplingMetadata.from_requests` turns the requests'
@@ -21,7 +21,7 @@ from torch import Tensor
 from minillm.sampling_params import LogitsProcessor, SamplingParams, SamplingType
 
 
-# %% chapters/06_sampler.md:1091
+# %% chapters/06_sampler.md:748
 def int64_seed(seed: int) -> int:
     """A Python int seed as the signed 64-bit word with the same low 64 bits."""
     return (seed + 2**63) % 2**64 - 2**63
@@ -40,7 +40,7 @@ def pad_token_ids(
     )
 
 
-# %% chapters/06_sampler.md:1120
+# %% chapters/06_sampler.md:768
 @dataclass
 class SamplingMetadata:
     """What the sampler needs to know about one batch's requests; row i is request i.
@@ -81,12 +81,12 @@ class SamplingMetadata:
     # row -> its bad words as token sequences (SamplingParams.bad_words_token_ids)
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
 
-    # %% chapters/06_sampler.md:1165
+    # %% chapters/06_sampler.md:811
     @property
     def num_seqs(self) -> int:
         return self.temperature.shape[0]
 
-    # %% chapters/06_sampler.md:1351
+    # %% chapters/06_sampler.md:958
     @classmethod
     def from_requests(
         cls,
@@ -116,7 +116,7 @@ class SamplingMetadata:
         )
 
 
-# %% chapters/06_sampler.md:1190
+# %% chapters/06_sampler.md:824
 def _per_row(values: list, device: torch.device | str, dtype=torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)  # (num_seqs,)
 
@@ -157,7 +157,7 @@ def _sampling_fields(
     )
 
 
-# %% chapters/06_sampler.md:1242
+# %% chapters/06_sampler.md:866
 def _penalty_fields(
     params: Sequence[SamplingParams],
     prompt_token_ids: Sequence[Sequence[int]],
@@ -185,7 +185,7 @@ def _penalty_fields(
     )
 
 
-# %% chapters/06_sampler.md:1277
+# %% chapters/06_sampler.md:895
 def _constraint_fields(
     params: Sequence[SamplingParams],
     vocab_size: int,
@@ -227,7 +227,7 @@ def _constraint_fields(
     )
 
 
-# %% chapters/06_sampler.md:1327
+# %% chapters/06_sampler.md:938
 def _bias_fields(
     params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
 ) -> dict:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/06_sampler.md:343
+# %% chapters/06_sampler.md:131
 """Sampling parameters of one request (chapter 6, "The sampler").
 
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
@@ -34,7 +34,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
-# %% chapters/06_sampler.md:387
+# %% chapters/06_sampler.md:164
 class SamplingType(IntEnum):
     GREEDY = 0  # argmax: no random numbers at all
     RANDOM = 1  # a fresh key from the engine's shared generator each step
@@ -68,7 +68,7 @@ class RequestOutputKind(Enum):  # vLLM's names for output_kind's three values
     FINAL_ONLY = 2
 
 
-# %% chapters/06_sampler.md:431
+# %% chapters/06_sampler.md:199
 STRUCTURED_KINDS = (
     "json",
     "regex",
@@ -110,7 +110,7 @@ class StructuredOutputsParams:
         return next(k for k in STRUCTURED_KINDS if getattr(self, k) is not None)
 
 
-# %% chapters/06_sampler.md:474
+# %% chapters/06_sampler.md:242
 @dataclass
 class BeamSearchParams:
     """Settings of `LLM.beam_search` (vLLM's fields and defaults)."""
@@ -144,7 +144,7 @@ class BeamSearchParams:
                 raise SamplingParamsError(name, getattr(self, name), allowed)
 
 
-# %% chapters/06_sampler.md:512
+# %% chapters/06_sampler.md:277
 @dataclass
 class SamplingParams:
     """How to choose the tokens of one request: vLLM's (so OpenAI's) names and
@@ -183,7 +183,7 @@ class SamplingParams:
     # sequences whose last token may not complete them (the engine adds bad_words')
     bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
-    # %% chapters/06_sampler.md:561
+    # %% chapters/06_sampler.md:321
     def __post_init__(self) -> None:
         # accept tuples and sets; leave anything else for _verify_args to reject
         def as_list(value):
@@ -222,7 +222,7 @@ class SamplingParams:
         if self.temperature == 0:  # greedy: cutting the tail cannot change an argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    # %% chapters/06_sampler.md:608
+    # %% chapters/06_sampler.md:363
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < SAMPLING_EPS:
@@ -256,7 +256,7 @@ class SamplingParams:
             if getattr(self, name) == -1:
                 setattr(self, name, vocab_size)
 
-    # %% chapters/06_sampler.md:652
+    # %% chapters/06_sampler.md:404
     def update_from_tokenizer(self, tokenizer) -> None:
         """Set the bad words' token sequences (SamplingParamsError if one is empty)."""
         sequences: list[list[int]] = []
@@ -277,7 +277,7 @@ class SamplingParams:
         self.bad_words_token_ids = sequences + [s for s in given if s not in sequences]
 
 
-# %% chapters/06_sampler.md:684
+# %% chapters/06_sampler.md:429
 # vLLM 0.32's SamplingParams fields minillm does not implement -> the values that
 # ask for nothing (accepted and dropped); any other value is refused
 VLLM_ONLY_FIELDS: dict[str, tuple] = {
@@ -301,7 +301,7 @@ def _asks_nothing(value, harmless: tuple) -> bool:
     return any(value is h or (type(value) is type(h) and value == h) for h in harmless)
 
 
-# %% chapters/06_sampler.md:712
+# %% chapters/06_sampler.md:454
 def _refuse_unknown_keywords(cls: type) -> type:
     """Wrap cls.__init__: an unknown keyword, or a vLLM-only one set to do
     something, raises UnknownParameterError naming it."""
@@ -326,7 +326,7 @@ def _refuse_unknown_keywords(cls: type) -> type:
 SamplingParams = _refuse_unknown_keywords(SamplingParams)
 
 
-# %% chapters/06_sampler.md:743
+# %% chapters/06_sampler.md:482
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -349,7 +349,7 @@ def _int_keys(bias):
         return bias
 
 
-# %% chapters/06_sampler.md:770
+# %% chapters/06_sampler.md:506
 def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for n, temperature, the cutters and the penalties."""
     return [
@@ -384,7 +384,7 @@ def _distribution_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:809
+# %% chapters/06_sampler.md:542
 def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for seed, max_tokens, min_tokens, logprobs, output_kind."""
     return [
@@ -420,7 +420,7 @@ def _length_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:848
+# %% chapters/06_sampler.md:579
 def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for stop strings, bad words and the logit bias."""
     return [
@@ -453,7 +453,7 @@ def _list_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:884
+# %% chapters/06_sampler.md:613
 def _token_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for token-id lists and processors."""
     return [
@@ -491,7 +491,7 @@ def _token_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:926
+# %% chapters/06_sampler.md:652
 def _flag_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     """(field, ok, allowed) for structured outputs and the flags (True or False)."""
     structured = p.structured_outputs
@@ -513,7 +513,7 @@ def _flag_checks(p: SamplingParams) -> list[tuple[str, bool, str]]:
     ]
 
 
-# %% chapters/06_sampler.md:953
+# %% chapters/06_sampler.md:675
 def _verify_args(params: SamplingParams) -> None:
     """Raise SamplingParamsError for the first field of params that is out of range
     (vLLM's _verify_args).
