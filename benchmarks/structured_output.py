@@ -18,7 +18,7 @@ in one run:
   pass is launched, instead of while it runs;
 - constrained, warm, per row: the same with each processor hidden behind a plain
   function, so the sampler masks one row at a time and the steps are not launched
-  ahead (chapter 16's reference path, what the engine did before `apply_batch`).
+  ahead (chapter 18's reference path, what the engine did before `apply_batch`).
 
 Output tokens/s for each, the overhead against the baseline, the time spent in the
 logits processors (mask computation and application, on the engine's thread) and the
@@ -88,7 +88,7 @@ SCHEMAS = [
 
 class TimedRow:
     """A logits processor that adds its time to a shared counter; a plain function to
-    the sampler, so it is called one row at a time (chapter 16's reference path)."""
+    the sampler, so it is called one row at a time (chapter 18's reference path)."""
 
     def __init__(self, processor, clock: dict):
         self.processor, self.clock = processor, clock

@@ -1,89 +1,28 @@
 """Checks for chapter 16's exercises (chapters/16_structured_output.md, "Exercises")."""
 
-import pytest
 from _check import answer
 
-from minillm.structured import budget, matcher, numbers
+from minillm.structured import dfa
+from minillm.structured.charset import utf8
 from minillm.structured.fsm import determinize
-from minillm.structured.matcher import GrammarMatcher
-from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
+from minillm.structured.ir import NOTHING
+from minillm.structured.regex import regex_expr
 
 
-@pytest.fixture(scope="module")
-def compiler(tiny):
-    return GrammarCompiler(tiny[1])
-
-
-def test_forced_fraction(compiler):
-    """15.1: the share of an output's bytes that the grammar forced."""
-    forced_fraction = answer(matcher, "forced_fraction", "15.1")
-    schema = {
-        "type": "object",
-        "properties": {"alpha": {"type": "boolean"}},
-        "required": ["alpha"],
-        "additionalProperties": False,
-    }
-    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
-    compiled = compiler.compile(params)
-    text = '{"alpha":true}'
-    ids = [t for t, b in enumerate(compiler.index.token_bytes) if b and len(b) == 1]
-    by_byte = {compiler.index.token_bytes[t]: t for t in ids}
-    tokens = [by_byte[bytes([c])] for c in text.encode()]
-    # every byte is forced but the choice of "t" (true) over "f" (false)
-    assert forced_fraction(compiled, tokens) == pytest.approx(
-        (len(text) - 1) / len(text)
-    )
-    assert GrammarMatcher(compiled).find_jump_forward_string() == b'{"alpha":'
-
-
-def test_multiple_of(compiler):
-    """15.2: multiple_of_expr(k) spells exactly the non-negative multiples of k."""
-    multiple_of_expr = answer(numbers, "multiple_of_expr", "15.2")
-    for k in (1, 3, 7, 10):
-        dfa = determinize(multiple_of_expr(k))
-        for n in range(0, 400):
-            assert dfa.matches(str(n).encode()) == (n % k == 0), (k, n)
-        assert not dfa.matches(b"03") and not dfa.matches(b"")
-
-
-def test_budget(compiler):
-    """15.3: the exact fewest tokens to finish never exceeds the single-byte bound."""
-    exact = answer(budget.FinishBudget, "exact_min_tokens", "15.3")
-    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
-    compiled = compiler.compile(params)
-    fb = budget.FinishBudget(compiled)
-    m = GrammarMatcher(compiled)
-    for token in (t for t, b in enumerate(compiler.index.token_bytes) if b == b"{"):
-        assert m.accept_token(token)
-        break
-    got = exact(fb, m.stacks)
-    assert 1 <= got <= fb.min_tokens(m.stacks)
-    assert exact(fb, compiled.initial) >= 1
-
-
-def test_mask_single(compiler):
-    """15.4: mask_single(stacks) equals mask(stacks) along a walk of a recursive
-    schema (calls and returns, several configurations)."""
-    import random
-
-    import numpy as np
-
-    from minillm.structured.matcher import CompiledGrammar, allowed_tokens
-
-    mask_single = answer(CompiledGrammar, "mask_single", "15.4")
-    tree = {"type": "object", "properties": {"v": {"type": "integer"},
-            "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
-            "required": ["v"]}  # fmt: skip
-    for compact in (True, False):
-        params = StructuredOutputsParams(json=tree, disable_any_whitespace=compact)
-        compiled, rng = compiler.compile(params), random.Random(0)
-        m = GrammarMatcher(compiled)
-        for _ in range(40):
-            expected = compiled.mask(m.stacks)
-            assert np.array_equal(mask_single(compiled, m.stacks), expected)
-            allowed = allowed_tokens(expected, compiler.index.vocab_size).tolist()
-            allowed = [t for t in allowed if t not in compiler.index.eos_token_ids]
-            if not allowed:
-                break
-            assert m.accept_token(rng.choice(allowed))
+def test_shortest_match():
+    """16.1: shortest_match(dfa) is the shortest string the automaton accepts, the
+    smallest bytes first among those, or None for an empty language."""
+    shortest_match = answer(dfa, "shortest_match", "16.1")
+    for pattern, expected in [
+        ("[0-9]{3}", b"000"),
+        ("(ab|b)c+", b"bc"),
+        ("x?", b""),
+        ("[a-c]{2,3}x|yy", b"yy"),
+        ("[^\\x00-\\x7f]", "\x80".encode()),  # the smallest two-byte character
+        ("(q|[d-f])z", b"dz"),
+    ]:
+        automaton = determinize(regex_expr(pattern, utf8, search=False))
+        got = shortest_match(automaton)
+        assert got == expected, (pattern, got)
+        assert automaton.matches(got)
+    assert shortest_match(determinize(NOTHING)) is None

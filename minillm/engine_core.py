@@ -174,7 +174,7 @@ def run_engine_core(sock: socket.socket, build, build_args: tuple) -> None:
             module, _, function = build.partition(":")
             build = getattr(importlib.import_module(module), function)
         engine, name = build(*build_args)
-        if engine.tokenizer is not None:  # chapter 16's constraints compile here
+        if engine.tokenizer is not None:  # chapter 18's constraints compile here
             from minillm.structured.processor import register_tokenizer
 
             register_tokenizer(engine.tokenizer)

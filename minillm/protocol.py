@@ -77,7 +77,7 @@ class SamplingRequest(OpenAIBaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # text, json_object or json_schema: chapter 16's constraints
+    # text, json_object or json_schema: chapter 18's constraints
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None  # rejected: not supported
     # vLLM's extra sampling parameters

@@ -162,7 +162,7 @@ RUNNER_EXTENSIONS: list[Callable] = []
 # it): chapter 22's runs the runner in one worker process per tensor-parallel rank
 EXECUTOR_HOOKS: list[Callable] = []
 # hook(engine, params) -> params, in order, as a request is added: a later chapter's
-# reading of a field this chapter only carries (chapter 16's structured_outputs)
+# reading of a field this chapter only carries (chapter 18's structured_outputs)
 REQUEST_HOOKS: list[Callable] = []
 # check(engine, request) before a new request is queued: raises ValueError to refuse
 # it, changing nothing (chapter 23 loads the request's LoRA adapter)

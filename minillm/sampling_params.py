@@ -30,7 +30,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 
 # A per-request logits processor: (the request's output token ids so far, its logits
 # (vocab,))
-# -> new logits (vocab,). Chapter 16 plugs a grammar's token mask in here.
+# -> new logits (vocab,). Chapter 18 plugs a grammar's token mask in here.
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
@@ -81,7 +81,7 @@ STRUCTURED_KINDS = (
 
 @dataclass
 class StructuredOutputsParams:
-    """One constraint on the output (chapter 16 compiles it): exactly one of json (a
+    """One constraint on the output (chapter 18 compiles it): exactly one of json (a
     JSON Schema, dict or string), regex, choice, grammar, json_object,
     structural_tag; the other fields tune it. vLLM's fields and defaults."""
 
@@ -175,7 +175,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # None, or the only tokens allowed
     banned_token_ids: list[int] | None = None  # tokens that may never be sampled
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
-    # a constraint on the output's form (chapter 16 turns it into a logits processor)
+    # a constraint on the output's form (chapter 18 turns it into a logits processor)
     structured_outputs: StructuredOutputsParams | None = None
     # "cumulative": each output holds all so far; "delta": what is new since the last
     # one; "final_only": one output, when it ends (or a RequestOutputKind member)

@@ -248,11 +248,11 @@ class OpenAIServing:
         params: SamplingParams,
         tools: StructuredOutputsParams | None = None,
     ) -> SamplingParams:
-        """params with the request's structured-output constraint (chapter 16):
+        """params with the request's structured-output constraint (chapter 18):
         tools (a forced tool call's), else response_format or structured_outputs."""
         if all(c is None for c in (tools, req.structured_outputs, req.response_format)):
             return params
-        # chapter 16's modules, imported by the first request that needs them
+        # chapters 16-18's modules, imported by the first request that needs them
         from minillm.structured.ir import GrammarError
         from minillm.structured.processor import (
             constrain,

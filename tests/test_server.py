@@ -851,7 +851,7 @@ SCHEMA = {
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_json_schema_outputs_validate(client, stream):
-    """Chapter 16 through the server: every choice validates against the schema."""
+    """Chapter 18 through the server: every choice validates against the schema."""
     import jsonschema
 
     kwargs = dict(

@@ -1,4 +1,4 @@
-"""Chapter 16: grammars compiled to token masks. Every constrained output parses and
+"""Chapters 16-18: grammars compiled to token masks. Every constrained output parses and
 validates; the cached masks equal the slow per-token check; bad schemas are refused by
 name; a constrained request's greedy output does not depend on its batch."""
 
@@ -55,7 +55,7 @@ def text_of(compiler, ids):
     return b"".join(compiler.index.token_bytes[t] for t in ids).decode()
 
 
-# A strategy of JSON Schemas built from the keywords chapter 16 compiles.
+# A strategy of JSON Schemas built from the keywords chapter 17 compiles.
 leaf = st.one_of(
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),

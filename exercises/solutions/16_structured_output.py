@@ -6,118 +6,36 @@ put them there; the checks are exercises/test_16_structured_output.py.
 
 from __future__ import annotations
 
-import numpy as np
+import collections
 
-from minillm.structured import budget, matcher, numbers
-from minillm.structured.budget import FinishBudget
-from minillm.structured.ir import Bytes, Graph
-from minillm.structured.json_schema import SchemaCompiler
-from minillm.structured.matcher import (
-    CompiledGrammar,
-    GrammarMatcher,
-    allowed_tokens,
-    set_bits,
-)
+from minillm.structured import dfa
+from minillm.structured.dfa import DFA
 
 
-# 15.1
-def forced_fraction(compiled: CompiledGrammar, token_ids: list[int]) -> float:
-    """Replaying an output, the share of its bytes the grammar forced when they were
-    written: those a jump-forward engine would not have sampled."""
-    m, token_bytes = GrammarMatcher(compiled), compiled.index.token_bytes
-    forced = total = 0
-    for token in token_ids:
-        ahead, data = m.find_jump_forward_string(), token_bytes[token]
-        common = 0  # the token's bytes that the forced string spells
-        while common < min(len(ahead), len(data)) and ahead[common] == data[common]:
-            common += 1
-        forced, total = forced + common, total + len(data)
-        if not m.accept_token(token):
-            raise ValueError(f"token {token} is not allowed by the grammar here")
-    return forced / total if total else 0.0
+# 16.1
+def shortest_match(automaton: DFA) -> bytes | None:
+    """The shortest string the DFA accepts, the smallest bytes first among those
+    (None: the language is empty). Breadth-first from state 0, each state's bytes
+    tried in increasing order: the first accepting state reached ends the string."""
+    table = automaton.table()  # (states, 256)
+    came_from: dict[int, tuple[int, int] | None] = {0: None}
+    queue = collections.deque([0])
+    while queue:
+        state = queue.popleft()
+        if automaton.accepting[state]:
+            out = []
+            while came_from[state] is not None:
+                state, byte = came_from[state]
+                out.append(byte)
+            return bytes(reversed(out))
+        for byte in range(256):
+            nxt = int(table[state, byte])
+            if nxt >= 0 and nxt not in came_from:
+                came_from[nxt] = (state, byte)
+                queue.append(nxt)
+    return None
 
 
-# 15.2
-def multiple_of_expr(k: int) -> Graph:
-    """The non-negative multiples of k in decimal, no leading zero: node r < k holds
-    the remainder r of the digits read (reading d goes to (10 r + d) % k); node k is
-    the start, node k + 1 the number 0, which nothing may follow."""
-    start, zero = k, k + 1
+dfa.shortest_match = shortest_match
 
-    def digit(d: int) -> Bytes:
-        return Bytes(((ord("0") + d, ord("0") + d),))
-
-    edges = [(start, digit(0), zero)]
-    edges += [(start, digit(d), d % k) for d in range(1, 10)]
-    edges += [(r, digit(d), (10 * r + d) % k) for r in range(k) for d in range(10)]
-    return Graph(k + 2, tuple(edges), start, (0, zero))
-
-
-_multiples = SchemaCompiler.multiples
-
-
-def multiples(self, step, lo, hi, lo_strict, hi_strict, path: str):
-    """The schema compiler's multipleOf, with the DFA for a whole step >= 2 and
-    minimum 0 (no maximum): what a bounded range cannot spell out."""
-    whole = float(step).is_integer() and step >= 2
-    if whole and lo == 0 and not lo_strict and hi is None:
-        return multiple_of_expr(int(step))
-    return _multiples(self, step, lo, hi, lo_strict, hi_strict, path)
-
-
-# 15.3
-def exact_min_tokens(self: FinishBudget, stacks) -> int:
-    """The fewest tokens that finish the document (a breadth-first search over
-    stacks, one allowed token per edge); never more than min_tokens."""
-    c = self.compiled
-    bound = self.min_tokens(stacks)  # a finish exists within this many
-    eos = set(c.index.eos_token_ids)
-    frontier, seen = [stacks], {stacks}
-    for depth in range(1, bound + 1):
-        next_frontier = []
-        for s in frontier:
-            for t in allowed_tokens(c.mask(s), c.index.vocab_size).tolist():
-                new = None if t in eos else c.advance_token(s, t)
-                if new is None or new in seen:
-                    continue
-                if c.is_complete(new):
-                    return depth
-                seen.add(new)
-                next_frontier.append(new)
-        frontier = next_frontier
-    return bound
-
-
-# 15.4
-def mask_single(self: CompiledGrammar, stacks) -> np.ndarray:
-    """mask, with the uncertain tokens checked by advance_single (and not cached, so
-    that it can be timed against mask on fresh stacks)."""
-    closed = self.closure(stacks)
-    words = self.state_mask(closed[0][-1])[0].copy()
-    for stack in closed[1:]:
-        words |= self.state_mask(stack[-1])[0]
-    unsure = self.unsure_tokens(closed)
-    if len(unsure):
-        unsure = unsure[
-            (words[unsure >> 5] >> (unsure & 31).astype(np.uint32)) & 1 == 0
-        ]
-        token_bytes = self.index.token_bytes
-        ok = [t for t in unsure.tolist() if self.advance_single(closed, token_bytes[t])]
-        set_bits(words, np.array(ok, dtype=np.int64))
-    if self.is_complete(closed):
-        set_bits(words, self.eos)
-    return words
-
-
-matcher.forced_fraction = forced_fraction
-numbers.multiple_of_expr = multiple_of_expr
-budget.FinishBudget.exact_min_tokens = exact_min_tokens
-SchemaCompiler.multiples = multiples
-CompiledGrammar.mask_single = mask_single
-
-SOLUTIONS = {
-    "forced": forced_fraction,
-    "multiple": (multiple_of_expr, multiples),
-    "budget": exact_min_tokens,
-    "mask_single": mask_single,
-}
+SOLUTIONS = {"shortest": shortest_match}

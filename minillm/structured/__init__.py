@@ -4,18 +4,18 @@
 
 module                   chapter
 bitmask                  chapters/16_structured_output.md
-budget                   chapters/16_structured_output.md
+budget                   chapters/18_token_masks.md
 charset                  chapters/16_structured_output.md
 dfa                      chapters/16_structured_output.md
 fsm                      chapters/16_structured_output.md
 grammar                  chapters/16_structured_output.md
 ir                       chapters/16_structured_output.md
-json_schema              chapters/16_structured_output.md
-json_text                chapters/16_structured_output.md
-matcher                  chapters/16_structured_output.md
-numbers                  chapters/16_structured_output.md
-processor                chapters/16_structured_output.md
+json_schema              chapters/17_json_schema.md
+json_text                chapters/17_json_schema.md
+matcher                  chapters/18_token_masks.md
+numbers                  chapters/17_json_schema.md
+processor                chapters/18_token_masks.md
 regex                    chapters/16_structured_output.md
-schema_ops               chapters/16_structured_output.md
+schema_ops               chapters/17_json_schema.md
 token_index              chapters/16_structured_output.md
 """

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_structured_output.md:262
+# %% chapters/16_structured_output.md:264
 """Sets of Unicode characters, and the UTF-8 byte sequences that spell them
 (chapter 16)."""
 
@@ -43,7 +43,7 @@ def chars(text: str) -> CharSet:
 ANY: CharSet = charset([(0, MAX_CHAR)])
 
 
-# %% chapters/16_structured_output.md:304
+# %% chapters/16_structured_output.md:306
 def union(*sets: CharSet) -> CharSet:
     return charset([r for s in sets for r in s])
 
@@ -77,7 +77,7 @@ def utf8_ranges(lo: int, hi: int):
             yield from _split(max(lo, a), min(hi, b))
 
 
-# %% chapters/16_structured_output.md:343
+# %% chapters/16_structured_output.md:345
 def _split(lo: int, hi: int):
     n = len(chr(lo).encode("utf-8", "surrogatepass"))
     for i in range(1, n):  # align lo..hi to whole blocks of 64**i code points

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_structured_output.md:683
+# %% chapters/16_structured_output.md:685
 """Deterministic automata over byte classes: trimming, minimization, products
 (chapter 16)."""
 
@@ -16,7 +16,7 @@ import numpy as np
 from minillm.structured.ir import GrammarError
 
 
-# %% chapters/16_structured_output.md:698
+# %% chapters/16_structured_output.md:700
 @dataclass
 class DFA:
     """State 0 is the start. trans[state, byte class] is the next state or -1;
@@ -46,7 +46,7 @@ class DFA:
                 runs[c].append((b, b))
         return runs
 
-    # %% chapters/16_structured_output.md:733
+    # %% chapters/16_structured_output.md:735
     @functools.cached_property
     def range_edges(self) -> list[list[tuple[int, int, int]]]:
         """Per state, its moves as (lo, hi, next state) byte runs. Computed once:
@@ -67,7 +67,7 @@ class DFA:
         return bool(self.accepting[state])
 
 
-# %% chapters/16_structured_output.md:760
+# %% chapters/16_structured_output.md:762
 def keep_states(dfa: DFA, keep: np.ndarray) -> DFA:
     """The DFA restricted to the states where keep is true (state 0 is kept)."""
     keep = keep.copy()
@@ -88,7 +88,7 @@ def coreachable(dfa: DFA) -> np.ndarray:
     return walk_from(np.flatnonzero(dfa.accepting).tolist(), dst, src, dfa.num_states)
 
 
-# %% chapters/16_structured_output.md:784
+# %% chapters/16_structured_output.md:786
 def moves(dfa: DFA) -> tuple[np.ndarray, np.ndarray]:
     """(src, dst) of each distinct move, calls included."""
     state, cls = np.nonzero(dfa.trans >= 0)
@@ -117,7 +117,7 @@ def walk_from(starts: list, src, dst, n: int) -> np.ndarray:
     return np.array(seen, bool)
 
 
-# %% chapters/16_structured_output.md:814
+# %% chapters/16_structured_output.md:816
 def reachable(dfa: DFA) -> np.ndarray:
     src, dst = moves(dfa)
     return walk_from([0], src, dst, dfa.num_states)
@@ -140,7 +140,7 @@ def row_ids(rows: np.ndarray) -> np.ndarray:
     return np.unique(keys, return_inverse=True)[1].reshape(-1)
 
 
-# %% chapters/16_structured_output.md:847
+# %% chapters/16_structured_output.md:849
 def minimize(dfa: DFA) -> DFA:
     """Moore's partition refinement: merge states that no input can tell apart."""
     call_sig = {}
@@ -175,7 +175,7 @@ def minimize(dfa: DFA) -> DFA:
     return DFA(trans, dfa.classes, dfa.accepting[reps], calls)
 
 
-# %% chapters/16_structured_output.md:889
+# %% chapters/16_structured_output.md:891
 def product(a: DFA, b: DFA, both: bool, limit: int = 1 << 62) -> DFA:
     """Strings in a and b (both) or in a and not in b; a and b have no calls.
     GrammarError past `limit` states (before the time they would take)."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_structured_output.md:931
+# %% chapters/16_structured_output.md:933
 """Automata over bytes: expressions -> NFA -> DFA, products and minimization
 (chapter 16)."""
 
@@ -30,7 +30,7 @@ class GrammarTooLarge(GrammarError):
     pass
 
 
-# %% chapters/16_structured_output.md:960
+# %% chapters/16_structured_output.md:962
 class NFA:
     """Thompson's construction: states with byte-range, epsilon and call edges."""
 
@@ -50,7 +50,7 @@ class NFA:
         self.calls.append([])
         return len(self.eps) - 1
 
-    # %% chapters/16_structured_output.md:982
+    # %% chapters/16_structured_output.md:984
     def add(self, expr) -> tuple[int, int]:
         """Build expr into the automaton; returns its (start, end) states."""
         if isinstance(expr, Bytes):
@@ -86,7 +86,7 @@ class NFA:
             return self.add_dfa(product(left, right, isinstance(expr, And)))
         raise TypeError(f"not a grammar expression: {expr!r}")
 
-    # %% chapters/16_structured_output.md:1024
+    # %% chapters/16_structured_output.md:1026
     def _rep(self, rep: Rep) -> tuple[int, int]:
         s = e = self.state()
         for _ in range(rep.min):
@@ -120,7 +120,7 @@ class NFA:
             self.eps[nodes[f]].append(end)
         return nodes[graph.start], end
 
-    # %% chapters/16_structured_output.md:1065
+    # %% chapters/16_structured_output.md:1067
     def add_dfa(self, dfa: DFA) -> tuple[int, int]:
         """Embed a DFA (without calls): its states become NFA states."""
         states = [self.state() for _ in range(dfa.num_states)]
@@ -153,7 +153,7 @@ class NFA:
             classes[lo:hi] = k
         return classes
 
-    # %% chapters/16_structured_output.md:1109
+    # %% chapters/16_structured_output.md:1111
     def to_dfa(self, start: int, end: int) -> DFA:
         """The subset construction, over byte classes; call edges are symbols too."""
         classes = self.byte_classes()
@@ -192,7 +192,7 @@ class NFA:
         return DFA(trans, classes, np.array(accepting, dtype=bool), calls)
 
 
-# %% chapters/16_structured_output.md:1150
+# %% chapters/16_structured_output.md:1152
 def determinize(expr) -> DFA:
     """The minimal trimmed DFA of an expression (a DFA without calls: itself)."""
     if isinstance(expr, DFA) and not any(expr.calls):

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_structured_output.md:1170
+# %% chapters/16_structured_output.md:1172
 """A grammar's rules as DFAs, laid out as one byte-level table (chapter 16)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from minillm.structured.fsm import determinize
 from minillm.structured.ir import GrammarError
 
 
-# %% chapters/16_structured_output.md:1183
+# %% chapters/16_structured_output.md:1185
 class Grammar:
     """Rules (name -> expression; `root` is the document) compiled to DFAs.
 
@@ -55,7 +55,7 @@ class Grammar:
                         todo.append(rule)
         return names
 
-    # %% chapters/16_structured_output.md:1230
+    # %% chapters/16_structured_output.md:1232
     def _layout(self) -> None:
         starts = np.cumsum([0] + [d.num_states for d in self.dfas])
         self.rule_start = {n: int(s) for n, s in zip(self.names, starts)}
@@ -83,7 +83,7 @@ class Grammar:
         self.is_event = self._events(called)
         self.flat = table.ravel().tolist()  # for stepping one byte at a time in Python
 
-    # %% chapters/16_structured_output.md:1267
+    # %% chapters/16_structured_output.md:1269
     def _events(self, called: set[str]) -> np.ndarray:
         """(states + 1, 256) bool: whether this byte, read in this state, may leave
         the rule the token started in. A return may go anywhere; a call only where

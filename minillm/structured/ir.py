@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_structured_output.md:132
+# %% chapters/16_structured_output.md:134
 """Grammar expressions over bytes, and Unicode character sets as UTF-8 (chapter 16)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Rep:
     max: int | None
 
 
-# %% chapters/16_structured_output.md:180
+# %% chapters/16_structured_output.md:182
 @dataclass(frozen=True)
 class Call:
     """The language of another rule: how a grammar recurses (a pushdown step)."""
@@ -77,7 +77,7 @@ class Graph:
     finals: tuple[int, ...]
 
 
-# %% chapters/16_structured_output.md:223
+# %% chapters/16_structured_output.md:225
 EMPTY = Seq(())  # the empty string
 NOTHING = Alt(())  # no string at all
 
@@ -87,7 +87,7 @@ def lit(text: str | bytes) -> Seq:
     return Seq(tuple(Bytes(((b, b),)) for b in data))
 
 
-# %% chapters/16_structured_output.md:234
+# %% chapters/16_structured_output.md:236
 def seq(*items) -> Seq:
     return Seq(tuple(items))
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_structured_output.md:389
+# %% chapters/16_structured_output.md:391
 """Regular expressions (Python's `re` syntax, the subset a grammar can hold) ->
 grammar expressions (chapter 16).
 
@@ -38,7 +38,7 @@ ASCII_CLASS["w"] = cs.union(cs.charset([(65, 90), (97, 122)]), cs.chars("0123456
 SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
 
 
-# %% chapters/16_structured_output.md:430
+# %% chapters/16_structured_output.md:432
 UNSUPPORTED = {
     "(?=": "lookahead",
     "(?!": "negative lookahead",
@@ -49,7 +49,7 @@ UNSUPPORTED = {
 }
 
 
-# %% chapters/16_structured_output.md:442
+# %% chapters/16_structured_output.md:444
 class _Parser:
     """Recursive descent over the pattern. Nodes: ("set", CharSet), ("seq", [...]),
     ("alt", [...]), ("rep", node, min, max), ("bol",), ("eol",)."""
@@ -82,7 +82,7 @@ class _Parser:
             items.append(self.quantified())
         return ("seq", items)
 
-    # %% chapters/16_structured_output.md:480
+    # %% chapters/16_structured_output.md:482
     def quantified(self):
         node = self.atom()
         while self.i < len(self.p):
@@ -109,7 +109,7 @@ class _Parser:
             node = ("rep", node, lo, hi)
         return node
 
-    # %% chapters/16_structured_output.md:515
+    # %% chapters/16_structured_output.md:517
     def atom(self):
         c = self.p[self.i]
         for prefix, what in UNSUPPORTED.items():
@@ -143,7 +143,7 @@ class _Parser:
             self.error(f"nothing to repeat or unbalanced {c!r}")
         return ("set", cs.chars(c))
 
-    # %% chapters/16_structured_output.md:552
+    # %% chapters/16_structured_output.md:554
     def escape(self, in_class: bool, negated: bool):
         if self.i >= len(self.p):
             self.error("a trailing backslash")
@@ -183,7 +183,7 @@ class _Parser:
         node = self.escape(in_class=True, negated=negated)
         return node[1], node[1][0][0] if len(node) == 3 else None
 
-    # %% chapters/16_structured_output.md:595
+    # %% chapters/16_structured_output.md:597
     def char_class(self) -> cs.CharSet:
         negated = self.peek("^")
         self.i += negated
@@ -211,7 +211,7 @@ class _Parser:
         return cs.complement(members) if negated else members
 
 
-# %% chapters/16_structured_output.md:628
+# %% chapters/16_structured_output.md:630
 def _expr(node, encode):
     kind = node[0]
     if kind == "set":

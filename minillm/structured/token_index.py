@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_structured_output.md:3058
+# %% chapters/16_structured_output.md:1316
 """The vocabulary as bytes, in a trie, and the walk that finds which tokens a DFA
 state accepts (chapter 16)."""
 
@@ -31,7 +31,7 @@ def byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, chars)}
 
 
-# %% chapters/16_structured_output.md:3091
+# %% chapters/16_structured_output.md:1349
 def vocabulary_bytes(tokenizer) -> list[bytes | None]:
     """Each token's bytes (None for special tokens, which never occur inside text).
 
@@ -73,7 +73,7 @@ class Level:
     ends: np.ndarray | None = None
 
 
-# %% chapters/16_structured_output.md:3140
+# %% chapters/16_structured_output.md:1398
 class TokenIndex:
     """A tokenizer's vocabulary for grammars: each token's bytes, the end-of-text
     tokens, and a trie over the bytes, level by level (built once per tokenizer)."""
@@ -87,7 +87,7 @@ class TokenIndex:
         self.sorted_bytes = [b for b, _ in usable]  # bisect finds a token or prefix
         self.levels = self._build(self.sorted_bytes)
 
-    # %% chapters/16_structured_output.md:3156
+    # %% chapters/16_structured_output.md:1414
     @staticmethod
     def _build(tokens: list[bytes]) -> list[Level]:
         depth = max(map(len, tokens))
@@ -139,7 +139,7 @@ class TokenIndex:
             level.ends = np.flatnonzero(level.count > 0)  # nodes where tokens end
         return levels
 
-    # %% chapters/16_structured_output.md:3216
+    # %% chapters/16_structured_output.md:1474
     def walk(self, table: np.ndarray, start: int, is_event: np.ndarray | None = None):
         """The tokens whose bytes a DFA walks from `start` without leaving its table.
 
@@ -191,7 +191,7 @@ class TokenIndex:
                 events = np.zeros(len(nodes), bool)
         return accepted, uncertain
 
-    # %% chapters/16_structured_output.md:3279
+    # %% chapters/16_structured_output.md:1537
     def _walk_dense(
         self, flat, sink, d, nodes, states, events, is_event, accepted, uncertain
     ):
@@ -217,7 +217,7 @@ class TokenIndex:
             if not (st != sink).any():
                 break
 
-    # %% chapters/16_structured_output.md:3308
+    # %% chapters/16_structured_output.md:1566
     def token_ids(self, ranges, with_states: bool = False):
         """Token ids in a list of sorted-position ranges (lo, hi[, state]) arrays;
         with_states: also each token's final state (ranges from `walk`)."""
