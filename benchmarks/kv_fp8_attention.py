@@ -1,4 +1,4 @@
-"""Decode attention over a bf16 KV cache and over an FP8 (E4M3) one (chapter 14, "An
+"""Decode attention over a bf16 KV cache and over an FP8 (E4M3) one (chapter 14x, "An
 FP8 KV cache").
 
 One Qwen3-0.6B attention layer (16 query heads, 8 KV heads of 128, blocks of 16,

@@ -13,7 +13,7 @@ token is left out). Measured in the same run:
 
 - minillm eager: chapter 10's Triton attention, no CUDA graphs;
 - minillm with CUDA graphs (the same engine, `cuda_graphs=True`);
-- with --quantization NAME (chapter 13's int4, chapter 14's methods): the same engine
+- with --quantization NAME (chapter 13's int4, chapters 14, 14x's): the same engine
   with CUDA graphs on weights quantized at load (written to latency_NAME-*.json);
 - with --early-launch 0 (or 1, 2): the same engine with CUDA graphs, its kernels
   launched in that mode (chapter 10's EARLY_LAUNCH) rather than the default;

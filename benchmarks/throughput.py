@@ -450,7 +450,7 @@ def main() -> None:
         nargs="+",
         default=["auto"],
         choices=["auto", "fp8", "fp8_e4m3"],
-        help="the KV cache's dtype (chapter 14's FP8 cache); more than one: the "
+        help="the KV cache's dtype (chapter 14x's FP8 cache); more than one: the "
         "greedy run again with each of the others, on an engine of its own, stored "
         "under kv_cache_dtypes with its speed-up over the first",
     )

@@ -78,6 +78,7 @@ PLUGINS = (
     "minillm.gpu_model_runner",
     "minillm.int4",
     "minillm.quantization.methods",
+    "minillm.quantization.eight_bit",
     "minillm.speculative.runner",
     "minillm.structured.processor",
     "minillm.engine_core",

@@ -129,7 +129,7 @@ def reshape_and_cache(
 # %% chapters/02_paged_kv.md:527
 def quantize_kv(x: Tensor, dtype: torch.dtype, scale: Tensor | float | None) -> Tensor:
     """x in a cache of dtype: x / scale, clamped to dtype's finite range (a scaled,
-    one-byte cache: chapter 14, "An FP8 KV cache"), or the plain cast for scale None.
+    one-byte cache: chapter 14x, "An FP8 KV cache"), or the plain cast for scale None.
     """
     if scale is None:
         return x.to(dtype)

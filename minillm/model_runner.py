@@ -212,7 +212,7 @@ def reclaim_gpu_memory() -> None:
 
 def kv_cache_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
     """The cache's element type: the model's for kv_cache_dtype "auto", else FP8 E4M3
-    (chapter 14, "An FP8 KV cache")."""
+    (chapter 14x, "An FP8 KV cache")."""
     return model_dtype if config.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
 

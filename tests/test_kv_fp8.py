@@ -1,4 +1,4 @@
-"""The FP8 KV cache (chapter 14, "An FP8 KV cache"): chapter 2's scaled write, chapter
+"""The FP8 KV cache (chapter 14x, "An FP8 KV cache"): chapter 2's scaled write, chapter
 4's reference and chapter 10's kernels reading the same FP8 cache, the engine's
 kv_cache_dtype option, and swap.
 

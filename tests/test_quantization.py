@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from minillm.config import EngineConfig
 from minillm.int4 import Int4Linear
 from minillm.llm import LLM
-from minillm.quantization import apply, methods
+from minillm.quantization import apply, eight_bit, methods
 from minillm.quantization.awq import awq_search
 from minillm.quantization.calibration import capture, token_windows
 from minillm.quantization.checkpoint import (
@@ -226,7 +226,7 @@ def test_int8_and_fp8_layers_match_their_references():
 def test_smoothing_moves_activation_range_into_weights(calibrated):
     model, _, stats = calibrated
     smoothed = copy.deepcopy(model)
-    apply.w8a8_layers(smoothed, stats, 0.5)
+    eight_bit.w8a8_layers(smoothed, stats, 0.5)
     assert all(
         isinstance(m, Int8Linear)
         for n, m in smoothed.named_modules()

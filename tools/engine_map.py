@@ -148,6 +148,7 @@ VLLM: dict[str, str | None] = {
     "quantization.w8a8": "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_int8.py",  # noqa: E501
     "quantization.fp8": "vllm/model_executor/layers/quantization/fp8.py",
     "quantization.kv_fp8": "vllm/model_executor/layers/quantization/kv_cache.py",
+    "quantization.eight_bit": "vllm/model_executor/layers/quantization/online/fp8.py",
     "quantization.checkpoint": "vllm/model_executor/layers/quantization/auto_gptq.py",
     "quantization.quality": None,
     "kernels.w8a8": (

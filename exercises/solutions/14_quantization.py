@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from minillm.quantization import apply, awq, kv_fp8, rotation, sequential, w8a8
+from minillm.quantization import apply, awq, rotation, sequential
 from minillm.quantization.calibration import LinearStats, decoder_linears, recording
 from minillm.quantization.gptq import gptq_quantize
 from minillm.quantization.rotation import random_hadamard
@@ -21,7 +21,7 @@ from minillm.quantization.rtn import (
 )
 
 
-# 13.1
+# 14.1
 def awq_clip(
     w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128, grid: int = 10
 ) -> Tensor:
@@ -45,13 +45,7 @@ def awq_clip(
     return best.to(w.dtype)
 
 
-# 13.2
-def quantize_int8_static(x: Tensor, scale: float) -> Tensor:
-    """int8 codes of x [M, K] for one calibrated scale (per tensor, not per token)."""
-    return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8)
-
-
-# 13.3
+# 14.2
 def gptq_gain(model: nn.Module, stats: dict[str, LinearStats], bits: int) -> float:
     """Mean over the projections of GPTQ's output error / RTN's, at `bits` bits
     (codes 0..2**bits - 1 in the same uint8 codes)."""
@@ -64,7 +58,7 @@ def gptq_gain(model: nn.Module, stats: dict[str, LinearStats], bits: int) -> flo
     return sum(ratios) / len(ratios)
 
 
-# 13.4
+# 14.3
 STEPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"),
          ("down_proj",))  # fmt: skip
 
@@ -107,7 +101,7 @@ def gptq_true_sequential(
     return codes, stats
 
 
-# 13.5
+# 14.4
 @torch.no_grad()
 def rotate_values(model: nn.Module, seed: int = 0) -> None:
     """Per KV head g an orthogonal R_g: v_proj's rows of head g become R_g^T W_v,g,
@@ -138,39 +132,14 @@ def rotate_values(model: nn.Module, seed: int = 0) -> None:
                 attn.o_proj.weight[:, cols] = (w_o @ r).to(attn.o_proj.weight.dtype)
 
 
-# 13.6
-def fp8_kv_head_scales(model: nn.Module, windows: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-layer, per-KV-head (k_scale, v_scale), each (num_layers, n_kv_heads): the
-    largest |K| and |V| of each head the windows write, over E4M3's largest value."""
-
-    class HeadMaxCache(kv_fp8.PagedKVCache):
-        def write(self, layer_idx, key, value, slot_mapping):
-            if not hasattr(self, "absmax"):
-                self.absmax = torch.zeros(2, self.key_cache.shape[0], key.shape[1])
-            for row, x in ((0, key), (1, value)):
-                seen = x.detach().abs().amax(dim=(0, 2)).float().cpu()  # (n_kv,)
-                most = self.absmax[row, layer_idx]
-                self.absmax[row, layer_idx] = torch.maximum(most, seen)
-            super().write(layer_idx, key, value, slot_mapping)
-
-    dtype = next(model.parameters()).dtype
-    cache = kv_fp8.window_cache(model, windows, dtype, cls=HeadMaxCache)
-    kv_fp8.paged_window_nll(model, windows, cache)
-    return cache.absmax[0] / kv_fp8.E4M3_MAX, cache.absmax[1] / kv_fp8.E4M3_MAX
-
-
 awq.awq_clip = awq_clip
-w8a8.quantize_int8_static = quantize_int8_static
 apply.gptq_gain = gptq_gain
 sequential.gptq_true_sequential = gptq_true_sequential
 rotation.rotate_values = rotate_values
-kv_fp8.fp8_kv_head_scales = fp8_kv_head_scales
 
 SOLUTIONS = {
     "clip": awq_clip,
-    "static": quantize_int8_static,
     "three_bits": gptq_gain,
     "true_sequential": gptq_true_sequential,
     "rotate_values": rotate_values,
-    "head_scales": fp8_kv_head_scales,
 }

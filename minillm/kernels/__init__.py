@@ -14,5 +14,5 @@ reshape_and_cache        chapters/10_triton_decode.md
 sample                   chapters/12_async_scheduling.md
 skinny_gemm              chapters/10x_skinny_gemm.md
 token_bitmask            chapters/16_structured_output.md
-w8a8                     chapters/14_quantization.md
+w8a8                     chapters/14x_eight_bit.md
 """

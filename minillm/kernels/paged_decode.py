@@ -346,7 +346,7 @@ def paged_decode(
     multiple of block_n) and the other knobs are benchmarks/paged_attention.py's.
     pdl: launched early (None: default_launch; see _launched_early). order: the
     sequences' start order (decode_order), or None. k_scale, v_scale: a scaled (FP8)
-    cache's scales (chapter 14), one-element float32 tensors, or None.
+    cache's scales (chapter 14x), one-element float32 tensors, or None.
     """
     pdl = default_launch(q.device) if pdl is None else int(pdl)
     if split_tokens and num_splits is not None:

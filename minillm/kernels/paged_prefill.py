@@ -129,7 +129,7 @@ def _prefill_kernel(
     last = tl.where(real, tl.minimum(seq_len, context + q_first + BLOCK_M), 0)
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
     bt_row = block_tables_ptr + seq * stride_bt
-    if SCALED:  # an FP8 cache (chapter 14): K's scale goes into the scores
+    if SCALED:  # an FP8 cache (chapter 14x): K's scale goes into the scores
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     # (4) the two loops: full tiles, then the diagonal
     acc, m_i, l_i = _key_tiles(

@@ -76,7 +76,7 @@ def _qk_norm_rope_write_kernel(
         v = tl.load(qkv_ptr + t * stride_t + (N_HEADS + N_KV + kv) * D + d, mask=ok)
         key = out.to(tl.float32)  # a new name: a runtime branch keeps `out`'s type
         v = v.to(tl.float32)
-        if FP8_MAX > 0:  # a scaled FP8 cache (chapter 14), as chapter 10's write
+        if FP8_MAX > 0:  # a scaled FP8 cache (chapter 14x), as chapter 10's write
             key = tl.clamp(key / tl.load(k_scale_ptr), -FP8_MAX, FP8_MAX)
             v = tl.clamp(v / tl.load(v_scale_ptr), -FP8_MAX, FP8_MAX)
         tl.store(key_cache_ptr + at, key.to(key_cache_ptr.dtype.element_ty), mask=ok)

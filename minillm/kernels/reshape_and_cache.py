@@ -48,7 +48,7 @@ def _write_kv_kernel(
     ok = i < ROW
     k = tl.load(k_ptr + t * stride_kt + i, mask=ok)
     v = tl.load(v_ptr + t * stride_vt + i, mask=ok)
-    if FP8_MAX > 0:  # a scaled cache (chapter 14): x / scale, clamped, to FP8
+    if FP8_MAX > 0:  # a scaled cache (chapter 14x): x / scale, clamped, to FP8
         k = k.to(tl.float32) / tl.load(k_scale_ptr)
         v = v.to(tl.float32) / tl.load(v_scale_ptr)
         k = tl.clamp(k, -FP8_MAX, FP8_MAX).to(key_cache_ptr.dtype.element_ty)

@@ -163,7 +163,7 @@ class TPExecutor:
             kv_cache.block_size,
             eos_token_ids,
             max_model_len,
-            kv_cache.key_cache.dtype,  # the cache's element type (FP8, chapter 14)
+            kv_cache.key_cache.dtype,  # the cache's element type (FP8, chapter 14x)
         )
         backend = "nccl" if param.device.type == "cuda" else "gloo"
         pipes = [context().Pipe() for _ in range(self.world_size)]

@@ -7,13 +7,14 @@ apply                    chapters/14_quantization.md
 awq                      chapters/14_quantization.md
 calibration              chapters/14_quantization.md
 checkpoint               chapters/14_quantization.md
-fp8                      chapters/14_quantization.md
+eight_bit                chapters/14x_eight_bit.md
+fp8                      chapters/14x_eight_bit.md
 gptq                     chapters/14_quantization.md
-kv_fp8                   chapters/14_quantization.md
+kv_fp8                   chapters/14x_eight_bit.md
 methods                  chapters/14_quantization.md
 quality                  chapters/14_quantization.md
 rotation                 chapters/14_quantization.md
 rtn                      chapters/14_quantization.md
 sequential               chapters/14_quantization.md
-w8a8                     chapters/14_quantization.md
+w8a8                     chapters/14x_eight_bit.md
 """

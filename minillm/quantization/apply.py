@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_quantization.md:1173
+# %% chapters/14_quantization.md:1144
 """Quantizing a whole model: scaling groups, the passes of each method, and the
 modules that replace nn.Linear (chapter 14)."""
 
@@ -17,14 +17,12 @@ from torch import Tensor, nn
 from minillm.int4 import Int4Linear, Int4Weight, replace_linears
 from minillm.quantization.awq import awq_search
 from minillm.quantization.calibration import LinearStats, decoder_linears
-from minillm.quantization.fp8 import Fp8Linear
 from minillm.quantization.gptq import gptq_quantize
 from minillm.quantization.rtn import quantize_rtn_groups
 from minillm.quantization.sequential import gptq_sequential
-from minillm.quantization.w8a8 import Int8Linear, smooth_scales
 
 
-# %% chapters/14_quantization.md:1196
+# %% chapters/14_quantization.md:1165
 @dataclass
 class ScalingGroup:
     """Projections that read one input, and how to divide that input by s."""
@@ -47,7 +45,7 @@ def _div_norm(norm: nn.Module) -> Callable[[Tensor], None]:
     return lambda s: norm.weight.div_(s.to(norm.weight))
 
 
-# %% chapters/14_quantization.md:1220
+# %% chapters/14_quantization.md:1189
 def scaling_groups(model: nn.Module) -> list[ScalingGroup]:
     """Per decoder layer: (q, k, v) after the first norm; o after v where every
     query head has its own v head; (gate, up) after the second norm; down after up.
@@ -88,7 +86,7 @@ def apply_scales(model: nn.Module, group: ScalingGroup, s: Tensor) -> None:
         group.fold(s)
 
 
-# %% chapters/14_quantization.md:1811
+# %% chapters/14_quantization.md:1306
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
@@ -130,7 +128,7 @@ def int4_codes(
     return out
 
 
-# %% chapters/14_quantization.md:1861
+# %% chapters/14_quantization.md:1356
 def int4_layers(model: nn.Module, codes: dict[str, Codes]) -> list[str]:
     """Replace each projection named in codes by chapter 13's Int4Linear."""
 
@@ -158,24 +156,8 @@ def fake_quantize_layers(model: nn.Module, codes: dict[str, Codes]) -> None:
             linear.weight.copy_(dequantize_groups(*codes[name]).to(linear.weight))
 
 
-# %% chapters/14_quantization.md:1890
-@torch.no_grad()
-def w8a8_layers(
-    model: nn.Module, stats: dict[str, LinearStats] | None, alpha: float | None
-) -> list[str]:
-    """SmoothQuant with alpha (None: no smoothing), then Int8Linear everywhere."""
-    if alpha is not None:
-        if stats is None:
-            raise ValueError("smoothing needs calibration statistics")
-        for group in scaling_groups(model):
-            if group.fold is not None:
-                ws = [model.get_submodule(n).weight for n in group.names]
-                s = smooth_scales(stats[group.names[0]].abs_max, ws, alpha)
-                apply_scales(model, group, s)
-    return replace_linears(model, lambda name, linear: Int8Linear.from_linear(linear))
-
-
-def fp8_layers(model: nn.Module, per_channel: bool = True) -> list[str]:
-    return replace_linears(
-        model, lambda name, linear: Fp8Linear.from_linear(linear, per_channel)
-    )
+# %% chapters/14_quantization.md:1389
+# The passes that replace every projection by a layer of another kind instead of
+# making 4-bit codes, by method: pass(model, stats, **settings) -> the names it
+# replaced. Chapter 14x adds its eight-bit layers, "w8a8" and "fp8".
+LAYER_PASSES: dict[str, Callable[..., list[str]]] = {}

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_quantization.md:275
+# %% chapters/14_quantization.md:272
 """Calibration: the statistics of every projection's inputs (chapter 14).
 
 capture() runs a model on calibration token windows and records, at the input of
@@ -36,7 +36,7 @@ def decoder_linears(model: nn.Module) -> dict[str, nn.Linear]:
     }
 
 
-# %% chapters/14_quantization.md:310
+# %% chapters/14_quantization.md:307
 def split_tokens(tokenizer: Tokenizer, split: str) -> Tensor:
     """The token ids [num_tokens] of one split ("train" or "held_out") of the
     course corpus."""
@@ -63,7 +63,7 @@ def token_windows(
     return torch.stack([ids[s : s + seq_len] for s in starts])
 
 
-# %% chapters/14_quantization.md:344
+# %% chapters/14_quantization.md:341
 @dataclass
 class LinearStats:
     """Sums over the calibration tokens of one projection input of width k."""
@@ -92,7 +92,7 @@ class LinearStats:
         return self.abs_sum / max(self.num_tokens, 1)
 
 
-# %% chapters/14_quantization.md:378
+# %% chapters/14_quantization.md:375
 @contextmanager
 def recording(linears: dict[str, nn.Linear]):
     """While the with-block runs, record the input statistics of linears (by name)
@@ -123,7 +123,7 @@ def recording(linears: dict[str, nn.Linear]):
         s.names.append(name)
 
 
-# %% chapters/14_quantization.md:410
+# %% chapters/14_quantization.md:407
 @torch.no_grad()
 def capture(
     model: nn.Module, windows: Tensor, batch_size: int = 4

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_quantization.md:2280
+# %% chapters/14_quantization.md:1757
 """Export 4-bit codes in the GPTQ or AWQ checkpoint layout (qweight, qzeros,
 scales; quantization_config in config.json) and load such a checkpoint back into
 chapter 13's Int4Linear (chapter 14)."""
@@ -41,7 +41,7 @@ def unpack_columns(words: Tensor, order: list[int] | None = None) -> Tensor:
     return v.reshape(r, m * 8)
 
 
-# %% chapters/14_quantization.md:2324
+# %% chapters/14_quantization.md:1801
 SYM_ZERO = 8  # the zero point that "sym": true promises for every 4-bit group
 
 
@@ -68,7 +68,7 @@ def to_layout(codes: Tensor, scales: Tensor, zeros: Tensor, fmt: str) -> dict:
     raise ValueError(f"unknown checkpoint format {fmt!r} (gptq or awq)")
 
 
-# %% chapters/14_quantization.md:2352
+# %% chapters/14_quantization.md:1829
 def is_symmetric(codes: dict) -> bool:
     """Whether every zero point of every projection is SYM_ZERO: the only codes
     that a GPTQ folder may label "sym": true."""
@@ -88,7 +88,7 @@ def from_layout(t: dict, fmt: str, sym: bool = False) -> tuple[Tensor, Tensor, T
     return codes, t["scales"].float().T.contiguous(), zeros.float().T.contiguous()
 
 
-# %% chapters/14_quantization.md:2378
+# %% chapters/14_quantization.md:1855
 def export_quantized(
     model: CausalLM, codes: dict, folder: str | Path, fmt: str, source=None
 ) -> None:
@@ -118,7 +118,7 @@ def export_quantized(
         shutil.copy(path, folder / path.name)  # tokenizer.json, its config
 
 
-# %% chapters/14_quantization.md:2409
+# %% chapters/14_quantization.md:1886
 def load_quantized_checkpoint(folder: str | Path) -> CausalLM:
     """A CausalLM whose projections are Int4Linear, from a GPTQ or AWQ folder."""
     folder = Path(folder)

@@ -2,8 +2,8 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_quantization.md:1938
-"""The engine's quantization methods "gptq", "awq", "w8a8" and "fp8" (chapter 14),
+# %% chapters/14_quantization.md:1422
+"""The engine's quantization methods "gptq" and "awq" (chapter 14),
 registered in chapter 13's QUANTIZATION_METHODS seam; calibrated results are cached
 in $MINILLM_CACHE/quantized/ and loaded on the next build."""
 
@@ -13,7 +13,9 @@ import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,9 +28,7 @@ from minillm.int4 import Int4Linear, Int4Weight, replace_linears
 from minillm.merged_projections import merge_projections
 from minillm.quantization import apply
 from minillm.quantization.calibration import capture, token_windows
-from minillm.quantization.fp8 import Fp8Linear
 from minillm.quantization.rotation import ROTATIONS, hadamard, rotate_residual
-from minillm.quantization.w8a8 import Int8Linear
 from minillm.registry import QUANTIZATION_METHODS, engine_options
 from minillm.tiny import default_cache_dir, tiny_model_path
 from minillm.tokenizer import Tokenizer
@@ -36,7 +36,7 @@ from minillm.tokenizer import Tokenizer
 CACHE_VERSION = 1  # bump when a method's code changes its output
 
 
-# %% chapters/14_quantization.md:1978
+# %% chapters/14_quantization.md:1462
 @engine_options
 @dataclass(frozen=True)
 class QuantizationOptions:
@@ -48,8 +48,6 @@ class QuantizationOptions:
     gptq_sym: bool = False  # the zero point fixed at 8, as vLLM's GPTQ needs
     gptq_mse: bool = True  # each group's range searched (GPTQ's mse), not min-max
     gptq_group_size: int | None = 32  # None: chapter 13's int4_group_size
-    smoothquant_alpha: float | None = 0.5  # None: W8A8 without smoothing
-    fp8_per_channel: bool = True  # False: one weight scale per tensor
     calibration_tokenizer: str | None = None  # a model folder, a name, or "tiny"
     calibration_samples: int = 32  # calibration sequences (GPTQ, AWQ, W8A8)
     calibration_seq_len: int = 256  # tokens in each calibration sequence
@@ -66,16 +64,13 @@ class QuantizationOptions:
                 f"quant_rotation must be None, 'auto' or one of {sorted(ROTATIONS)}: "
                 f"{config.quant_rotation!r}"
             )
-        alpha = config.smoothquant_alpha
-        if alpha is not None and not 0 <= alpha <= 1:
-            raise ValueError(f"smoothquant_alpha must be in [0, 1] or None: {alpha}")
         if not 0 <= config.gptq_damp < 1:
             raise ValueError(f"gptq_damp must be in [0, 1): {config.gptq_damp}")
         if config.calibration_samples < 1 or config.calibration_seq_len < 2:
             raise ValueError("calibration_samples and calibration_seq_len too small")
 
 
-# %% chapters/14_quantization.md:2022
+# %% chapters/14_quantization.md:1501
 def calibration_windows(config: EngineConfig, method: str) -> Tensor:
     """The calibration token windows the config asks for."""
     name = config.calibration_tokenizer
@@ -101,8 +96,8 @@ def cache_key(model: nn.Module, method: str, settings: dict, windows: Tensor | N
     return h.hexdigest()[:16]
 
 
-# %% chapters/14_quantization.md:2055
-KINDS = {Int4Linear: "int4", Int8Linear: "int8", Fp8Linear: "fp8"}
+# %% chapters/14_quantization.md:1535
+KINDS = {Int4Linear: "int4"}  # a replaced projection's kind, by its class
 
 
 def save_quantized(model: nn.Module, path: Path, everything: bool = False) -> None:
@@ -117,7 +112,7 @@ def save_quantized(model: nn.Module, path: Path, everything: bool = False) -> No
     tmp.rename(path)  # atomic: the file appears complete or not at all
 
 
-# %% chapters/14_quantization.md:2072
+# %% chapters/14_quantization.md:1552
 def load_quantized(model: nn.Module, path: Path) -> None:
     from safetensors import safe_open
 
@@ -135,7 +130,7 @@ def load_quantized(model: nn.Module, path: Path) -> None:
             g = linear.in_features // t["scales"].shape[0]
             weight = Int4Weight(t["qweight"], t["scales"], t["zeros"], g)
             return Int4Linear.from_weight(weight, bias)
-        cls = {"int8": Int8Linear, "fp8": Fp8Linear}.get(kinds.get(name))
+        cls = {kind: c for c, kind in KINDS.items()}.get(kinds.get(name))
         return None if cls is None else cls(t["qweight"], t["weight_scale"], bias)
 
     replace_linears(model, make)
@@ -146,7 +141,7 @@ def load_quantized(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=False)  # the norms, and the rest again
 
 
-# %% chapters/14_quantization.md:2115
+# %% chapters/14_quantization.md:1595
 def gptq_group_size(config: EngineConfig) -> int:
     """The group size of quantization="gptq": its own, else chapter 13's."""
     return config.gptq_group_size or config.int4_group_size
@@ -162,11 +157,10 @@ def _settings(method: str, config: EngineConfig) -> dict:
                  "sequential": config.gptq_sequential, "rotation": rotation,
                  **common},
         "awq": {"g": config.int4_group_size, "rotation": rotation, **common},
-        "w8a8": {"alpha": config.smoothquant_alpha, **common},
     }[method]  # fmt: skip
 
 
-# %% chapters/14_quantization.md:2139
+# %% chapters/14_quantization.md:1618
 def rotation_of(method: str, config: EngineConfig, hidden: int) -> str | None:
     """The rotation method applies to a model of that hidden size: quant_rotation,
     where "auto" is a randomized Hadamard matrix for GPTQ (where one of the hidden
@@ -186,9 +180,6 @@ def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None
         method, stats = "gptq-seq", None  # the layers calibrate one by one
     else:
         stats = capture(model, windows) if windows is not None else None
-    if method == "w8a8":
-        apply.w8a8_layers(model, stats, config.smoothquant_alpha)
-        return
     g, act_order, sym = config.int4_group_size, config.gptq_act_order, config.gptq_sym
     mse = method.startswith("gptq") and config.gptq_mse
     g = gptq_group_size(config) if method.startswith("gptq") else g
@@ -197,12 +188,14 @@ def _build(model: nn.Module, method: str, config: EngineConfig, windows) -> None
     apply.int4_layers(model, codes)
 
 
-# %% chapters/14_quantization.md:2171
-def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> None:
-    merge_projections(model)
-    needs = method != "w8a8" or config.smoothquant_alpha is not None
-    windows = calibration_windows(config, method) if needs else None
-    key = cache_key(model, method, _settings(method, config), windows)
+# %% chapters/14_quantization.md:1651
+def cached(
+    model: nn.Module, method: str, settings: dict, windows: Tensor | None,
+    build: Callable[[], None], everything: bool = False,
+) -> None:  # fmt: skip
+    """Load model's quantization by method from the cache, else build() it and store
+    it; a lock makes a second process wait instead of building twice."""
+    key = cache_key(model, method, settings, windows)
     folder = default_cache_dir() / "quantized"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{method}-{key}.safetensors"
@@ -210,14 +203,21 @@ def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> 
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.is_file():
             return load_quantized(model, path)
-        device = next(model.parameters()).device
-        hidden = model.model.embed_tokens.weight.shape[1]
-        rotated = rotation_of(method, config, hidden) is not None
-        _build(model, method, config, windows.to(device) if needs else None)
-        save_quantized(model, path, everything=rotated)
+        build()
+        save_quantized(model, path, everything)
 
 
-# %% chapters/14_quantization.md:2192
+def quantize_calibrated(model: nn.Module, config: EngineConfig, method: str) -> None:
+    merge_projections(model)
+    windows = calibration_windows(config, method)
+    device = next(model.parameters()).device
+    hidden = model.model.embed_tokens.weight.shape[1]
+    rotated = rotation_of(method, config, hidden) is not None
+    build = partial(_build, model, method, config, windows.to(device))
+    cached(model, method, _settings(method, config), windows, build, rotated)
+
+
+# %% chapters/14_quantization.md:1681
 @QUANTIZATION_METHODS.register("gptq")
 def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
     """GPTQ 4-bit weights in chapter 13's format (calibrated, cached)."""
@@ -228,16 +228,3 @@ def quantize_gptq(model: nn.Module, config: EngineConfig) -> None:
 def quantize_awq(model: nn.Module, config: EngineConfig) -> None:
     """AWQ 4-bit weights in chapter 13's format (calibrated, cached)."""
     quantize_calibrated(model, config, "awq")
-
-
-@QUANTIZATION_METHODS.register("w8a8")
-def quantize_w8a8(model: nn.Module, config: EngineConfig) -> None:
-    """SmoothQuant int8 weights and per-token int8 activations."""
-    quantize_calibrated(model, config, "w8a8")
-
-
-@QUANTIZATION_METHODS.register("fp8")
-def quantize_fp8(model: nn.Module, config: EngineConfig) -> None:
-    """FP8 E4M3 weights and per-token activations; no calibration."""
-    merge_projections(model)
-    apply.fp8_layers(model, config.fp8_per_channel)

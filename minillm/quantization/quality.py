@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_quantization.md:2510
+# %% chapters/14_quantization.md:1988
 """The quality table: held-out perplexity, with bootstrap intervals over the
 windows, and greedy agreement of each quantization method against the unquantized
 model (chapter 14). Cached in $MINILLM_CACHE/quantized/ under a key that hashes the
@@ -33,12 +33,13 @@ from minillm.quantization import apply
 from minillm.quantization.calibration import capture, split_tokens, token_windows
 from minillm.quantization.calibration import window_starts
 from minillm.quantization.rotation import rotate_residual
+from minillm.registry import load_plugins
 from minillm.tiny import default_cache_dir, tiny_model_path
 
 QUALITY_VERSION = 4  # 2: sequential GPTQ; 3: rotations; 4: strided windows, bootstrap
 
 
-# %% chapters/14_quantization.md:2553
+# %% chapters/14_quantization.md:2032
 @torch.no_grad()
 def window_nll(
     model: nn.Module, windows: Tensor, score_last: int | None = None,
@@ -67,7 +68,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(nll.mean().exp()), top1
 
 
-# %% chapters/14_quantization.md:2588
+# %% chapters/14_quantization.md:2067
 RESAMPLES, LEVEL, SEED = 2000, 0.95, 0  # every interval's bootstrap
 
 
@@ -102,7 +103,7 @@ def ppl_ratio(table: dict, a: str, b: str) -> tuple[float, float, float]:
     return math.exp(float(diff.double().mean())), math.exp(lo), math.exp(hi)
 
 
-# %% chapters/14_quantization.md:2632
+# %% chapters/14_quantization.md:2111
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -141,7 +142,7 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     ]
 
 
-# %% chapters/14_quantization.md:2672
+# %% chapters/14_quantization.md:2151
 def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats,
                        windows: Tensor) -> None:  # fmt: skip
     """Quantize model by one row's method (calibration: stats or windows)."""
@@ -151,17 +152,16 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
     if method in ("rtn", "gptq", "awq", "gptq-seq"):
         codes = apply.int4_codes(model, method, stats, windows=windows, **settings)
         apply.fake_quantize_layers(model, codes)
-    elif method == "w8a8":
-        apply.w8a8_layers(model, stats, settings["alpha"])
-    elif method == "fp8":
-        apply.fp8_layers(model)
+    elif method is not None:  # chapter 14x's eight-bit layers, an engine plugin
+        load_plugins()
+        apply.LAYER_PASSES[method](model, stats, **settings)
 
 
-# %% chapters/14_quantization.md:2696
+# %% chapters/14_quantization.md:2175
 # The modules whose code the table's rows run (checkpoint and methods: export and
 # engine only); of minillm.int4 the rows call replace_linears alone.
 TABLE_MODULES = ("rtn", "calibration", "gptq", "sequential", "rotation", "awq",
-                 "apply", "w8a8", "fp8", "quality")  # fmt: skip
+                 "apply", "w8a8", "fp8", "eight_bit", "quality")  # fmt: skip
 SMOLLM2_TABLE = {"calib": (32, 256), "held_out": (64, 256), "group_size": 64}
 
 
@@ -195,7 +195,7 @@ def command(name: str, calib, held_out, group_size: int) -> str:
             f"{held_out[1]}")  # fmt: skip
 
 
-# %% chapters/14_quantization.md:2741
+# %% chapters/14_quantization.md:2220
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256),
     held_out: tuple[int, int] = (64, 256), group_size: int = 128,
@@ -228,7 +228,7 @@ def quality_table(
     return table | {"source": "computed now", "key": key}
 
 
-# %% chapters/14_quantization.md:2778
+# %% chapters/14_quantization.md:2257
 def build_table(name, folder, calib, held_out, group_size) -> dict:
     model, tokenizer = load_pretrained(folder)
     merge_projections(model)  # same results per row, fewer and larger products
@@ -262,7 +262,7 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
     return table
 
 
-# %% chapters/14_quantization.md:2813
+# %% chapters/14_quantization.md:2292
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="compute and print a quality table")
     p.add_argument("model", help='"tiny", "smollm2", or a model folder')
@@ -282,6 +282,6 @@ def main(argv: list[str] | None = None) -> None:
               f"agree {row['agreement']:.1%}")  # fmt: skip
 
 
-# %% chapters/14_quantization.md:2834
+# %% chapters/14_quantization.md:2313
 if __name__ == "__main__":
     main()
