@@ -1,4 +1,4 @@
-"""Speculative decoding (chapter 15): what a step costs per query token, and what the
+"""Speculative decoding (chapter 18): what a step costs per query token, and what the
 proposers buy at batch 1 to 128, against the same engine without them.
 
 Two measurements, in one run:
@@ -7,7 +7,7 @@ Two measurements, in one run:
    512 tokens cached: one forward pass plus the logits of every query row, on a
    Qwen3-0.6B-shaped model with random weights (bf16 on a GPU; the time does not
    depend on the weights), through the attention backend the engine picks (chapter
-   10's Triton kernels on a GPU). Median of 20 after 3 warm-ups.
+   11's Triton kernels on a GPU). Median of 20 after 3 warm-ups.
 2. The chapter's two workloads (minillm/speculative/workloads.py: prompts from the
    corpus's held-out topics, "repetitive" and "open") on the course's tiny trained model
    (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32 and 128 (all
@@ -17,7 +17,7 @@ Two measurements, in one run:
    the cache lacks it), with the draft model and Medusa (k = 3) when --methods names
    them ("draft k=3", "medusa k=3"; their cached checkpoints, trained likewise), and
    at batch >= 32 with k = 3 and disable_by_batch_size = 32
-   (n-gram and EAGLE). All on the engine's default runner — on a GPU chapter 11's fast
+   (n-gram and EAGLE). All on the engine's default runner — on a GPU chapter 13's fast
    path: persistent batch, CUDA graphs (for verification steps and EAGLE's draft too),
    compiled layers, async scheduling for the steps that neither verify nor propose —
    and, at batch 1, without speculation on the same fast path with every step run in
@@ -125,7 +125,7 @@ METHODS = {  # proposers measured: (method, k)
 }
 DEFAULT_METHODS = ("ngram k=3", "ngram k=5", "eagle k=3", "eagle k=5", "eagle k=8")
 RUNNERS = {  # engine options of each runner measured
-    "fast path": {},  # the engine's defaults: on a GPU, chapter 11's fast path
+    "fast path": {},  # the engine's defaults: on a GPU, chapter 13's fast path
     "chapter 7": {"persistent_batch": False},
     # the fast path with every step run in step (no async scheduling): a second
     # baseline at batch 1, where the CPU's work per step is what counts
@@ -226,7 +226,7 @@ def replay_ms(fn, n: int = 50) -> float:
 def step_parts(runner) -> dict:
     """The GPU time of the parts of a batch-1 step, replayed after the run (the
     buffers hold its last step; the graphs write only the scratch block or slots of
-    finished requests): chapter 11's decode graph, the verification graph of 1 + k
+    finished requests): chapter 13's decode graph, the verification graph of 1 + k
     tokens, EAGLE's draft chain from its graph and eagerly."""
     parts = {}
     graphs = getattr(runner, "graph_runner", None)
@@ -263,7 +263,7 @@ def main() -> None:
     steps, backend = [], ATTENTION_BACKENDS.resolve("auto", device)
     if not args.no_step_curve:
         steps, backend = step_vs_query_tokens(device, args.quick)
-    # one model per runner: chapter 11's fast path rewrites its model's layers
+    # one model per runner: chapter 13's fast path rewrites its model's layers
     models = {
         name: tiny_model(device=device, dtype=torch.float32, progress=False)
         for name in ("fast path", "chapter 7")
@@ -344,7 +344,7 @@ def main() -> None:
         "workload_model": "course tiny model (float32)",
         "attention_backend": backend,
         "runners": {
-            "fast path": "the engine's defaults (on a GPU: chapter 11's persistent "
+            "fast path": "the engine's defaults (on a GPU: chapter 13's persistent "
             "batch, CUDA graphs, compiled layers, async scheduling for steps that "
             "neither verify nor propose; speculation verifies in step, from graphs "
             "of 1 + k tokens per sequence)",

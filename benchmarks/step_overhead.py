@@ -5,7 +5,7 @@ A stand-in model that does no arithmetic (it returns zeros of the right shapes) 
 through the real engine — scheduler, KV-cache manager, input preparation, sampling,
 update, stop checks — with --num-requests requests of 100–1000 random prompt tokens
 (seed 0) decoding together; the script times --steps engine steps with chapter 7's
-runner and with chapter 11's persistent batch, in the same run. Runs anywhere (CPU
+runner and with chapter 13's persistent batch, in the same run. Runs anywhere (CPU
 timings are noisy: compare the two numbers of one run).
 
     python benchmarks/step_overhead.py

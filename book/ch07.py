@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 def run_to_completion(engine, prompts: list, params) -> list:
     """Each prompt's final RequestOutput, in the prompts' order: every prompt added as
     a request (output_kind="final_only"), then engine steps until none is left. The
-    loop chapter 7x's `LLM.generate` wraps, for chapter 7's checks."""
+    loop chapter 8's `LLM.generate` wraps, for chapter 7's checks."""
     params = replace(params, output_kind="final_only")
     ids = [f"run-{i}" for i in range(len(prompts))]
     for request_id, prompt in zip(ids, prompts):
@@ -158,14 +158,14 @@ def plot_measured(cpu_rows: dict[str, float], record: dict, device: str):
 
 
 def plot_stored_run(record: dict, later: dict | None = None):
-    """The stored run on a log scale, and the same workload after chapters 10-11
+    """The stored run on a log scale, and the same workload after chapters 11-13
     (`later`, the newest throughput run) when there is one."""
     rows = stored_rows(record)
     colors = ["gray", "tab:blue", "lightgray"]
     if later is not None:  # before the limit
         *ours, (name, limit) = rows.items()
         latest = later["minillm"]["output_tokens_per_s"]
-        rows = dict([*ours, ("minillm, latest\n(chapters 10-11 on)", latest)])
+        rows = dict([*ours, ("minillm, latest\n(chapters 11-13 on)", latest)])
         rows[name] = limit
         colors.insert(2, "tab:green")
     fig, ax = plt.subplots(figsize=(7, 0.7 * len(rows) + 0.8))

@@ -1,209 +1,243 @@
-"""Chapter 14's helpers that are not the lesson: what the rotation's check prints
-(groups' peaks, input channels' spread), bits stored per weight, the paired verdicts
-of the quality tables, and the tables and figures of the stored quality runs
-(chapter 14x's speed runs are book/ch14x.py's).
+"""Chapter 14's helpers that are not the lesson: the checks' engines and requests,
+the bytes of the penalties' passes, reading the stored H200 step profiles, and the
+figures (the async timeline, the sampled throughput).
 
-The chapter (chapters/14_quantization.md) and its lab notes
-(chapters/lab_notes/14_quantization_lab.md) import them; the quantizers themselves
-are in minillm/quantization/.
+The chapter (chapters/14_async_scheduling.md) imports them; the engine itself is in
+minillm/.
 """
 
 from __future__ import annotations
 
-import math
+import random
+from dataclasses import replace
 
 import matplotlib.pyplot as plt
-import torch
-from torch import Tensor, nn
 
-from minillm.quantization.calibration import decoder_linears
-from minillm.quantization.quality import interval, ppl_ratio, resampled_means
-from minillm.quantization.rotation import stream_projections
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.sampling_params import SamplingParams
 
 
-def peak_to_rms(w: Tensor, g: int = 128) -> float:
-    """Each group of g weights' largest magnitude over its rms, averaged."""
-    groups = w.detach().float().reshape(w.shape[0], -1, g)
-    rms = groups.pow(2).mean(-1).sqrt().clamp(min=1e-12)
-    return float((groups.abs().amax(-1) / rms).mean())
+def engine_with(model, tokenizer, prompts, params, **options) -> LLMEngine:
+    """Chapter 7's engine with one request per prompt, ids "0", "1", ...; params is
+    one SamplingParams for all or a list of one per prompt."""
+    engine = LLMEngine(model, tokenizer, EngineConfig(**options))
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, p)
+    return engine
 
 
-def channel_spread(hessian: Tensor) -> float:
-    """Largest input channel's rms over the median channel's, from H = X^T X."""
-    rms = torch.diagonal(hessian).clamp(min=0).sqrt()
-    return float(rms.max() / rms.median().clamp(min=1e-12))
+def finish(engine: LLMEngine) -> list[list[int]]:
+    """Runs the engine to the end: each request's tokens, in the order added."""
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[key] for key in sorted(done, key=int)]
 
 
-def readers_of(m) -> dict[str, nn.Linear]:
-    """The projections that read the residual stream, by name."""
-    names = {mod: n for n, mod in decoder_linears(m).items()}
-    return {
-        names[w]: w
-        for layer in m.model.layers
-        for _, ws in stream_projections(layer)[0]
-        for w in ws
-    }
+def random_prompts(rng: random.Random, vocab: int, n: int, lo: int, hi: int):
+    """n prompts of random token ids, each of lo to hi tokens."""
+    return [
+        [rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)
+    ]
 
 
-FAMILY = {  # method -> (legend label, colour)
-    None: ("bf16", "grey"),
-    "rtn": ("RTN", "C0"),
-    "gptq": ("GPTQ one-shot", "C1"),
-    "gptq-seq": ("GPTQ sequential", "C2"),
-    "awq": ("AWQ", "C3"),
-    "w8a8": ("W8A8 int8", "C4"),
-    "fp8": ("FP8 W8A8", "C5"),
+def mixed_rows(rng: random.Random, n: int) -> list[SamplingParams]:
+    """n rows of every sampling setting mixed, seeded; every fifth one greedy."""
+    return [
+        SamplingParams(temperature=0)
+        if i % 5 == 0
+        else SamplingParams(
+            temperature=rng.choice([0.5, 0.8, 1.2]),
+            top_k=rng.choice([0, 20, 200]),
+            top_p=rng.choice([1.0, 0.95, 0.6]),
+            min_p=rng.choice([0.0, 0.05]),
+            seed=rng.randrange(2**40),
+        )
+        for i in range(n)
+    ]
+
+
+def rule_requests(vocab_size: int) -> tuple[list[SamplingParams], list[int], list[int]]:
+    """Six requests, each with chapter 6's penalties or token rules (14 tokens each),
+    and the stop set and allowed tokens two of them use."""
+    stop_set = list(range(0, vocab_size, 3))  # a third of the vocabulary stops
+    allowed = list(range(40, 140))
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=1, repetition_penalty=1.3),
+        SamplingParams(temperature=0, frequency_penalty=0.8, presence_penalty=0.5),
+        SamplingParams(temperature=1.0, seed=2, min_tokens=6, stop_token_ids=stop_set),
+        SamplingParams(temperature=0.7, seed=3, allowed_token_ids=allowed),
+        SamplingParams(temperature=0, banned_token_ids=list(range(10, 60))),
+        SamplingParams(temperature=0.9, top_k=30, seed=4, presence_penalty=1.5),
+    ]
+    return [replace(p, max_tokens=14) for p in params], stop_set, allowed
+
+
+def print_resolution(runner_class) -> None:
+    """What the fast-path options resolve to, for a few configurations on each kind
+    of device: the lookup the engine starts with (no engine is built)."""
+    from minillm.registry import ATTENTION_BACKENDS, MODEL_RUNNERS
+
+    for device_type in ("cpu", "cuda"):
+        for options in ({}, {"cuda_graphs": False}, {"attention_backend": "torch"}):
+            config, parts = EngineConfig(**options), {"device": device_type}
+            for registry in (ATTENTION_BACKENDS, MODEL_RUNNERS):
+                value = getattr(config, registry.option)
+                parts[registry.option] = registry.resolve(value, device_type)
+            runner = MODEL_RUNNERS[parts["persistent_batch"]]
+            flags = runner.fast_path(config, parts) if runner is runner_class else ()
+            on = [n for n, f in zip(("graphs", "compile", "async"), flags) if f]
+            print(
+                f"{device_type:4} {str(options):30} -> {parts['attention_backend']:6} "
+                f"{runner.__name__:15} {', '.join(on) or '-'}"
+            )
+
+
+# (operation, bytes read, bytes written) per logit of a penalised row, on the path
+# before the kernel: bf16 logits (2 bytes), float32 values (4), boolean masks (1),
+# float32 counts (4)
+PENALTY_PASSES = [
+    ("logits.float()", 2, 4),
+    ("logits[at]", 4, 4),
+    ("prompt_seen[here]", 1, 1),
+    ("output_counts[here]", 4, 4),
+    ("output_counts > 0", 4, 1),
+    ("prompt_seen | output_seen", 2, 1),
+    ("torch.where(seen, penalty, 1.0)", 1, 4),
+    ("logits > 0", 4, 1),
+    ("logits / scale", 8, 4),
+    ("logits * scale", 8, 4),
+    ("torch.where(positive, ...)", 9, 4),
+    ("frequency * output_counts", 4, 4),
+    ("logits -= ...", 8, 4),
+    ("presence * output_seen", 1, 4),
+    ("logits -= ... (presence)", 8, 4),
+    ("logits[at] = ...", 4, 4),
+]
+# the kernel: bf16 logits in, int16 counts and a byte of prompt mask, float32 out
+PENALTY_KERNEL_BYTES = 2 + 2 + 1 + 4
+
+
+def penalty_bytes(copy_bw: float | None, rows=256, vocab=151_936) -> dict:
+    """The glued numbers of the penalties' passes against one kernel, for rows of
+    Qwen3's vocabulary (and at the copy bandwidth, if given); prints the passes."""
+    for op, read, written in PENALTY_PASSES:
+        print(f"{op:32} reads {read}, writes {written} bytes per logit")
+    per_logit = sum(r + w for _, r, w in PENALTY_PASSES)
+    gb = {"": per_logit * rows * vocab / 1e9}
+    gb["fused_"] = PENALTY_KERNEL_BYTES * rows * vocab / 1e9
+    numbers = {"ch12_pen_passes": len(PENALTY_PASSES), "ch12_pen_bytes": per_logit}
+    numbers["ch12_pen_fused_bytes"] = PENALTY_KERNEL_BYTES
+    numbers["ch12_pen_gb"] = f"{gb['']:.1f}"
+    numbers["ch12_pen_fused_gb"] = f"{gb['fused_']:.2f}"
+    if copy_bw:  # the measured copy bandwidth: the least time the bytes take
+        numbers["ch12_pen_ms"] = f"{gb[''] * 1e12 / copy_bw:.1f}"
+        numbers["ch12_pen_fused_ms"] = f"{gb['fused_'] * 1e12 / copy_bw:.2f}"
+    print(
+        f"{len(PENALTY_PASSES)} passes, {per_logit} bytes per logit: {gb['']:.1f} GB "
+        f"a step at {rows} rows x {vocab:,} tokens; one kernel: "
+        f"{PENALTY_KERNEL_BYTES} bytes per logit, {gb['fused_']:.2f} GB"
+    )
+    return numbers
+
+
+# the stored benchmarks/profile_step.py runs: (name, what was profiled)
+PROFILES = {
+    "batch1": "batch 1, synchronous steps",
+    "batch256_sync": "256 requests, synchronous steps",
+    "batch256_async": "256 requests, async scheduling",
 }
 
 
-def bits_per_weight(method: str | None, settings: dict) -> float:
-    """Bits stored per weight: 4-bit codes and a 16-bit scale and zero per group;
-    8-bit codes (with one scale a row, too few to count); bf16."""
-    if method in ("rtn", "gptq", "gptq-seq", "awq"):
-        return 4 + 2 * 16 / settings["group_size"]
-    return 16.0 if method is None else 8.0
+def profile_numbers(runs: dict) -> dict:
+    """The glued numbers of the three stored profiles: wall time and GPU idle time
+    per step, synchronous, and the wall time with async scheduling."""
+    return {
+        "ch12_sync1_ms": runs["batch1"]["wall_ms_per_step"],
+        "ch12_idle1_ms": runs["batch1"]["gpu_idle_ms_per_step"],
+        "ch12_sync256_ms": runs["batch256_sync"]["wall_ms_per_step"],
+        "ch12_idle256_ms": runs["batch256_sync"]["gpu_idle_ms_per_step"],
+        "ch12_async256_ms": runs["batch256_async"]["wall_ms_per_step"],
+    }
 
 
-def versus(table: dict, a: str, b: str) -> tuple[str, str]:
-    """How row a's perplexity compares with row b's, decided by the interval of
-    their paired ratio: (the words, the ratio and its interval)."""
-    r, lo, hi = ppl_ratio(table, a, b)
-    word = "lower than" if hi < 1 else "higher than" if lo > 1 else "not separable from"
-    return word, f"ratio {r:.3f}, 95% interval {lo:.3f}-{hi:.3f}"
+def print_profiles(runs: dict) -> None:
+    """Each stored profile: wall time, kernel time and GPU idle time per step."""
+    for name, what in PROFILES.items():
+        prof = runs[name]
+        print(
+            f"{what:32}: {prof['wall_ms_per_step']:5.2f} ms per step, kernels "
+            f"{prof['gpu_ms_per_step']:5.2f} ms, GPU idle "
+            f"{max(0.0, prof['gpu_idle_ms_per_step']):4.2f} ms "
+            f"({prof['environment']['gpu']}, measured)"
+        )
 
 
-def target(table: dict, rows: list[str], limit: float = 1.05) -> tuple[str, str]:
-    """Whether the rows' perplexity (their mean log-loss, per window) is within
-    `limit` times the unquantized one: met when the whole interval is."""
-    by = {r["label"]: torch.tensor(r["window_nll"]) for r in table["rows"]}
-    diff = torch.stack([by[r] for r in rows]).mean(0) - by["unquantized"]
-    lo, hi = (math.exp(v) for v in interval(resampled_means(diff)))
-    word = "met" if hi <= limit else "missed" if lo > limit else "undecided"
-    return word, f"ratio {math.exp(float(diff.mean())):.3f}, interval {lo:.3f}-{hi:.3f}"
-
-
-def _cell(row: dict) -> str:
-    lo, hi = row["ppl_interval"]
-    return f"{row['ppl']:7.2f} [{lo:6.2f}, {hi:6.2f}] {row['agreement']:6.1%}"
-
-
-def print_quality_tables(tiny: dict, smol: dict) -> None:
-    """The two quality tables side by side: perplexity [95% interval], agreement."""
-    print(f"\n{'':51} {'tiny model':^31} {'SmolLM2-135M':^31}")
-    print(f"{'':51}" + f" {'ppl [95% interval]':>23} {'agree':>7}" * 2)
-    for a, b in zip(tiny["rows"], smol["rows"]):
-        label = a["label"].replace(" g128", " g128/g64", 1)
-        print(f"{label:51} {_cell(a)} {_cell(b)}")
-
-
-def _ratio_points(table: dict, setup: dict) -> list[tuple]:
-    """(bits, percent over bf16, low, high, method, label) of every quantized row."""
-    base = table["rows"][0]["label"]
-    points = []
-    for row in table["rows"][1:]:
-        method, settings = setup[row["label"]]
-        r, lo, hi = ppl_ratio(table, row["label"], base)
-        pct = [100 * (x - 1) for x in (r, lo, hi)]
-        points.append((bits_per_weight(method, settings), *pct, method, row["label"]))
-    return points
-
-
-def plot_quality_vs_bits(table: dict, setup: dict, grid: dict | None = None):
-    """Perplexity over bf16's (paired 95% interval) against bits stored per weight,
-    one point a row of table (setup: label -> (method, settings)); grid: the stored
-    gptq_quality run, its rows as open squares."""
-    fig, ax = plt.subplots(figsize=(8, 4))
-    seen = set()
-    points = _ratio_points(table, setup)
-    for i, (bits, pct, lo, hi, method, _) in enumerate(sorted(points)):
-        name, colour = FAMILY[method]
-        x = bits + 0.06 * (i % 5 - 2)  # rows at the same bits side by side
-        label = None if name in seen else name
-        ax.errorbar(x, pct, yerr=[[pct - lo], [hi - pct]], fmt="o", color=colour,
-                    ms=4, capsize=2, lw=1, label=label)  # fmt: skip
-        seen.add(name)
-    if grid is not None:
-        for i, row in enumerate(grid["rows"][1:]):
-            lo, hi = (100 * (x - 1) for x in row["ratio_interval"])
-            pct, bits = (
-                100 * (row["ratio"] - 1),
-                bits_per_weight(row["method"], row["settings"]),
-            )
-            ax.errorbar(bits + 0.06 * (i % 5 - 2), pct, yerr=[[pct - lo], [hi - pct]],
-                        fmt="s", mfc="none", color="k", ms=5, capsize=2, lw=0.8,
-                        label=None if i else "GPTQ knobs (gptq_quality)")  # fmt: skip
-    ax.axhline(0, color="grey", ls="--", lw=1)
-    ax.axhline(5, color="grey", ls=":", lw=1, label="+5% target")
-    ax.set_xlabel("bits stored per weight (codes, scales and zeros)")
-    ax.set_ylabel("held-out perplexity over bf16, %")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    return fig
-
-
-SEQ_AO = "GPTQ int4 g64 act-order sequential"  # AutoGPTQ's defaults, SmolLM2's g64
-ROW_KEYS = {  # glue key -> SmolLM2's row label
-    "base": "unquantized", "rtn32": "RTN int4 g32", "rtn64": "RTN int4 g64",
-    "gptq": "GPTQ int4 g64 one-shot", "gptq_ao": "GPTQ int4 g64 act-order one-shot",
-    "seq": "GPTQ int4 g64 sequential", "seq_ao": SEQ_AO,
-    **{f"had{k}": f"{SEQ_AO}, Hadamard {k}" for k in range(3)},
-    "rtn_had": "RTN int4 g64, Hadamard 0", "awq": "AWQ int4 g64",
-    "w8": "W8A8 int8, no smoothing", "sq": "W8A8 SmoothQuant a=0.5",
-    "fp8": "FP8 W8A8 (E4M3)",
-}  # fmt: skip
-COMPARISONS = {  # glue key -> (row a, row b), in SmolLM2's labels
-    "gptq_rtn": (SEQ_AO, "RTN int4 g64"),
-    "gptq_rtn32": (SEQ_AO, "RTN int4 g32"),
-    "awq_rtn": ("AWQ int4 g64", "RTN int4 g64"),
-    "gptq_awq": (SEQ_AO, "AWQ int4 g64"),
-    "ao_one": ("GPTQ int4 g64 act-order one-shot", "GPTQ int4 g64 one-shot"),
-    "seq_ao": (SEQ_AO, "GPTQ int4 g64 act-order one-shot"),
-    "seq_plain": ("GPTQ int4 g64 sequential", "GPTQ int4 g64 one-shot"),
-    **{f"had{k}": (f"{SEQ_AO}, Hadamard {k}", SEQ_AO) for k in range(3)},
-    "rtn_had": ("RTN int4 g64, Hadamard 0", "RTN int4 g64"),
-    "sq_w8": ("W8A8 SmoothQuant a=0.5", "W8A8 int8, no smoothing"),
-    "fp8_w8": ("FP8 W8A8 (E4M3)", "W8A8 int8, no smoothing"),
-    "fp8_sq": ("FP8 W8A8 (E4M3)", "W8A8 SmoothQuant a=0.5"),
-}  # fmt: skip
-
-
-def build_s(table: dict) -> float:
-    """The seconds a quality table took to compute: calibration and every row."""
-    return table["calibration_s"] + sum(r["seconds"] for r in table["rows"])
-
-
-def table_numbers(smol_table: dict, tiny_table: dict | None = None) -> dict:
-    """The numbers the prose quotes from the quality tables (SmolLM2's, and the tiny
-    model's spread where given), by glue key."""
-    smol = {r["label"]: r for r in smol_table["rows"]}
-    base = smol["unquantized"]["ppl"]
-    out = {}
-    for key, label in ROW_KEYS.items():
-        out[f"ch13_smol_{key}_ppl"] = smol[label]["ppl"]
-        out[f"ch13_smol_{key}_pct"] = 100 * (smol[label]["ppl"] / base - 1)
-        out[f"ch13_smol_{key}_agree"] = 100 * smol[label]["agreement"]
-    out["ch13_smol_base_lo"], out["ch13_smol_base_hi"] = smol["unquantized"][
-        "ppl_interval"
-    ]
-    out["ch13_smol_build_min"] = build_s(smol_table) / 60
-    rotated = [out[f"ch13_smol_had{k}_pct"] for k in range(3)]
-    out["ch13_smol_had_min_pct"], out["ch13_smol_had_max_pct"] = (
-        min(rotated),
-        max(rotated),
+def draw_timeline(sync: dict, ahead: dict, steps: int = 3):
+    """Three steps of the synchronous loop and of async scheduling, drawn from the
+    stored profiles of 256 requests: a schematic in which every step takes the
+    profiled averages and the CPU's work is the synchronous run's GPU idle time."""
+    cpu_ms, gpu_ms = sync["gpu_idle_ms_per_step"], sync["gpu_ms_per_step"]
+    fig, axes = plt.subplots(2, 1, figsize=(9, 2.8), sharex=True)
+    mid = dict(ha="center", va="center", fontsize=7)
+    for ax, title, ahead_of_gpu in [
+        (axes[0], "synchronous (chapter 7's loop)", False),
+        (axes[1], "async scheduling (the CPU one step ahead)", True),
+    ]:
+        cpu_free, gpu_ends = 0.0, [0.0]
+        for step in range(1, steps + 1):
+            # the CPU starts a step once done with the last and, running ahead, once
+            # it has the tokens of the step before the last; synchronous: the last's
+            waits_for = gpu_ends[-2] if ahead_of_gpu and step > 1 else gpu_ends[-1]
+            cpu_start = max(cpu_free, waits_for)
+            cpu_free = cpu_start + cpu_ms
+            gpu_start = max(cpu_free, gpu_ends[-1])
+            gpu_ends.append(gpu_start + gpu_ms)
+            bar = dict(edgecolor="white")
+            ax.broken_barh([(cpu_start, cpu_ms)], (1, 0.8), color="tab:orange", **bar)
+            ax.broken_barh([(gpu_start, gpu_ms)], (0, 0.8), color="tab:blue", **bar)
+            ax.text(gpu_start + gpu_ms / 2, 0.4, f"step {step}", color="white", **mid)
+            ax.text(cpu_start + cpu_ms / 2, 1.4, f"{step}", **mid)
+        ax.set(yticks=[0.4, 1.4], yticklabels=["GPU", "CPU"], title=title)
+        ax.title.set_fontsize(9)
+    axes[1].set_xlabel(
+        f"ms (per step: GPU {gpu_ms:.1f} ms of kernels, CPU {cpu_ms:.1f} ms; measured "
+        f"steps {sync['wall_ms_per_step']:.1f} ms synchronous, "
+        f"{ahead['wall_ms_per_step']:.1f} ms async)"
     )
-    out["ch13_smol_had_mean_pct"] = sum(rotated) / len(rotated)
-    out["ch13_smol_had_spread"] = max(rotated) - min(rotated)
-    out["ch13_smol_had_n"] = len(rotated)
-    n_windows, window = smol_table["held_out"]
-    out["ch13_smol_windows"] = n_windows
-    out["ch13_smol_split_tokens"] = smol_table["held_out_tokens"]
-    out["ch13_smol_scored"] = n_windows * smol_table["scored_per_window"]
-    out["ch13_smol_context"] = window - smol_table["scored_per_window"]
-    out["ch13_smol_calib"] = smol_table["calib"][0] * smol_table["calib"][1]
-    if tiny_table is not None:
-        tiny_ppl = [r["ppl"] for r in tiny_table["rows"]]
-        out["ch13_tiny_spread"] = 100 * (max(tiny_ppl) / min(tiny_ppl) - 1)
-    w8, sq = smol[ROW_KEYS["w8"]]["ppl"], smol[ROW_KEYS["sq"]]["ppl"]
-    out["ch13_sq_share"] = 100 * (w8 - sq) / (w8 - base)
-    return out
+    plt.tight_layout()
+    plt.show()
+
+
+# the stored throughput run's sampled shares of greedy, and their bar labels
+SAMPLING_SHARES = {
+    "sampled": "sampled,\non the device",
+    "seeded": "seeded,\non the device",
+    "sampled_unfused": "sampled,\nchapter 6 in step",
+    "seeded_unfused": "seeded,\nchapter 6 in step",
+}
+
+
+def plot_sampling(tput: dict):
+    """The standard workload's sampled throughput as a share of greedy: chapter 6's
+    sampler in step against the sampling kernel ahead."""
+    order = ["sampled_unfused", "sampled", "seeded_unfused", "seeded"]
+    shares = [tput["sampling"][name]["fraction_of_greedy"] for name in order]
+    fig, bx = plt.subplots(figsize=(5, 3.4))
+    bx.bar([SAMPLING_SHARES[name] for name in order], shares,
+           color=["0.7", "tab:green"] * 2)  # fmt: skip
+    bx.axhline(1.0, ls=":", color="grey")
+    bx.text(-0.4, 1.02, "greedy", fontsize=8, color="grey")
+    bx.set(ylim=(0, 1.1), ylabel="output tok/s, share of greedy")
+    env = tput["environment"]
+    bx.set_title(
+        f"sampled, 256 requests, top-p 0.95, {env['gpu']} ({env['date'][:10]})",
+        fontsize=9,
+    )
+    bx.tick_params(axis="x", labelsize=7)
+    plt.tight_layout()
+    plt.show()

@@ -1,183 +1,108 @@
-"""Chapter 17's harness: JSONSchemaBench's stored coverage run (benchmarks/results/)
-as totals and a figure of compile times, and, for the lab notes, the feature table
-against xgrammar (issue 44).
+"""Chapter 17's helpers that are not the lesson: the table and figure of the stored
+eight-bit speed runs, and the numbers of the stored FP8 KV cache runs.
 
-    from book.ch17 import jsb_totals, plot_compile_times
+The chapter (chapters/17_eight_bit.md) and its lab notes
+(chapters/lab_notes/17_eight_bit_lab.md) import them; the layers themselves are in
+minillm/quantization/ and minillm/kernels/w8a8.py.
 """
 
 from __future__ import annotations
 
-import collections
-import json
-import random
-import warnings
-
-import numpy as np
-import torch
-
-from book.ch16 import validates
+import matplotlib.pyplot as plt
 
 
-def jsb_subsets(jsb: dict) -> dict:
-    """Per JSONSchemaBench subset of a stored schema_coverage run: its summary for
-    minillm ("ours") and xgrammar ("xgr")."""
-    return {
-        name: {"ours": s["summary"]["minillm"], "xgr": s["summary"]["xgrammar"],
-               "schemas": s["summary"]["schemas"], "rows": s["rows"]}
-        for name, s in jsb["subsets"].items()
-    }  # fmt: skip
+def speed_ratio(run: dict, model: str, kind: str, what: str = "gemm") -> float:
+    """bf16's product time over kind's (the bare product, or the whole layer),
+    summed over the model's projections, at the prefill rows."""
+    rows = [r for r in run["rows"] if r["model"] == model]
+    return sum(r["gemm_bf16_ms"] for r in rows) / sum(
+        r[f"{what}_{kind}_ms"] for r in rows
+    )
 
 
-def jsb_totals(jsb: dict):
-    """Totals over the subsets of a stored coverage run (counts for "ours" and
-    "xgr", and how many subsets ours compiled more than twice as slowly), each
-    timing's (lowest, highest) across the subsets, and our refusals by reason."""
-    total, ranges = collections.Counter(), {}
-    refusals = collections.Counter()
-    for sub in jsb_subsets(jsb).values():
-        total["schemas"] += sub["schemas"]
-        for lib in ("ours", "xgr"):
-            r = sub[lib]
-            for k in ("compiled", "valid", "finished", "invalid", "approximated"):
-                total[f"{lib}_{k}"] += r[k]
-            for name, key in (("p50", "mask_us_p50"), ("p99", "mask_us_p99"),
-                              ("cpu99", "mask_cpu_us_p99"),
-                              ("ms", "compile_ms_median")):  # fmt: skip
-                if r.get(key) is not None:
-                    ranges.setdefault(f"{lib}_{name}", []).append(r[key])
-        ours_ms, xgr_ms = (
-            sub[lib]["compile_ms_median"] or 0 for lib in ("ours", "xgr")
-        )
-        total["slower"] += ours_ms > 2 * xgr_ms
-        refusals.update(sub["ours"]["refusals"])
-    ranges = {k: (min(v), max(v)) for k, v in ranges.items()}
-    return total, ranges, refusals
+def decode_ratio(run: dict, model: str, kind: str) -> float:
+    """bf16's time over kind's layer at one row, summed over the projections."""
+    rows = [r for r in run["rows"] if r["model"] == model]
+    return sum(r["bf16_us"] for r in rows) / sum(r[f"{kind}_us"] for r in rows)
 
 
-def plot_compile_times(jsb: dict):
-    """Compile time per schema, ours against xgrammar, from a stored coverage run
-    (one dot a schema)."""
-    import matplotlib.pyplot as plt
+def print_speed_table(speed: dict) -> None:
+    """The stored quant_gemm run: TFLOP/s at the prefill rows, microseconds at one."""
+    env = speed["environment"]
+    print(f"{env['gpu']}, torch {env['torch']}, {env['date'][:10]}; "
+          f"M = {speed['workload']['prefill_rows']} rows\n")  # fmt: skip
+    print(f"{'':27} {'TFLOP/s at M = 4096':^40} {'us at M = 1':^18}")
+    print(f"{'':27} {'bf16':>5} {'int8':>5} {'cuBLAS':>6} {'layer':>5} {'fp8':>5}"
+          f" {'layer':>5} {'bf16':>6} {'int8':>5} {'fp8':>5}")  # fmt: skip
+    for r in speed["rows"]:
+        print(f"{r['model'] + ' ' + r['projection']:27} {r['gemm_bf16_tflops']:5.0f} "
+              f"{r['gemm_int8_tflops']:5.0f} {r['gemm_int8_cublas_tflops']:6.0f} "
+              f"{r['layer_int8_tflops']:5.0f} {r['gemm_fp8_tflops']:5.0f} "
+              f"{r['layer_fp8_tflops']:5.0f} {r['bf16_us']:6.1f} {r['int8_us']:5.1f} "
+              f"{r['fp8_us']:5.1f}")  # fmt: skip
 
-    subs = jsb_subsets(jsb)
-    fig, left = plt.subplots(figsize=(5, 3.6))
-    pairs = [
-        (r["xgrammar"]["compile_ms"], r["minillm"]["compile_ms"])
-        for s in subs.values()
-        for r in s["rows"]
-        if r["minillm"].get("compile_ms") and r["xgrammar"].get("compile_ms")
-    ]
-    x, y = np.array(pairs).T
-    left.scatter(x, y, s=8, alpha=0.6)
-    lim = [min(x.min(), y.min()), max(x.max(), y.max())]
-    left.plot(lim, lim, color="grey", lw=1, label="equal")
-    left.set(xscale="log", yscale="log", title="compile time, one dot a schema")
-    left.set(xlabel="xgrammar compile (ms)", ylabel="minillm compile (ms)")
-    left.legend(loc="upper left")
+
+def plot_speed_vs_rows(speed: dict):
+    """Speed-up over bf16 against the rows M of the product (one decode row, a
+    prefill chunk), per model: each projection's layer (dots), all of them (line),
+    the bare product (diamond)."""
+    M = [speed["workload"]["decode_rows"], speed["workload"]["prefill_rows"]]
+    models = list(dict.fromkeys(r["model"] for r in speed["rows"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(8, 3.5), sharey=True)
+    for ax, model in zip(axes, models):
+        for i, kind in enumerate(["int8", "fp8"]):
+            for r in [r for r in speed["rows"] if r["model"] == model]:
+                each = [r["bf16_us"] / r[f"{kind}_us"],
+                        r["gemm_bf16_ms"] / r[f"layer_{kind}_ms"]]  # fmt: skip
+                ax.plot(M, each, ".", color=f"C{i}", alpha=0.4)
+            whole = [decode_ratio(speed, model, kind),
+                     speed_ratio(speed, model, kind, "layer")]  # fmt: skip
+            ax.plot(M, whole, "o:", color=f"C{i}", ms=7,
+                    label=f"{kind} layer, all projections")  # fmt: skip
+            ax.plot(M[1], speed_ratio(speed, model, kind), "D", mfc="none", ms=7,
+                    color=f"C{i}", label=f"{kind} bare product")  # fmt: skip
+        ax.axhline(1.0, color="grey", ls="--", lw=1, label="bf16")
+        ax.set(xscale="log", xlim=(M[0] / 2, M[1] * 2), xlabel="rows M",
+               title=f"{model} shapes")  # fmt: skip
+        ax.set_xticks(M, [str(m) for m in M])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"speed-up over bf16, {speed['environment']['gpu']}")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-# --- the lab notes' comparison with xgrammar, feature by feature ------------------
-
-FEATURES = {
-    "type list": {"type": ["integer", "null"]},
-    "properties, required": {"type": "object", "properties": {"a": {"type": "integer"},
-                             "b": {"type": "string"}}, "required": ["a"]},
-    "additionalProperties false": {"type": "object", "properties": {
-        "a": {"type": "boolean"}}, "additionalProperties": False},
-    "additionalProperties schema": {"type": "object",
-                                    "additionalProperties": {"type": "integer"}},
-    "enum, const": {"type": "object", "properties": {"e": {"enum": ["x", 1, None]},
-                    "c": {"const": "k"}}, "required": ["e", "c"]},
-    "items, min/maxItems": {"type": "array", "items": {"type": "integer"},
-                            "minItems": 2, "maxItems": 3},
-    "prefixItems": {"type": "array", "prefixItems": [{"type": "string"},
-                    {"type": "integer"}], "items": False},
-    "anyOf": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
-    "oneOf (disjoint)": {"oneOf": [{"type": "object", "properties": {
-                         "k": {"const": "a"}},
-                         "required": ["k"]}, {"type": "boolean"}]},
-    "oneOf (required keys)": {"oneOf": [{"type": "object", "properties": {"a": {
-                              "type": "null"}}, "required": ["a"]}, {"type": "object",
-                              "properties": {"b": {"type": "null"}}, "required": [
-                              "b"]}]},
-    "allOf": {"allOf": [{"type": "integer", "minimum": 3}, {"maximum": 5}]},
-    "$ref, recursion": {"type": "object", "properties": {"next": {"$ref": "#"}}},
-    "min/maxLength": {"type": "string", "minLength": 2, "maxLength": 4},
-    "dependentRequired": {"type": "object", "properties": {"a": {"type": "integer"},
-                          "b": {"type": "boolean"}}, "required": ["a"],
-                          "dependentRequired": {"a": ["b"]}},
-    "pattern": {"type": "string", "pattern": "^[a-c]+-[0-9]{2}$"},
-    "format date, time": {"type": "array", "prefixItems": [{"type": "string",
-                          "format": "date"}, {"type": "string", "format": "time"}],
-                          "items": False, "minItems": 2},
-    "format date-time": {"type": "string", "format": "date-time"},
-    "format email": {"type": "string", "format": "email"},
-    "format uuid": {"type": "string", "format": "uuid"},
-    "format uri": {"type": "string", "format": "uri"},
-    "integer min/max": {"type": "integer", "minimum": -20, "maximum": 300},
-    "number exclusive bounds": {"type": "number", "exclusiveMinimum": 0.5,
-                                "exclusiveMaximum": 2.25},
-    "multipleOf": {"type": "integer", "multipleOf": 5},
-    "not": {"not": {"type": "integer"}},
-    "uniqueItems": {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True},
-    "patternProperties": {"type": "object",
-                          "patternProperties": {"^x": {"type": "null"}}},
-    "if / then": {"type": "object", "properties": {"k": {"enum": [1, 2]}},
-                  "required": ["k"], "if": {"properties": {"k": {"const": 1}}},
-                  "then": {"properties": {"v": {"type": "null"}}, "required": ["v"]}},
-    "min/maxProperties": {"type": "object", "additionalProperties": {"type": "null"},
-                          "minProperties": 1, "maxProperties": 2},
-}  # fmt: skip
-
-
-def xgr_walk(compiled, info, index, rng, max_tokens: int = 64) -> str | None:
-    """The random model under xgrammar's mask; None when it did not finish."""
-    import xgrammar as xgr
-
-    m, out = xgr.GrammarMatcher(compiled), []
-    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
-    shifts = torch.arange(32, dtype=torch.int32)
-    for _ in range(max_tokens):
-        m.fill_next_token_bitmask(bitmask)
-        bits = (bitmask[0, :, None] >> shifts) & 1  # (words, 32)
-        token = rng.choice(torch.nonzero(bits.flatten()).flatten().tolist())
-        if token in index.eos_token_ids:
-            return b"".join(index.token_bytes[t] for t in out).decode()
-        assert m.accept_token(token)
-        out.append(token)
-    return None
-
-
-def coverage(name, schema, compiler, xgr_compiler, info, walks: int = 2) -> dict:
-    """One feature row: each library compiles schema (or refuses it) and the random
-    model writes `walks` outputs under each one's mask, checked by jsonschema."""
-    from book.ch18 import random_walk  # chapter 18's random model
-    from minillm.structured.ir import GrammarError
-    from minillm.structured.processor import StructuredOutputsParams
-    from minillm.structured.schema_ops import SchemaWarning, guaranteed
-
-    row, rng = {"feature": name}, random.Random(1)
-    try:
-        p = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
-        with warnings.catch_warnings(record=True) as approx:
-            warnings.simplefilter("always", SchemaWarning)
-            texts = [random_walk(p, compiler, rng) for _ in range(walks)]
-        row["minillm"] = f"{sum(validates(t, schema) for t in texts)}/{walks} valid"
-        row["minillm"] += " (warned)" if approx else ""
-        row["minillm_exact"] = all(validates(t, guaranteed(schema)) for t in texts)
-    except GrammarError as e:
-        row["minillm"] = f"refused: {getattr(e, 'keyword', None) or e}"
-        row["minillm_exact"] = True  # refused by name: not a looser grammar
-    try:
-        c = xgr_compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-        walked = (xgr_walk(c, info, compiler.index, rng) for _ in range(walks))
-        done = [t for t in walked if t is not None]
-        valid = sum(validates(t, schema) for t in done)
-        row["xgrammar"] = f"{valid}/{len(done)} valid"
-        row["xgrammar_exact"] = valid == len(done)
-    except RuntimeError as e:
-        row["xgrammar"] = f"refused: {str(e).splitlines()[0][:40]}"
-        row["xgrammar_exact"] = True
-    return row
+def kv_numbers(quality: dict, attention: dict) -> dict:
+    """The numbers the prose quotes from the stored FP8 KV cache runs (quality on
+    a CPU, decode attention on a GPU), by glue key."""
+    rows = {r["cache"]: r for r in quality["rows"]}
+    ratio, lo, hi = quality["ratios"]["fp8 measured / bf16"]
+    agree, f32 = quality["greedy"]["fp8 measured"], quality["greedy"]["float32"]
+    att = attention["rows"]
+    assert att["fp8"]["kv_bytes_read"] * 2 == att["bf16"]["kv_bytes_read"]
+    out = {
+        "windows": quality["workload"]["windows"][0],
+        "ppl_bf16": rows["bf16"]["ppl"],
+        "ppl_fp8": rows["fp8 measured"]["ppl"],
+        "ppl_delta": 100 * (ratio - 1),
+        "ppl_lo": 100 * (lo - 1),
+        "ppl_hi": 100 * (hi - 1),
+        "ppl1_delta": 100 * (quality["ratios"]["fp8 scale 1 / bf16"][0] - 1),
+        "agree_tokens": 100 * agree["tokens"],
+        "agree_outputs": 100 * agree["outputs"],
+        "agree_prefix": 100 * agree["prefix"],
+        "f32_tokens": 100 * f32["tokens"],
+        "f32_outputs": 100 * f32["outputs"],
+        "prompts": quality["workload"]["prompts"][0],
+        "new_tokens": quality["workload"]["prompts"][1],
+        "attn_gpu": attention["environment"]["gpu"],
+        "attn_seqs": attention["workload"]["num_seqs"],
+        "attn_bf16_us": 1e3 * att["bf16"]["ms"],
+        "attn_fp8_us": 1e3 * att["fp8"]["ms"],
+        "attn_speedup": attention["speedup"],
+        "attn_floor_us": 1e3 * att["fp8"]["floor_ms"],
+    }
+    for cache in ("bf16", "fp8"):  # the share of the copy bandwidth each reaches
+        share = att[cache]["bytes_per_s"] / attention["copy_bandwidth_bytes_per_s"]
+        out[f"attn_{cache}_bw"] = 100 * share
+    return {f"ch13_kv_{key}": value for key, value in out.items()}

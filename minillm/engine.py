@@ -9,7 +9,7 @@
 Chapter 7 ("The engine") explains this module. `LLMEngine.step()` is vLLM's engine
 step: schedule -> build the batch -> forward over the paged cache -> sample ->
 update -> detokenize, check stop conditions, free finished requests. Synchronous and
-single-process on purpose: the server (chapter 19) wraps it, it does not change it.
+single-process on purpose: the server (chapter 22) wraps it, it does not change it.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ class LLMEngine:
             tokenizer, self.eos_token_ids, self.max_model_len
         )
         self.num_steps = self.num_preemptions = self.num_generated_tokens = 0
-        self.is_shut_down, self.stepper = False, None  # stepper: chapter 12's
+        self.is_shut_down, self.stepper = False, None  # stepper: chapter 14's
         LIVE_ENGINES.add(self)  # so that a full GPU can say who holds it
-        for hook in ENGINE_HOOKS:  # chapter 12's stepper, chapter 23's adapter limit
+        for hook in ENGINE_HOOKS:  # chapter 14's stepper, chapter 26's adapter limit
             hook(self)
 
     # %% chapters/07_engine.md:1590
@@ -108,7 +108,7 @@ class LLMEngine:
         runner_cls = MODEL_RUNNERS[self.parts["persistent_batch"]]
         for extend in RUNNER_EXTENSIONS:
             runner_cls = extend(runner_cls, config, self.parts)
-        for hook in EXECUTOR_HOOKS:  # e.g. chapter 22's worker processes
+        for hook in EXECUTOR_HOOKS:  # e.g. chapter 25's worker processes
             runner_cls = hook(config, self.parts) or runner_cls
         return runner_cls
 
@@ -234,7 +234,7 @@ class LLMEngine:
         parameters. prompt: text, token ids, or vLLM's TextPrompt / TokensPrompt dict
         (a TokensPrompt's "prompt" is the text it came from). priority: lower goes
         first under scheduling_policy="priority" (chapter 5). lora_request: the
-        adapter to run with (chapter 23's LoRARequest; needs enable_lora).
+        adapter to run with (chapter 26's LoRARequest; needs enable_lora).
         """
         prompt, text, lora_request = self._read_prompt(prompt, priority, lora_request)
         # a copy: checking resolves fields (bad words to token ids, logprobs=-1 to
@@ -247,7 +247,7 @@ class LLMEngine:
         parent, requests = made
         for request in requests:
             request.priority, request.lora_request = priority, lora_request
-        for check in REQUEST_CHECKS:  # e.g. chapter 23 loads the adapter
+        for check in REQUEST_CHECKS:  # e.g. chapter 26 loads the adapter
             check(self, requests[0])
         self.output_processor.add_request(parent, requests, arrival)
         for request in requests:
@@ -364,7 +364,7 @@ class LLMEngine:
         if self.is_shut_down:
             return
         self.abort_request(list(self.output_processor.parents))
-        if hasattr(self.model_runner, "shutdown"):  # e.g. chapter 22's workers
+        if hasattr(self.model_runner, "shutdown"):  # e.g. chapter 25's workers
             self.model_runner.shutdown()
         self.model_runner = self.stepper = None  # graphs, buffers, sampler
         for t in (self.kv_cache.key_cache, self.kv_cache.value_cache):

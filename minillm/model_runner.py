@@ -5,7 +5,7 @@
 # %% chapters/07_engine.md:474
 """The model runner: one scheduled step through the model and the sampler (chapter 7).
 
-vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 12 builds ours for GPUs
+vLLM: vllm/v1/worker/gpu_model_runner.py; chapter 14 builds ours for GPUs
 (gpu_model_runner.py).
 """
 
@@ -62,7 +62,7 @@ class ModelRunner:
         self.block_tables: dict[str, list[int]] = {}
 
     # %% chapters/07_engine.md:548
-    # None: the cache lives on the model's device; chapter 22's executor says "meta"
+    # None: the cache lives on the model's device; chapter 25's executor says "meta"
     # (its workers hold the cache, the engine keeps only the shape)
     kv_cache_device: str | None = None
 
@@ -98,7 +98,7 @@ class ModelRunner:
 
     def run_forward(self, output, extra=None) -> tuple:
         """(hidden states (num_tokens, hidden), attention metadata) of the step;
-        extra(request): tokens that follow the request's own (chapter 15's
+        extra(request): tokens that follow the request's own (chapter 18's
         proposals), which a chunk may run on into."""
         self.update_block_tables(output)
         requests = output.scheduled_requests
@@ -212,7 +212,7 @@ def reclaim_gpu_memory() -> None:
 
 def kv_cache_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
     """The cache's element type: the model's for kv_cache_dtype "auto", else FP8 E4M3
-    (chapter 14x, "An FP8 KV cache")."""
+    (chapter 17, "An FP8 KV cache")."""
     return model_dtype if config.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
 

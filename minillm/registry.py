@@ -156,20 +156,20 @@ SAMPLERS = Registry("sampler", "sampler", fallback="torch", auto="auto")
 # factory(model, config) -> None, rewrites the model in place; None: as loaded
 QUANTIZATION_METHODS = Registry("quantization method", "quantization", fallback=None)
 # extend(runner_cls, config, parts) -> a runner class, in order: a later chapter's
-# addition to whichever runner was picked (chapter 15's speculative decoding)
+# addition to whichever runner was picked (chapter 18's speculative decoding)
 RUNNER_EXTENSIONS: list[Callable] = []
 # hook(config, parts) -> a class that stands in for the model runner, or None (keep
-# it): chapter 22's runs the runner in one worker process per tensor-parallel rank
+# it): chapter 25's runs the runner in one worker process per tensor-parallel rank
 EXECUTOR_HOOKS: list[Callable] = []
 # hook(engine, params) -> params, in order, as a request is added: a later chapter's
-# reading of a field this chapter only carries (chapter 18's structured_outputs)
+# reading of a field this chapter only carries (chapter 21's structured_outputs)
 REQUEST_HOOKS: list[Callable] = []
 # check(engine, request) before a new request is queued: raises ValueError to refuse
-# it, changing nothing (chapter 23 loads the request's LoRA adapter)
+# it, changing nothing (chapter 26 loads the request's LoRA adapter)
 REQUEST_CHECKS: list[Callable] = []
-# hook(engine), once its parts are built: chapter 12 sets its step loop, chapter 23
+# hook(engine), once its parts are built: chapter 14 sets its step loop, chapter 26
 # adds a scheduler admission check
 ENGINE_HOOKS: list[Callable] = []
-# blocker(config) -> {"cuda_graphs" or "torch_compile": why chapter 12's option can't
-# run}; a reason turns that option's default (None, "auto") off (chapter 23's LoRA)
+# blocker(config) -> {"cuda_graphs" or "torch_compile": why chapter 14's option can't
+# run}; a reason turns that option's default (None, "auto") off (chapter 26's LoRA)
 FAST_PATH_BLOCKERS: list[Callable] = []

@@ -8,7 +8,7 @@
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
 Fields are checked when a `SamplingParams` is made: a bad value raises
 `SamplingParamsError` (a `ValueError`) naming the field and its allowed range; the
-server of chapter 19 turns it into an HTTP 400. The sampler (`minillm/sampler.py`) reads
+server of chapter 22 turns it into an HTTP 400. The sampler (`minillm/sampler.py`) reads
 the fields that shape the next-token distribution; the engine (chapter 7) reads those
 that end a request (max_tokens, stop, ...).
 """
@@ -30,7 +30,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 
 # A per-request logits processor: (the request's output token ids so far, its logits
 # (vocab,))
-# -> new logits (vocab,). Chapter 18 plugs a grammar's token mask in here.
+# -> new logits (vocab,). Chapter 21 plugs a grammar's token mask in here.
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
@@ -50,7 +50,7 @@ class SamplingParamsError(ValueError):
         super().__init__(f"{field} must be {allowed}, got {value!r}")
         self.field, self.value, self.allowed = field, value, allowed
 
-    def __reduce__(self):  # pickled with its own arguments (chapter 20's processes)
+    def __reduce__(self):  # pickled with its own arguments (chapter 23's processes)
         return type(self), (self.field, self.value, self.allowed)
 
 
@@ -81,7 +81,7 @@ STRUCTURED_KINDS = (
 
 @dataclass
 class StructuredOutputsParams:
-    """One constraint on the output (chapter 18 compiles it): exactly one of json (a
+    """One constraint on the output (chapter 21 compiles it): exactly one of json (a
     JSON Schema, dict or string), regex, choice, grammar, json_object,
     structural_tag; the other fields tune it. vLLM's fields and defaults."""
 
@@ -175,7 +175,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # None, or the only tokens allowed
     banned_token_ids: list[int] | None = None  # tokens that may never be sampled
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
-    # a constraint on the output's form (chapter 18 turns it into a logits processor)
+    # a constraint on the output's form (chapter 21 turns it into a logits processor)
     structured_outputs: StructuredOutputsParams | None = None
     # "cumulative": each output holds all so far; "delta": what is new since the last
     # one; "final_only": one output, when it ends (or a RequestOutputKind member)

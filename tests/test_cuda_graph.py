@@ -1,4 +1,4 @@
-"""Chapter 11: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of
+"""Chapter 13: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of
 chapter 7's runner.
 """
 
@@ -225,7 +225,7 @@ def compare_with_chapter7(prompts, params, **options):
 
 
 def overlapped_or_not(tiny, overlap, **sizes):
-    """The tiny model's engine in blocks of 4 tokens: chapter 12's overlapped loop
+    """The tiny model's engine in blocks of 4 tokens: chapter 14's overlapped loop
     (persistent batch and async scheduling) if overlap, else chapter 7's loop."""
     from minillm.engine import LLMEngine
 

@@ -1,4 +1,4 @@
-"""The engine (chapter 7) and the LLM API (chapter 7x), against transformers and
+"""The engine (chapter 7) and the LLM API (chapter 8), against transformers and
 chapter 1's dense generation.
 """
 

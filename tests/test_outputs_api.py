@@ -84,8 +84,8 @@ def test_no_logprobs_asked(llm):
 
 RUNNERS = {
     "chapter 7": dict(persistent_batch=False),
-    "chapter 12": dict(persistent_batch=True),
-    "chapter 12, async": dict(persistent_batch=True, async_scheduling=True),
+    "chapter 14": dict(persistent_batch=True),
+    "chapter 14, async": dict(persistent_batch=True, async_scheduling=True),
 }
 
 

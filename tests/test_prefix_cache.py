@@ -1,4 +1,4 @@
-"""Prefix caching (chapter 8): hash-chained blocks, the radix tree, and the engine
+"""Prefix caching (chapter 9): hash-chained blocks, the radix tree, and the engine
 with either.
 """
 

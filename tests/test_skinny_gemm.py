@@ -1,4 +1,4 @@
-"""Chapter 10's skinny matrix product against F.linear, and its one-kernel cache write
+"""Chapter 11's skinny matrix product against F.linear, and its one-kernel cache write
 against chapter 2's.
 
 On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at

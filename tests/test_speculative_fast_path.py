@@ -1,4 +1,4 @@
-"""Chapter 15 on chapter 11's fast path: speculation on the persistent batch gives the
+"""Chapter 18 on chapter 13's fast path: speculation on the persistent batch gives the
 tokens of the engine without it (every proposer, preemption, chunked prefill, async
 scheduling for the steps too large to speculate); padded verification rows leave the
 real tokens alone; greedy verification builds no sampling metadata; and on a GPU

@@ -112,7 +112,7 @@ class CountingKVCacheManager(KVCacheManager):
 
 
 LLMEngine.prompt_logprobs = prompt_logprobs
-# where the reader's field would live: pickled requests (chapter 20's engine process)
+# where the reader's field would live: pickled requests (chapter 23's engine process)
 # name minillm.sampling_params.SamplingParams, which a fresh process can import
 SamplingParams.__module__ = "minillm.sampling_params"
 sampling_params.SamplingParams = SamplingParams

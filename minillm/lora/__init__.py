@@ -3,12 +3,12 @@
 """minillm.lora: modules tangled from the course's chapters.
 
 module                   chapter
-engine                   chapters/23_lora.md
-layers                   chapters/23_lora.md
-manager                  chapters/23_lora.md
-ops                      chapters/23_lora.md
-peft                     chapters/23_lora.md
-request                  chapters/23_lora.md
-serving                  chapters/23_lora.md
-train                    chapters/23_lora.md
+engine                   chapters/26_lora.md
+layers                   chapters/26_lora.md
+manager                  chapters/26_lora.md
+ops                      chapters/26_lora.md
+peft                     chapters/26_lora.md
+request                  chapters/26_lora.md
+serving                  chapters/26_lora.md
+train                    chapters/26_lora.md
 """

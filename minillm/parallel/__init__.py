@@ -3,9 +3,9 @@
 """minillm.parallel: modules tangled from the course's chapters.
 
 module                   chapter
-distributed              chapters/22_parallelism.md
-executor                 chapters/22_parallelism.md
-pp                       chapters/22_parallelism.md
-tp                       chapters/22_parallelism.md
-training                 chapters/22_parallelism.md
+distributed              chapters/25_parallelism.md
+executor                 chapters/25_parallelism.md
+pp                       chapters/25_parallelism.md
+tp                       chapters/25_parallelism.md
+training                 chapters/25_parallelism.md
 """

@@ -3,18 +3,18 @@
 """minillm.quantization: modules tangled from the course's chapters.
 
 module                   chapter
-apply                    chapters/14_quantization.md
-awq                      chapters/14_quantization.md
-calibration              chapters/14_quantization.md
-checkpoint               chapters/14_quantization.md
-eight_bit                chapters/14x_eight_bit.md
-fp8                      chapters/14x_eight_bit.md
-gptq                     chapters/14_quantization.md
-kv_fp8                   chapters/14x_eight_bit.md
-methods                  chapters/14_quantization.md
-quality                  chapters/14_quantization.md
-rotation                 chapters/14_quantization.md
-rtn                      chapters/14_quantization.md
-sequential               chapters/14_quantization.md
-w8a8                     chapters/14x_eight_bit.md
+apply                    chapters/16_quantization.md
+awq                      chapters/16_quantization.md
+calibration              chapters/16_quantization.md
+checkpoint               chapters/16_quantization.md
+eight_bit                chapters/17_eight_bit.md
+fp8                      chapters/17_eight_bit.md
+gptq                     chapters/16_quantization.md
+kv_fp8                   chapters/17_eight_bit.md
+methods                  chapters/16_quantization.md
+quality                  chapters/16_quantization.md
+rotation                 chapters/16_quantization.md
+rtn                      chapters/16_quantization.md
+sequential               chapters/16_quantization.md
+w8a8                     chapters/17_eight_bit.md
 """

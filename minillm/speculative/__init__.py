@@ -3,13 +3,13 @@
 """minillm.speculative: modules tangled from the course's chapters.
 
 module                   chapter
-draft_model              chapters/15_speculative.md
-eagle                    chapters/15_speculative.md
-eagle_graphs             chapters/15_speculative.md
-medusa                   chapters/15_speculative.md
-ngram                    chapters/15_speculative.md
-rejection                chapters/15_speculative.md
-runner                   chapters/15_speculative.md
-verify_graphs            chapters/15_speculative.md
-workloads                chapters/15_speculative.md
+draft_model              chapters/18_speculative.md
+eagle                    chapters/18_speculative.md
+eagle_graphs             chapters/18_speculative.md
+medusa                   chapters/18_speculative.md
+ngram                    chapters/18_speculative.md
+rejection                chapters/18_speculative.md
+runner                   chapters/18_speculative.md
+verify_graphs            chapters/18_speculative.md
+workloads                chapters/18_speculative.md
 """
