@@ -1,4 +1,4 @@
-"""The matrix products of a decode step: chapter 11's skinny Triton kernel against
+"""The matrix products of a decode step: chapter 12's skinny Triton kernel against
 cuBLAS.
 
 For every projection of a Qwen3-0.6B and a Llama-3.2-1B decoder layer (q/k/v and gate/up

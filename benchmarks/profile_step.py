@@ -56,7 +56,7 @@ def kernel_kind(name: str) -> str:
         k in name
         for k in ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas", "_skinny_kernel")
     ):
-        # chapter 11's skinny kernel (profile_step_batch1_skinny-* predates this and
+        # chapter 12's skinny kernel (profile_step_batch1_skinny-* predates this and
         # files it under other)
         return "matmul"
     return "other"

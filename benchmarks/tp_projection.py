@@ -9,7 +9,7 @@ rank (this machine has one GPU): the launch and bookkeeping a call costs before 
 byte crosses a link, a floor under the real multi-GPU latency.
 
 Times are per call, from replaying a CUDA graph that makes the call many times in a
-row (chapter 11's method, benchmarks/decode_gemm.py), each call on another copy of the
+row (chapter 12's method, benchmarks/decode_gemm.py), each call on another copy of the
 weights (at least 256 MB in rotation), so that weights come from HBM as in a real step.
 
     python benchmarks/tp_projection.py      # on a GPU; writes benchmarks/results/

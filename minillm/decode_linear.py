@@ -3,7 +3,7 @@
 
 
 # %% chapters/13_cuda_graph.md:850
-"""Decode-batch products through chapter 11's skinny Triton kernel (chapter 13,
+"""Decode-batch products through chapter 12's skinny Triton kernel (chapter 13,
 "Fewer kernels")."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from minillm.model import CausalLM
 
 
 class DecodeLinear(nn.Linear):
-    """nn.Linear through chapter 11's `linear`: the skinny Triton kernel for at most
+    """nn.Linear through chapter 12's `linear`: the skinny Triton kernel for at most
     16 rows on a GPU.
     """
 

@@ -104,7 +104,7 @@ def norm_and_project(
     x: Tensor, residual: Tensor | None, norm: RMSNorm, proj: nn.Module
 ) -> tuple[Tensor, Tensor]:
     """(proj(norm(s)), s) for s = residual + x (x without a residual); with a plain
-    projection, in one launch of chapter 11's skinny kernel for a decode batch.
+    projection, in one launch of chapter 12's skinny kernel for a decode batch.
     """
     plain = type(proj) in (nn.Linear, DecodeLinear) and proj.bias is None
     if plain and type(norm) is RMSNorm:

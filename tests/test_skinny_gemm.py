@@ -1,5 +1,5 @@
-"""Chapter 11's skinny matrix product against F.linear, and its one-kernel cache write
-against chapter 2's.
+"""Chapter 12's skinny matrix product against F.linear, and chapter 11's one-kernel
+cache write against chapter 2's.
 
 On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at
 small sizes whose N and K are not multiples of the tiles, so every mask is exercised; on

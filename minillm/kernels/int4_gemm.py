@@ -9,7 +9,7 @@
 a (BLOCK_K, BLOCK_N) tile of packed int32 words at a time, unpacks the codes and scales
 them in registers, and multiplies on the tensor cores; for the few rows of a decode
 step, K is split across programs and the last to finish adds the partial sums (split-K
-in one launch, as chapter 11's skinny kernel). `dequantize_int4(w)` writes the dense
+in one launch, as chapter 12's skinny kernel). `dequantize_int4(w)` writes the dense
 (K, N) weight with one kernel, for the big batches where cuBLAS on it wins.
 `int4_gemv(x, w)` is the same product for a few rows on the CUDA cores, without
 tl.dot, a program per row (the engine runs it for one row: GEMV_MAX_M = 1).
