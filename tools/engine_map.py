@@ -328,9 +328,8 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|",
     ]
     for row in rows:
-        link = (
-            f"{{doc}}`{row['number']}. {row['title']} </chapters/{row['file'][:-3]}>`"
-        )
+        title = row["title"].replace("`", "")  # a role's text holds no backticks
+        link = f"{{doc}}`{row['number']}. {title} </chapters/{row['file'][:-3]}>`"
         built = ", ".join(f"`{m}`" for m in row["modules"]) or "—"
         out.append(
             f"| {link} | {path_of(row)} | {duration(row['minutes'])} | {runs_on(row)} "
