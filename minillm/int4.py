@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_int4_gemm.md:174
+# %% chapters/15_int4_gemm.md:167
 """Weight-only INT4 (W4A16): the packed format, the reference product, the layer and
 the engine's "int4" quantization (chapter 15).
 
@@ -33,7 +33,7 @@ from minillm.model import CausalLM
 from minillm.registry import QUANTIZATION_METHODS, engine_options
 
 
-# %% chapters/15_int4_gemm.md:208
+# %% chapters/15_int4_gemm.md:201
 PACK = 8  # 4-bit codes per int32 word
 
 
@@ -53,7 +53,7 @@ def pack_int4(codes: Tensor) -> Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-# %% chapters/15_int4_gemm.md:231
+# %% chapters/15_int4_gemm.md:224
 def unpack_int4(words: Tensor) -> Tensor:
     """The inverse of pack_int4: words (K // 8, N) int32 -> codes (N, K) uint8."""
     KP, N = words.shape
@@ -62,7 +62,7 @@ def unpack_int4(words: Tensor) -> Tensor:
     return c.reshape(KP * PACK, N).T.to(torch.uint8).contiguous()  # (N, K)
 
 
-# %% chapters/15_int4_gemm.md:264
+# %% chapters/15_int4_gemm.md:257
 @dataclass(frozen=True)
 class Int4Weight:
     """A (N, K) weight in 4 bits, in the kernel's layout: qweight (K // 8, N) int32
@@ -104,7 +104,7 @@ class Int4Weight:
             group_size,
         )
 
-    # %% chapters/15_int4_gemm.md:311
+    # %% chapters/15_int4_gemm.md:304
     def to_codes(self) -> tuple[Tensor, Tensor, Tensor]:
         """(codes (N, K) uint8, scales (N, K // g), zeros (N, K // g))."""
         return unpack_int4(self.qweight), self.scales.T, self.zeros.T
@@ -118,7 +118,7 @@ class Int4Weight:
         return ((codes.float() - zeros) * scales).to(dtype)
 
 
-# %% chapters/15_int4_gemm.md:383
+# %% chapters/15_int4_gemm.md:376
 def quantize_rtn(weight: Tensor, group_size: int = 128) -> Int4Weight:
     """Round-to-nearest 4-bit codes for weight (N, K), a scale and zero per group of
     group_size input channels; scales in weight's dtype.
@@ -149,7 +149,7 @@ def int4_linear_ref(x: Tensor, weight: Int4Weight, bias: Tensor | None = None):
     return F.linear(x, weight.dequantize(x.dtype), bias)
 
 
-# %% chapters/15_int4_gemm.md:456
+# %% chapters/15_int4_gemm.md:449
 SHUFFLE = 128  # channels per block of the kernel's layout: one step of its loop
 
 
@@ -170,7 +170,7 @@ def shuffle_int4(words: Tensor, inverse: bool = False) -> Tensor:
     return pack_int4(codes.reshape(N, KP * PACK).contiguous())
 
 
-# %% chapters/15_int4_gemm.md:478
+# %% chapters/15_int4_gemm.md:471
 class Int4Linear(nn.Module):
     """x @ W.T (+ bias) for a 4-bit W: the Triton kernel on CUDA, the reference
     elsewhere. qweight is in the kernel's layout (shuffle_int4) when K allows.
@@ -195,7 +195,7 @@ class Int4Linear(nn.Module):
     def from_weight(cls, weight: Int4Weight, bias: Tensor | None = None):
         return cls(weight, bias)
 
-    # %% chapters/15_int4_gemm.md:515
+    # %% chapters/15_int4_gemm.md:508
     @property
     def weight_int4(self) -> Int4Weight:  # pack_int4's layout, as it came in
         q = self.qweight
@@ -221,7 +221,7 @@ class Int4Linear(nn.Module):
         )
 
 
-# %% chapters/15_int4_gemm.md:552
+# %% chapters/15_int4_gemm.md:545
 PROJECTIONS = (
     *("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"),
     *("gate_proj", "up_proj", "gate_up_proj", "down_proj"),
@@ -247,7 +247,7 @@ def replace_linears(
     return replaced
 
 
-# %% chapters/15_int4_gemm.md:590
+# %% chapters/15_int4_gemm.md:583
 @engine_options
 @dataclass(frozen=True)
 class Int4Options:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_int4_gemm.md:835
+# %% chapters/15_int4_gemm.md:828
 """A fused W4A16 matrix product in Triton (chapter 15, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/15_int4_gemm.md:873
+# %% chapters/15_int4_gemm.md:866
 class Int4Weight(Protocol):
     """What the kernels read of a minillm.int4.Int4Weight (which imports this module
     lazily, so this one cannot import it): qweight (K // 8, N) int32, scales and zeros
@@ -52,7 +52,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/15_int4_gemm.md:906
+# %% chapters/15_int4_gemm.md:899
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr, SHUFFLED: tl.constexpr = False):  # fmt: skip
@@ -84,7 +84,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/15_int4_gemm.md:960
+# %% chapters/15_int4_gemm.md:953
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -103,7 +103,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/15_int4_gemm.md:988
+# %% chapters/15_int4_gemm.md:981
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -152,7 +152,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/15_int4_gemm.md:1051
+# %% chapters/15_int4_gemm.md:1044
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -180,7 +180,7 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/15_int4_gemm.md:1084
+# %% chapters/15_int4_gemm.md:1077
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts, zero at rest
 
 
@@ -198,7 +198,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/15_int4_gemm.md:1103
+# %% chapters/15_int4_gemm.md:1096
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
@@ -241,7 +241,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, shuffled: bool = False, **knobs) -> Te
     return y
 
 
-# %% chapters/15_int4_gemm.md:1179
+# %% chapters/15_int4_gemm.md:1172
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -269,7 +269,7 @@ def dequantize_int4(w: Int4Weight, shuffled: bool = False) -> Tensor:
     return out
 
 
-# %% chapters/15_int4_gemm.md:1254
+# %% chapters/15_int4_gemm.md:1247
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured: the lab notes' H200 run)
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
@@ -318,7 +318,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/15_int4_gemm.md:1316
+# %% chapters/15_int4_gemm.md:1309
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -331,7 +331,7 @@ def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
-# %% chapters/15_int4_gemm.md:1334
+# %% chapters/15_int4_gemm.md:1327
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
     tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
@@ -366,7 +366,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/15_int4_gemm.md:1438
+# %% chapters/15_int4_gemm.md:1431
 @triton.jit
 def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
                    MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -410,7 +410,7 @@ def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
     return acc + (part - x_sum * (zero + OFFSET)[None, :]) * scale[None, :]
 
 
-# %% chapters/15_int4_gemm.md:1486
+# %% chapters/15_int4_gemm.md:1479
 @triton.jit
 def _part_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     if DOT:
@@ -443,7 +443,7 @@ def _dequantized_slice(words, j: tl.constexpr, s_ptr, z_ptr, g, n, n_ok, N, dtyp
     return ((codes - zero[None, :]) * scale[None, :]).to(dtype)
 
 
-# %% chapters/15_int4_gemm.md:1536
+# %% chapters/15_int4_gemm.md:1529
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                   M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -487,7 +487,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
            pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
 
 
-# %% chapters/15_int4_gemm.md:1585
+# %% chapters/15_int4_gemm.md:1578
 @triton.jit
 def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
            pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -512,7 +512,7 @@ def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/15_int4_gemm.md:1619
+# %% chapters/15_int4_gemm.md:1612
 def w4a16_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     """w4a16_matmul's knobs for an (M, N, K) product: the CUDA cores for one or two
     rows (from a first H100 sweep), tl.dot from three (tiles chosen from the
@@ -538,7 +538,7 @@ def w4a16_split(M: int, N: int, K: int, block_m: int, block_n: int, sms: int) ->
     return split
 
 
-# %% chapters/15_int4_gemm.md:1646
+# %% chapters/15_int4_gemm.md:1639
 def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Tensor:
     """x (M, K) @ W.T for w's qweight in the kernel's layout (shuffle_int4), or in
     pack_int4's with shuffled=False (groups of a multiple of 128 only); knobs
@@ -580,7 +580,7 @@ def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Te
     return y
 
 
-# %% chapters/15_int4_gemm.md:1727
+# %% chapters/15_int4_gemm.md:1720
 # the most rows w4a16_matmul takes (the H100 run in "Measured"): from 32 rows on its
 # large tiles ran at a third of bf16's speed; int4_matmul and cuBLAS take those
 W4A16_MAX_M = 16
@@ -614,7 +614,7 @@ def _(x, qweight, scales, zeros, group_size, shuffled=False):  # the output's sh
     return x.new_empty(x.shape[0], qweight.shape[1])
 
 
-# %% chapters/15_int4_gemm.md:1762
+# %% chapters/15_int4_gemm.md:1755
 def int4_linear(
     x: Tensor, w: Int4Weight, bias: Tensor | None = None, shuffled: bool = False
 ) -> Tensor:
