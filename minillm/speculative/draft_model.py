@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:325
+# %% chapters/18_speculative.md:323
 """The draft-model proposer: a smaller model with the target's tokenizer proposes k
 tokens greedily, over its own paged KV cache (chapter 18).
 
@@ -32,7 +32,7 @@ from minillm.tokenizer import read_corpus, split_corpus
 from minillm.train import init_weights, token_stream, train
 
 
-# %% chapters/18_speculative.md:357
+# %% chapters/18_speculative.md:355
 # a quarter of the tiny model's width, half its depth
 DRAFT_CONFIG = replace(
     TINY_CONFIG, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
@@ -64,7 +64,7 @@ def draft_model_path(
     return folder
 
 
-# %% chapters/18_speculative.md:390
+# %% chapters/18_speculative.md:388
 def _train_draft(target: Path, folder: Path, train_config, progress: bool) -> None:
     _, tokenizer = load_pretrained(target)
     torch.manual_seed(train_config.seed)
@@ -83,7 +83,7 @@ def _train_draft(target: Path, folder: Path, train_config, progress: bool) -> No
     (folder / "training_log.json").write_text(json.dumps(log) + "\n")
 
 
-# %% chapters/18_speculative.md:412
+# %% chapters/18_speculative.md:410
 class DraftModelProposer:
     """Greedy proposals of a draft model that keeps its own paged KV cache, indexed by
     the target's block tables (the same blocks, another cache).
@@ -123,7 +123,7 @@ class DraftModelProposer:
             same_blocks += 1
         return min(n, same_blocks * self.block_size)
 
-    # %% chapters/18_speculative.md:456
+    # %% chapters/18_speculative.md:454
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks, tables) -> list[list[int]]:
         """k greedy proposals per request (k[i] may be 0), computed batched: first the

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:498
+# %% chapters/18_speculative.md:496
 """The EAGLE proposer: one decoder layer that predicts the target's next feature (its
 last hidden state) from the current one and the next token (chapter 18).
 
@@ -33,7 +33,7 @@ from minillm.tiny import default_cache_dir, tiny_model, tiny_model_path
 from minillm.tokenizer import read_corpus, split_corpus
 
 
-# %% chapters/18_speculative.md:531
+# %% chapters/18_speculative.md:529
 class EagleDraft(nn.Module):
     """fc(concat(feature, embed(token))) -> one decoder layer -> the next feature.
 
@@ -56,7 +56,7 @@ class EagleDraft(nn.Module):
     def logits(self, features: Tensor) -> Tensor:
         return self.frozen[1](features).float()  # the target's LM head
 
-    # %% chapters/18_speculative.md:556
+    # %% chapters/18_speculative.md:554
     def forward(self, features, token_ids, positions, valid, past=None):
         """Predicted next features (B, T, hidden) of rows (f_i, x_{i+1}), and the K/V
         of past plus these rows. features: (B, T, hidden); token_ids, positions:
@@ -88,7 +88,7 @@ class EagleDraft(nn.Module):
         return x, (k, v)
 
 
-# %% chapters/18_speculative.md:594
+# %% chapters/18_speculative.md:592
 class EagleProposer:
     """Chain drafts of an EagleDraft from each request's last target features.
 
@@ -110,7 +110,7 @@ class EagleProposer:
         rows = torch.cat([old[: start - first], hidden])[-(self.window + self.k) :]
         self.features[request_id] = (start + len(hidden) - len(rows), rows)
 
-    # %% chapters/18_speculative.md:618
+    # %% chapters/18_speculative.md:616
     @torch.inference_mode()
     def propose(self, request_ids, contexts, ks) -> list[list[int]]:
         """ks[i] greedy drafts to follow contexts[i] (ks[i] may be 0), batched."""
@@ -147,7 +147,7 @@ class EagleProposer:
 
         return chains, read
 
-    # %% chapters/18_speculative.md:672
+    # %% chapters/18_speculative.md:670
     graphs = None  # chapter 18's EagleGraphRunner, on the fast path (below)
 
     @property
@@ -180,7 +180,7 @@ class EagleProposer:
         return torch.cat(guesses, dim=1)
 
 
-# %% chapters/18_speculative.md:661
+# %% chapters/18_speculative.md:659
 def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     """x's copy on the CPU, and an event after which it may be read (None: now)."""
     if x.device.type != "cuda":
@@ -190,7 +190,7 @@ def to_host(x: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
     return host, done
 
 
-# %% chapters/18_speculative.md:712
+# %% chapters/18_speculative.md:710
 @dataclass(frozen=True)
 class EagleRecipe:
     window: int = 32  # positions per training example, and the drafting window
@@ -205,7 +205,7 @@ class EagleRecipe:
     seed: int = 0
 
 
-# %% chapters/18_speculative.md:728
+# %% chapters/18_speculative.md:726
 class LockstepKVCache:
     """A dense KV cache for B sequences that always have the same length (the
     training data's generation): every layer's attention is one batched call.
@@ -236,7 +236,7 @@ class LockstepKVCache:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-# %% chapters/18_speculative.md:760
+# %% chapters/18_speculative.md:758
 @torch.no_grad()
 def generate_with_features(
     target: CausalLM,
@@ -264,7 +264,7 @@ def generate_with_features(
     return torch.cat(tokens, 1), torch.cat(feats, 1)
 
 
-# %% chapters/18_speculative.md:789
+# %% chapters/18_speculative.md:787
 def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     """(tokens (N, T), features (N, T - 1, hidden)): the target's continuations of
     prompts from the training topics, half greedy, half sampled, and its features."""
@@ -281,7 +281,7 @@ def distillation_data(target: CausalLM, tokenizer, recipe: EagleRecipe):
     return torch.cat([greedy[0], sampled[0]]), torch.cat([greedy[1], sampled[1]])
 
 
-# %% chapters/18_speculative.md:807
+# %% chapters/18_speculative.md:805
 def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     """An EagleDraft trained on the target's own generations, and its log."""
     torch.manual_seed(recipe.seed)
@@ -315,7 +315,7 @@ def train_eagle(target: CausalLM, tokenizer, recipe: EagleRecipe) -> tuple:
     return draft, log
 
 
-# %% chapters/18_speculative.md:844
+# %% chapters/18_speculative.md:842
 @torch.inference_mode()
 def top1_agreement(draft: EagleDraft, tokens: Tensor, features: Tensor, W: int):
     """How often the draft's token from (f_i, x_{i+1}) is the target's next token
@@ -352,7 +352,7 @@ def cached_build(prefix: str, key, build, cache_dir=None) -> Path:
     return folder
 
 
-# %% chapters/18_speculative.md:882
+# %% chapters/18_speculative.md:880
 def eagle_path(recipe: EagleRecipe = EagleRecipe(), cache_dir=None) -> Path:
     """The folder of the tiny model's EAGLE draft, trained first if no cache holds
     it (the time it took is in the folder's build.json)."""
@@ -382,7 +382,7 @@ def load_eagle(target: CausalLM, folder: str | Path, k: int) -> EagleProposer:
     return EagleProposer(draft, recipe["window"], k)
 
 
-# %% chapters/18_speculative.md:913
+# %% chapters/18_speculative.md:911
 @torch.inference_mode()
 def eagle_propose_ref(draft: EagleDraft, features, context, k: int) -> list[int]:
     """k chain drafts of one request whose last len(features) settled positions

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:968
+# %% chapters/18_speculative.md:966
 """The Medusa proposer: k residual heads on the target's last settled feature, each
 guessing one more position ahead, through the target's LM head (chapter 18).
 
@@ -27,7 +27,7 @@ from minillm.speculative.eagle import EagleProposer, EagleRecipe, cached_build
 from minillm.speculative.eagle import distillation_data
 
 
-# %% chapters/18_speculative.md:995
+# %% chapters/18_speculative.md:993
 class MedusaHeads(nn.Module):
     """k residual blocks f + SiLU(W_i f); the target's LM head, frozen, on each."""
 
@@ -47,7 +47,7 @@ class MedusaHeads(nn.Module):
         return self.frozen[0](torch.stack(heads, dim=-2)).float()
 
 
-# %% chapters/18_speculative.md:1016
+# %% chapters/18_speculative.md:1014
 class MedusaProposer(EagleProposer):
     """Greedy guesses of each head from each request's last settled feature; the
     feature buffer is EagleProposer's, one row deep."""
@@ -82,7 +82,7 @@ class MedusaRecipe:
     seed: int = 0
 
 
-# %% chapters/18_speculative.md:1052
+# %% chapters/18_speculative.md:1050
 def train_medusa(target: CausalLM, tokenizer, recipe: MedusaRecipe) -> tuple:
     """MedusaHeads trained on the target's own generations, and their log."""
     torch.manual_seed(recipe.seed)
@@ -116,7 +116,7 @@ def train_medusa(target: CausalLM, tokenizer, recipe: MedusaRecipe) -> tuple:
     return heads, log
 
 
-# %% chapters/18_speculative.md:1087
+# %% chapters/18_speculative.md:1085
 def medusa_path(recipe: MedusaRecipe = MedusaRecipe(), cache_dir=None) -> Path:
     """The folder of the tiny model's Medusa heads, trained first if no cache holds
     them (the time it took is in the folder's build.json)."""

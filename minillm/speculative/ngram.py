@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:248
+# %% chapters/18_speculative.md:246
 """The n-gram (prompt lookup) proposer (chapter 18).
 
 vLLM: vllm/v1/spec_decode/ngram_proposer.py (`NgramProposer`, which finds the match
@@ -44,7 +44,7 @@ class NgramProposer:
         return []
 
 
-# %% chapters/18_speculative.md:294
+# %% chapters/18_speculative.md:292
 def ngram_propose_ref(
     token_ids: list[int], k: int, min_n: int, max_n: int
 ) -> list[int]:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:99
+# %% chapters/18_speculative.md:97
 """Verifying proposed tokens: the greedy rule and rejection sampling (chapter 18).
 
 vLLM: vllm/v1/sample/rejection_sampler.py (`rejection_sample`, its greedy and random
@@ -42,7 +42,7 @@ def draw_token(dist: Tensor, generator: torch.Generator | None) -> list[int]:
     return random_sample(dist[None] / dist.sum(), key, position).tolist()
 
 
-# %% chapters/18_speculative.md:144
+# %% chapters/18_speculative.md:142
 def rejection_sample(
     draft_token_ids: list[int],
     target_probs: Tensor,
@@ -76,7 +76,7 @@ def rejection_sample(
     return draft_token_ids[:n] + draw_token(dist, generator)
 
 
-# %% chapters/18_speculative.md:181
+# %% chapters/18_speculative.md:179
 def rejection_sample_ref(
     draft_token_ids: list[int],
     target_probs: Tensor,

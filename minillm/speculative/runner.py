@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:1123
+# %% chapters/18_speculative.md:1121
 """Speculative decoding in the engine: options, statistics, the verifying runner
 (chapter 18).
 
@@ -39,7 +39,7 @@ from minillm.speculative.rejection import greedy_accept, rejection_sample
 from minillm.speculative.verify_graphs import VerifyGraphRunner
 
 
-# %% chapters/18_speculative.md:1162
+# %% chapters/18_speculative.md:1160
 METHODS = ("ngram", "draft_model", "eagle", "medusa")  # the proposers built
 
 
@@ -75,7 +75,7 @@ class SpeculativeConfig:
         return config
 
 
-# %% chapters/18_speculative.md:1199
+# %% chapters/18_speculative.md:1197
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -116,7 +116,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/18_speculative.md:1242
+# %% chapters/18_speculative.md:1240
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -142,7 +142,7 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/18_speculative.md:1269
+# %% chapters/18_speculative.md:1267
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 7's engine picked."""
@@ -167,7 +167,7 @@ class SpeculativeRunnerMixin:
             if isinstance(self.proposer, EagleProposer):  # its draft, on graphs too
                 self.proposer.graphs = self.capture_draft_graphs()
 
-    # %% chapters/18_speculative.md:1296
+    # %% chapters/18_speculative.md:1294
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
             return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -203,7 +203,7 @@ class SpeculativeRunnerMixin:
         if hasattr(self.proposer, "forget"):  # a draft model's or EAGLE's state
             self.proposer.forget(request_id)
 
-    # %% chapters/18_speculative.md:1335
+    # %% chapters/18_speculative.md:1333
     @torch.inference_mode()
     def execute_model(self, output) -> ModelRunnerOutput:
         requests = output.scheduled_requests
@@ -241,7 +241,7 @@ class SpeculativeRunnerMixin:
         limit = self.spec_config.disable_by_batch_size
         return limit is None or batch_size < limit
 
-    # %% chapters/18_speculative.md:1379
+    # %% chapters/18_speculative.md:1377
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -277,7 +277,7 @@ class SpeculativeRunnerMixin:
             r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
 
-    # %% chapters/18_speculative.md:1421
+    # %% chapters/18_speculative.md:1419
     def propose(self, requests, contexts, ks) -> list[list[int]]:
         """Up to ks[i] tokens to follow contexts[i], for each request."""
         if isinstance(self.proposer, NgramProposer):
@@ -308,7 +308,7 @@ class SpeculativeRunnerMixin:
             for r, proposal in zip(chosen, read()):
                 r.spec_token_ids = proposal
 
-    # %% chapters/18_speculative.md:1455
+    # %% chapters/18_speculative.md:1453
     def patch_for_pending(self, output):
         """A function writing the drafts still on the device into the step's token
         ids on the device, where the chunks reach them (None: nothing to write)."""
@@ -346,7 +346,7 @@ class SpeculativeRunnerMixin:
             self.patch_indices[key] = upload(dst, self.device), upload(src, self.device)
         return self.patch_indices[key]
 
-    # %% chapters/18_speculative.md:1499
+    # %% chapters/18_speculative.md:1497
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
         stop token id), as the engine's stop check sees them one by one."""
@@ -379,7 +379,7 @@ class SpeculativeRunnerMixin:
             out[r.request_id], row = tokens, row + n
         return out
 
-    # %% chapters/18_speculative.md:1535
+    # %% chapters/18_speculative.md:1533
     def verify_greedy(self, chosen, hidden: Tensor, rows, drafts):
         """New tokens of plainly greedy requests, from one argmax of all rows."""
         flat = [i for r in chosen for i in rows[r.request_id]]
@@ -407,7 +407,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/18_speculative.md:1742
+    # %% chapters/18_speculative.md:1740
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 13's buckets whose tokens fit the step's budget, sharing chapter
@@ -445,7 +445,7 @@ class SpeculativeRunnerMixin:
         self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output)
 
-    # %% chapters/18_speculative.md:1871
+    # %% chapters/18_speculative.md:1869
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -460,7 +460,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
 
-# %% chapters/18_speculative.md:1566
+# %% chapters/18_speculative.md:1564
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:1652
+# %% chapters/18_speculative.md:1650
 """CUDA graphs for verification steps (chapter 18, "On chapter 13's fast path").
 
 `pad_rows` pads every sequence of a step to q query tokens (a uniform shape, for
@@ -21,7 +21,7 @@ from minillm.cuda_graph import CUDAGraphRunner
 from minillm.input_batch import StepInputs
 
 
-# %% chapters/18_speculative.md:1673
+# %% chapters/18_speculative.md:1671
 def pad_rows(
     inputs: StepInputs, q: int, scratch_block: int, block_size: int
 ) -> tuple[StepInputs, np.ndarray]:
@@ -54,7 +54,7 @@ def pad_rows(
     return padded, where
 
 
-# %% chapters/18_speculative.md:1711
+# %% chapters/18_speculative.md:1709
 def as_decode_rows(inputs: StepInputs) -> StepInputs:
     """The same step with every query token a sequence of its own: one query token
     whose seq_len, its position + 1, makes the causal mask, and its sequence's

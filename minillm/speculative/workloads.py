@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_speculative.md:1896
+# %% chapters/18_speculative.md:1894
 """The workloads of chapter 18's measurements: prompts from the held-out topics of the
 course corpus (chapter 1's split), shared by the chapter and benchmarks/speculative.py.
 """
