@@ -43,7 +43,7 @@ CODE_DIRS = ("minillm", "benchmarks")  # the code a stored run names by its comm
 
 def engine_settings(engine) -> dict:
     """What the engine chose where its options left it a choice: the parts it resolved
-    (chapter 7's seam) and the fast-path flags its runner resolved (chapter 14's).
+    (chapter 6x's seam) and the fast-path flags its runner resolved (chapter 14's).
     """
     runner = engine.model_runner
     flags = ("cuda_graphs", "torch_compile", "async_scheduling")

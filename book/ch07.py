@@ -1,6 +1,6 @@
 """Chapter 7's helpers that are not the lesson: a batch run to completion, the
-package's import graph and its drawing, and the plots of the Measured section and of
-the lab notes (issue 44).
+drawing of the package's import graph (the graph itself is chapter 6x's,
+book/ch06x.py), and the plots of the Measured section and of the lab notes (issue 44).
 
     from book.ch07 import import_graph, draw_module_map, plot_measured
     from book.ch07 import run_to_completion
@@ -8,11 +8,11 @@ the lab notes (issue 44).
 
 from __future__ import annotations
 
-import ast
 from dataclasses import replace
-from pathlib import Path
 
 import matplotlib.pyplot as plt
+
+from book.ch06x import import_graph, module_imports  # noqa: F401  (the lab notes')
 
 
 def run_to_completion(engine, prompts: list, params) -> list:
@@ -27,37 +27,6 @@ def run_to_completion(engine, prompts: list, params) -> list:
     while engine.has_unfinished_requests():
         finished.update((o.request_id, o) for o in engine.step() if o.finished)
     return [finished[i] for i in ids]
-
-
-def module_imports(source: str) -> set[str]:
-    """The minillm modules one module's source imports (inside functions too), without
-    the "minillm." prefix; `from minillm.x import y` counts both x and x.y."""
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return {m.removeprefix("minillm.") for m in found if m.startswith("minillm.")}
-
-
-def import_graph(package: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
-    """(module -> the chapter that wrote it, module -> the modules it imports), read
-    from each generated module; its header line names the chapter. The package
-    indexes (__init__.py, written by the tangler) have no chapter and are left out."""
-    chapter_of, imports = {}, {}
-    for path in sorted(package.rglob("*.py")):
-        source = path.read_text()
-        head = source.splitlines()[0] if source else ""
-        if "from chapters/" not in head:
-            continue
-        name = ".".join(path.relative_to(package).with_suffix("").parts)
-        chapter_of[name] = head.split("from chapters/")[1].split("_")[0]
-        imports[name] = module_imports(source)
-    # keep the names that are modules: not a package, not a function imported by name
-    imports = {a: {b for b in found if b in chapter_of} for a, found in imports.items()}
-    return chapter_of, imports
 
 
 def _place(chapter_of: dict[str, str]) -> tuple[dict, list[str]]:
@@ -84,7 +53,7 @@ def _arrow(seam: bool, same_chapter: bool) -> dict:
 
 def draw_module_map(chapter_of: dict[str, str], imports: dict[str, set[str]]):
     """One box per module in its chapter's column, an arrow per import (blue: into
-    chapter 7's registry, the seam)."""
+    chapter 6x's registry, the seam)."""
     place, columns = _place(chapter_of)
     fig, ax = plt.subplots(figsize=(12, 5.2))
     for a in imports:
@@ -102,7 +71,7 @@ def draw_module_map(chapter_of: dict[str, str], imports: dict[str, set[str]]):
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     ax.set_title(
-        "minillm's modules by chapter; arrows: imports (blue: into chapter 7's "
+        "minillm's modules by chapter; arrows: imports (blue: into chapter 6x's "
         "registry)",
         fontsize=9,
     )

@@ -18,7 +18,7 @@ attention                chapters/04_paged_attention.md
 beam_search              chapters/08_offline_api.md
 block_pool               chapters/03_block_allocator.md
 compilation              chapters/13_cuda_graph.md
-config                   chapters/07_engine.md
+config                   chapters/06x_engine_parts.md
 convert                  chapters/01_model.md
 cuda_graph               chapters/13_cuda_graph.md
 decode_linear            chapters/13_cuda_graph.md
@@ -46,7 +46,7 @@ outputs                  chapters/07_engine.md
 prefix_cache             chapters/09_prefix_cache.md
 protocol                 chapters/22_server.md
 radix_cache              chapters/09_prefix_cache.md
-registry                 chapters/07_engine.md
+registry                 chapters/06x_engine_parts.md
 request                  chapters/05_scheduler.md
 sampler                  chapters/06_sampler.md
 sampler_reference        chapters/06_sampler.md
@@ -67,7 +67,7 @@ train                    chapters/01_model.md
 import importlib
 
 # The modules whose import registers engine parts (`#| plugin` cells), in
-# chapter order: chapter 7's `load_plugins` imports them.
+# chapter order: chapter 6x's `load_plugins` imports them.
 PLUGINS = (
     "minillm.engine",
     "minillm.prefix_cache",

@@ -126,7 +126,7 @@ class AsyncStepper:
 
 # %% chapters/14_async_scheduling.md:1317
 def use_async_stepper(engine) -> None:
-    """Chapter 7's engine hook: the stepper, if the engine's runner steps ahead."""
+    """Chapter 6x's engine hook: the stepper, if the engine's runner steps ahead."""
     if getattr(engine.model_runner, "async_scheduling", False):
         engine.stepper = AsyncStepper(engine)
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1475
+# %% chapters/07_engine.md:1078
 """The inference engine: the step loop that connects scheduler, model and sampler
 (chapter 7).
 
@@ -42,7 +42,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1523
+# %% chapters/07_engine.md:1126
 @ATTENTION_BACKENDS.register("torch")
 def torch_attention():
     """Chapter 4's reference attention and chapter 2's cache write, in PyTorch."""
@@ -61,7 +61,7 @@ SAMPLERS.register("torch")(Sampler)
 QUANTIZATION_METHODS.register(None)(lambda model, config: None)  # weights as loaded
 
 
-# %% chapters/07_engine.md:1550
+# %% chapters/07_engine.md:1153
 class LLMEngine:
     """Holds the requests and runs the step loop. Not thread-safe: one caller drives
     it.
@@ -92,7 +92,7 @@ class LLMEngine:
         for hook in ENGINE_HOOKS:  # chapter 14's stepper, chapter 26's adapter limit
             hook(self)
 
-    # %% chapters/07_engine.md:1590
+    # %% chapters/07_engine.md:1193
     def _choose_parts(self) -> type:
         """Fill self.parts, check them and quantize the model; the runner class."""
         config, param = self.config, next(self.model.parameters())
@@ -112,7 +112,7 @@ class LLMEngine:
             runner_cls = hook(config, self.parts) or runner_cls
         return runner_cls
 
-    # %% chapters/07_engine.md:1617
+    # %% chapters/07_engine.md:1220
     def _num_kv_blocks(self) -> int:
         config, param = self.config, next(self.model.parameters())
         if param.device.type == "cuda":
@@ -130,7 +130,7 @@ class LLMEngine:
             self.model.config, config.block_size, dtype, budget
         )
 
-    # %% chapters/07_engine.md:1647
+    # %% chapters/07_engine.md:1250
     def _build_cache(
         self, num_blocks: int, num_usable: int, runner_cls: type
     ) -> PagedKVCache:
@@ -161,7 +161,7 @@ class LLMEngine:
         )
         return kv_cache
 
-    # %% chapters/07_engine.md:1684
+    # %% chapters/07_engine.md:1287
     def _build_runner(self, runner_cls: type, kv_cache: PagedKVCache) -> None:
         model, config, parts = self.model, self.config, self.parts
         tokenizer_eos = {self.tokenizer.eos_token_id} if self.tokenizer else set()
@@ -184,7 +184,7 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    # %% chapters/07_engine.md:1715
+    # %% chapters/07_engine.md:1318
     def _check_request(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], int]:
@@ -219,7 +219,7 @@ class LLMEngine:
             )
         return ids, params.max_tokens if params.max_tokens is not None else room
 
-    # %% chapters/07_engine.md:1763
+    # %% chapters/07_engine.md:1366
     def add_request(
         self,
         request_id: str,
@@ -254,7 +254,7 @@ class LLMEngine:
             self.model_runner.add_request(request)
             self.scheduler.add_request(request)
 
-    # %% chapters/07_engine.md:1805
+    # %% chapters/07_engine.md:1408
     def _read_prompt(self, prompt, priority, lora_request) -> tuple:
         """(prompt, its text or None, lora_request), or ValueError."""
         self._check_open()
@@ -286,7 +286,7 @@ class LLMEngine:
             requests.append(Request(child_id, prompt_ids, child, arrival))
         return ParentRequest(request_id, text, prompt_ids), requests
 
-    # %% chapters/07_engine.md:1842
+    # %% chapters/07_engine.md:1445
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; unknown or finished ids are
         ignored.
@@ -303,7 +303,7 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.parents)
 
-    # %% chapters/07_engine.md:1870
+    # %% chapters/07_engine.md:1473
     def step(self) -> list[RequestOutput]:
         """One engine step. Returns an output for every request that got new tokens (for
         output_kind="final_only": only once it finished) or finished."""
@@ -329,7 +329,7 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         return scheduler_output
 
-    # %% chapters/07_engine.md:1904
+    # %% chapters/07_engine.md:1507
     def process_outputs(
         self, updated: list[Request], result: ModelRunnerOutput
     ) -> list[RequestOutput]:
@@ -354,7 +354,7 @@ class LLMEngine:
             if limit != -1 and asked is not None and asked > limit:
                 raise SamplingParamsError(name, asked, f"at most max_logprobs={limit}")
 
-    # %% chapters/07_engine.md:1974
+    # %% chapters/07_engine.md:1577
     def kv_cache_bytes(self) -> int:
         k, v = self.kv_cache.key_cache, self.kv_cache.value_cache
         return k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
@@ -379,7 +379,7 @@ class LLMEngine:
             raise RuntimeError("this engine was shut down: build a new one")
 
 
-# %% chapters/07_engine.md:1947
+# %% chapters/07_engine.md:1550
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # engines not yet shut down
 
 

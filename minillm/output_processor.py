@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine.md:1203
+# %% chapters/07_engine.md:805
 """From a step's new tokens to RequestOutputs (chapter 7, "The output processor"):
 per request its text, logprobs, stop conditions and metrics, and the n > 1 children
 gathered under their parent.
@@ -24,7 +24,7 @@ from minillm.request import Request, RequestStatus
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/07_engine.md:1231
+# %% chapters/07_engine.md:833
 @dataclass
 class RequestState:
     request: Request
@@ -52,7 +52,7 @@ class ParentRequest:
     prompt_logprobs_shown: bool = False  # output_kind="delta": sent once
 
 
-# %% chapters/07_engine.md:1264
+# %% chapters/07_engine.md:866
 class OutputProcessor:
     """Text, logprobs, stop conditions and outputs of the engine's requests."""
 
@@ -89,7 +89,7 @@ class OutputProcessor:
             self.request_states.pop(child_id, None)
         return children
 
-    # %% chapters/07_engine.md:1313
+    # %% chapters/07_engine.md:915
     def check_stop(
         self, state: RequestState, stop_string: str | None
     ) -> RequestStatus | None:
@@ -114,7 +114,7 @@ class OutputProcessor:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    # %% chapters/07_engine.md:1347
+    # %% chapters/07_engine.md:949
     def update(self, updated: list[Request], result: ModelRunnerOutput):
         """([(request id, finished status)], [parent ids with an output])"""
         now, stopped, touched = time.monotonic(), [], {}
@@ -140,7 +140,7 @@ class OutputProcessor:
                 touched[state.parent_id] = None
         return stopped, list(touched)
 
-    # %% chapters/07_engine.md:1387
+    # %% chapters/07_engine.md:989
     def make_outputs(self, parent_ids) -> tuple[list[RequestOutput], list[str]]:
         """(the parents' outputs, the ids of the children now forgotten)"""
         outputs, forgotten = [], []
@@ -173,7 +173,7 @@ class OutputProcessor:
             None if logprobs is None else logprobs[lps:], cumulative, state.metrics,
         )  # fmt: skip
 
-    # %% chapters/07_engine.md:1431
+    # %% chapters/07_engine.md:1033
     def decoder(self, request: Request):
         """token id -> its text (None without a tokenizer or with detokenize off)."""
         if self.tokenizer is None or not request.sampling_params.detokenize:

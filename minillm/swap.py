@@ -296,7 +296,7 @@ class EngineSwapScheduler(SwapScheduler):
 def make_swap_scheduler(
     config: SchedulerConfig, kv_cache_manager: KVCacheManager, kv_cache, engine_config
 ) -> EngineSwapScheduler:
-    """Chapter 7's scheduler factory: a swap space sized by the options above."""
+    """Chapter 6x's scheduler factory: a swap space sized by the options above."""
     num_cpu_blocks = engine_config.num_cpu_blocks
     if num_cpu_blocks is None:
         block_bytes = kv_cache.nbytes // kv_cache.num_blocks

@@ -35,7 +35,7 @@ def tiny():
 @pytest.fixture(scope="session")
 def fast_path():
     """fast_path(engine): which of chapters 11-14's paths an engine runs, as a dict:
-    the parts it resolved (chapter 7's seam) and its runner's flags (chapter 14's).
+    the parts it resolved (chapter 6x's seam) and its runner's flags (chapter 14's).
     """
 
     def read(engine) -> dict:

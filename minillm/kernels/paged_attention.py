@@ -11,7 +11,7 @@ Triton").
 test compares it with: a batch of decodes goes to `paged_decode`
 (kernels/paged_decode.py), anything else to `paged_prefill` (kernels/paged_prefill.py).
 With `triton_reshape_and_cache` (kernels/reshape_and_cache.py) it is registered as
-chapter 7's attention backend "triton". On a machine without a GPU, set
+chapter 6x's attention backend "triton". On a machine without a GPU, set
 TRITON_INTERPRET=1 before importing this module.
 """
 

@@ -58,7 +58,7 @@ class LoRAConfig:
 
 # %% chapters/26_lora.md:1257
 def lora_runner(runner_cls: type, config, parts: dict) -> type:
-    """Chapter 7's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
+    """Chapter 6x's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
     if not config.enable_lora:
         return runner_cls
 
@@ -107,20 +107,20 @@ def adapter_names(requests) -> str:
 
 
 def lora_request_check(engine, request) -> None:
-    """Chapter 7's REQUEST_CHECKS entry: read and check the request's adapter."""
+    """Chapter 6x's REQUEST_CHECKS entry: read and check the request's adapter."""
     if request.lora_request is not None:
         engine.model_runner.lora_manager.add_adapter(request.lora_request)
 
 
 def lora_blocks_compile(config) -> dict[str, str]:
-    """Chapter 7's FAST_PATH_BLOCKERS entry: no compiled layers by default."""
+    """Chapter 6x's FAST_PATH_BLOCKERS entry: no compiled layers by default."""
     if config.enable_lora:
         return {"torch_compile": "enable_lora: adapters wrap plain nn.Linear layers"}
     return {}
 
 
 def lora_engine_hook(engine) -> None:
-    """Chapter 7's ENGINE_HOOKS entry: the scheduler admits at most max_loras."""
+    """Chapter 6x's ENGINE_HOOKS entry: the scheduler admits at most max_loras."""
     if engine.config.enable_lora:
         manager = engine.model_runner.lora_manager
         engine.scheduler.admission_checks.append(manager.admits)

@@ -432,7 +432,7 @@ def structured_outputs_from_response_format(
 
 # %% chapters/21_token_masks.md:1757
 def structured_outputs_hook(engine, params: SamplingParams) -> SamplingParams:
-    """Chapter 7's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
+    """Chapter 6x's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
     logits processor, compiled for the engine's tokenizer."""
     so = params.structured_outputs
     if so is None or constrained_by(params, so):
