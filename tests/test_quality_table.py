@@ -1,4 +1,4 @@
-"""Chapter 16's quality table: the stored SmolLM2 table is the one the chapter asks
+"""Chapter 16x's quality table: the stored SmolLM2 table is the one the chapter asks
 for (its key hashes the weights, the sizes and the code the rows run, so a change
 to a quantizer makes the stored copy stale, and this file says so loudly instead of
 letting the book recompute it or serve an old one), and its intervals are what the
@@ -28,7 +28,7 @@ from minillm.quantization.quality import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CHAPTER = ROOT / "chapters" / "16_quantization.md"
+CHAPTER = ROOT / "chapters" / "16x_quantized_serving.md"
 
 
 @pytest.fixture(scope="module")

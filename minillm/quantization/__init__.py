@@ -6,13 +6,13 @@ module                   chapter
 apply                    chapters/16_quantization.md
 awq                      chapters/16_quantization.md
 calibration              chapters/16_quantization.md
-checkpoint               chapters/16_quantization.md
+checkpoint               chapters/16x_quantized_serving.md
 eight_bit                chapters/17_eight_bit.md
 fp8                      chapters/17_eight_bit.md
 gptq                     chapters/16_quantization.md
 kv_fp8                   chapters/17_eight_bit.md
-methods                  chapters/16_quantization.md
-quality                  chapters/16_quantization.md
+methods                  chapters/16x_quantized_serving.md
+quality                  chapters/16x_quantized_serving.md
 rotation                 chapters/16_quantization.md
 rtn                      chapters/16_quantization.md
 sequential               chapters/16_quantization.md

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_quantization.md:1088
+# %% chapters/16_quantization.md:1098
 """AWQ (Lin et al., 2023, arXiv:2306.00978): activation-aware per-channel scales,
 searched over the exponent alpha and folded into the previous operator (chapter 16).
 """

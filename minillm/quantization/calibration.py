@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_quantization.md:272
+# %% chapters/16_quantization.md:274
 """Calibration: the statistics of every projection's inputs (chapter 16).
 
 capture() runs a model on calibration token windows and records, at the input of
@@ -36,7 +36,7 @@ def decoder_linears(model: nn.Module) -> dict[str, nn.Linear]:
     }
 
 
-# %% chapters/16_quantization.md:307
+# %% chapters/16_quantization.md:309
 def split_tokens(tokenizer: Tokenizer, split: str) -> Tensor:
     """The token ids [num_tokens] of one split ("train" or "held_out") of the
     course corpus."""
@@ -63,7 +63,7 @@ def token_windows(
     return torch.stack([ids[s : s + seq_len] for s in starts])
 
 
-# %% chapters/16_quantization.md:341
+# %% chapters/16_quantization.md:343
 @dataclass
 class LinearStats:
     """Sums over the calibration tokens of one projection input of width k."""
@@ -92,7 +92,7 @@ class LinearStats:
         return self.abs_sum / max(self.num_tokens, 1)
 
 
-# %% chapters/16_quantization.md:375
+# %% chapters/16_quantization.md:377
 @contextmanager
 def recording(linears: dict[str, nn.Linear]):
     """While the with-block runs, record the input statistics of linears (by name)
@@ -123,7 +123,7 @@ def recording(linears: dict[str, nn.Linear]):
         s.names.append(name)
 
 
-# %% chapters/16_quantization.md:407
+# %% chapters/16_quantization.md:409
 @torch.no_grad()
 def capture(
     model: nn.Module, windows: Tensor, batch_size: int = 4

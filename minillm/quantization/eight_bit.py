@@ -6,7 +6,7 @@
 """The eight-bit layers in a whole model and in the engine (chapter 17): SmoothQuant
 then Int8Linear, or Fp8Linear, in every decoder projection; the engine's methods
 "w8a8" and "fp8", registered in chapter 15's QUANTIZATION_METHODS seam and cached as
-chapter 16's methods are."""
+chapter 16x's methods are."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ methods.KINDS.update({Int8Linear: "int8", Fp8Linear: "fp8"})  # the engine's cac
 @engine_options
 @dataclass(frozen=True)
 class EightBitOptions:
-    """Chapter 17's settings (the calibration's are chapter 16's)."""
+    """Chapter 17's settings (the calibration's are chapter 16x's)."""
 
     smoothquant_alpha: float | None = 0.5  # None: W8A8 without smoothing
     fp8_per_channel: bool = True  # False: one weight scale per tensor

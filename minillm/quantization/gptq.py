@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_quantization.md:515
+# %% chapters/16_quantization.md:523
 """GPTQ (Frantar et al., 2022, arXiv:2210.17323): column-by-column quantization
 with optimal-brain-surgeon updates of the columns not yet quantized (chapter 16).
 
@@ -38,7 +38,7 @@ def inverse_cholesky(h: Tensor) -> Tensor:
         raise ValueError("the Hessian is not positive definite: raise damp") from e
 
 
-# %% chapters/16_quantization.md:558
+# %% chapters/16_quantization.md:566
 @torch.no_grad()
 def gptq_quantize(
     w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128,
@@ -83,7 +83,7 @@ def gptq_quantize(
     return codes.to(torch.uint8), scales.float(), zeros.float()
 
 
-# %% chapters/16_quantization.md:612
+# %% chapters/16_quantization.md:620
 @torch.no_grad()
 def gptq_reference(
     w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_quantization.md:85
+# %% chapters/16_quantization.md:87
 """Round-to-nearest quantization, per group or per channel (chapter 16).
 
 A weight matrix [N, K] (out_features x in_features) is cut into groups of
@@ -41,7 +41,7 @@ def quantize_with(w: Tensor, scales: Tensor, zeros: Tensor, bits: int) -> Tensor
     return q.clamp(0, 2**bits - 1)
 
 
-# %% chapters/16_quantization.md:130
+# %% chapters/16_quantization.md:132
 def check_group_size(k: int, group_size: int) -> int:
     """The group size in columns (-1: the whole row); it must divide k."""
     g = k if group_size == -1 else group_size
@@ -82,7 +82,7 @@ def fake_quantize(w: Tensor, bits: int = 4, group_size: int = 128) -> Tensor:
     return dequantize_groups(*quantize_rtn_groups(w, bits, group_size)).to(w.dtype)
 
 
-# %% chapters/16_quantization.md:205
+# %% chapters/16_quantization.md:207
 def mse_group_params(
     w: Tensor, bits: int, sym: bool = False, grid: int = 100,
     max_shrink: float = 0.8, norm: float = 2.4,
@@ -104,7 +104,7 @@ def mse_group_params(
     return group_params(w * best_p.to(w)[:, None], bits, sym)  # in w's dtype
 
 
-# %% chapters/16_quantization.md:443
+# %% chapters/16_quantization.md:445
 def output_error(w: Tensor, w_hat: Tensor, hessian: Tensor) -> float:
     """||X (W - W_hat)^T||^2 = tr(E H E^T), E = W - W_hat, for H = X^T X."""
     e = (w.detach().double() - w_hat.detach().double()).to(hessian.device)  # (N, K)
