@@ -2,13 +2,13 @@
 `benchmarks/serve.py --compare` run measured, and the tables of its runs.
 
 The chapter (chapters/23_engine_process.md) and its lab notes
-(chapters/lab_notes/23_engine_process_lab.md) import them, with chapter 22's
-(book/ch22.py); the engine's process is in minillm/engine_core.py.
+(chapters/lab_notes/23_engine_process_lab.md) import them, with chapter 22y's
+(book/ch22y.py); the engine's process is in minillm/engine_core.py.
 """
 
 from __future__ import annotations
 
-from book.ch22 import busiest_run, mode_name
+from book.ch22y import busiest_run, mode_name
 
 __all__ = ["busiest_run", "print_ab", "print_servers", "server_name", "servers_of"]
 

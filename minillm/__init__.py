@@ -44,7 +44,7 @@ model_runner             chapters/07_engine.md
 output_processor         chapters/07_engine.md
 outputs                  chapters/07_engine.md
 prefix_cache             chapters/09_prefix_cache.md
-protocol                 chapters/22_server.md
+protocol                 chapters/22x_openai_api.md
 radix_cache              chapters/09_prefix_cache.md
 registry                 chapters/06x_engine_parts.md
 request                  chapters/05_scheduler.md
@@ -54,10 +54,10 @@ sampling_ahead           chapters/14_async_scheduling.md
 sampling_metadata        chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
 scheduler                chapters/05_scheduler.md
-server                   chapters/22_server.md
-serving                  chapters/22_server.md
-serving_chat             chapters/22_server.md
-serving_completion       chapters/22_server.md
+server                   chapters/22y_serve.md
+serving                  chapters/22x_openai_api.md
+serving_chat             chapters/22x_openai_api.md
+serving_completion       chapters/22x_openai_api.md
 swap                     chapters/10_swap.md
 tiny                     chapters/01_model.md
 tokenizer                chapters/01_model.md

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/22_server.md:1184
+# %% chapters/22_server.md:636
 """The engine thread of the server (chapter 22, "The async engine").
 
 `AsyncLLM` runs chapter 7's `LLMEngine` in one background thread that owns it (the
@@ -40,7 +40,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served (HTTP 500)."""
 
 
-# %% chapters/22_server.md:1229
+# %% chapters/22_server.md:681
 class Sink:
     """Where one HTTP call's outputs go: an asyncio.Queue on the caller's event loop."""
 
@@ -55,7 +55,7 @@ class Sink:
         self.queue.put_nowait(item)
 
 
-# %% chapters/22_server.md:1248
+# %% chapters/22_server.md:700
 def _deliver(loop: asyncio.AbstractEventLoop, items: list[tuple[Sink, object]]):
     """Hand items to their sinks on loop: one wake-up of the loop for them all."""
     try:
@@ -85,7 +85,7 @@ ACCEPTED = "accepted"
 _SHUTDOWN = "shutdown"
 
 
-# %% chapters/22_server.md:1293
+# %% chapters/22_server.md:745
 class AsyncLLM:
     """Owns an LLMEngine in one background thread; the event loop talks to it through
     queues.
@@ -119,7 +119,7 @@ class AsyncLLM:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # %% chapters/22_server.md:1336
+    # %% chapters/22_server.md:788
     def _loop(self) -> None:
         while True:
             idle = not self.engine.has_unfinished_requests()
@@ -147,7 +147,7 @@ class AsyncLLM:
                     )
                 )
 
-    # %% chapters/22_server.md:1377
+    # %% chapters/22_server.md:829
     def _run(self) -> None:
         error = EngineDeadError("the server is shutting down")
         try:
@@ -171,7 +171,7 @@ class AsyncLLM:
             sink.put(error)
         self._batch, self._sinks = [], {}
 
-    # %% chapters/22_server.md:1410
+    # %% chapters/22_server.md:862
     def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -202,7 +202,7 @@ class AsyncLLM:
                 self._deltas.add(request_id)
         command.sink.put(ACCEPTED)
 
-    # %% chapters/22_server.md:1450
+    # %% chapters/22_server.md:902
     def _step(self) -> None:
         outputs = self.engine.step()
         if self.metrics:
@@ -234,7 +234,7 @@ class AsyncLLM:
                     request_id, self._num_completions.pop(request_id), self.engine
                 )
 
-    # %% chapters/22_server.md:1543
+    # %% chapters/22_server.md:995
     async def generate(
         self, requests: list[tuple[str, str | list[int], SamplingParams]]
     ) -> RequestStream:
@@ -270,7 +270,7 @@ class AsyncLLM:
             self._commands.put(command)
 
 
-# %% chapters/22_server.md:1493
+# %% chapters/22_server.md:945
 class RequestStream:
     """The outputs of one call's requests, as they come; `abort()` stops the
     unfinished ones.

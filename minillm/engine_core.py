@@ -467,12 +467,12 @@ class EngineCoreClient:
 
 # %% chapters/23_engine_process.md:733
 class EngineProcess:
-    """Chapter 22's SERVER_EXTENSIONS entry: `minillm serve` starts its engine in a
+    """Chapter 22y's SERVER_EXTENSIONS entry: `minillm serve` starts its engine in a
     process of its own, unless --engine-in-thread."""
 
     @staticmethod
     def add_flags(p) -> None:
-        pass  # --engine-in-thread is chapter 22's flag
+        pass  # --engine-in-thread is chapter 22y's flag
 
     @staticmethod
     def engine_options(args) -> dict:

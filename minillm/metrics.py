@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/22_server.md:785
+# %% chapters/22_server.md:237
 """Prometheus metrics of the server, named like vLLM's with a `minillm:` prefix (chapter
 22).
 
@@ -23,7 +23,7 @@ from minillm.engine import LLMEngine
 from minillm.outputs import RequestOutput
 
 
-# %% chapters/22_server.md:812
+# %% chapters/22_server.md:264
 class EngineStats(NamedTuple):
     """What the gauges read of an engine at one moment: small enough to travel
     between processes with every step."""
@@ -63,7 +63,7 @@ TOKEN_LATENCY_BUCKETS = [
 ]
 
 
-# %% chapters/22_server.md:862
+# %% chapters/22_server.md:314
 class EngineMetrics:
     """The server's Prometheus metrics, in their own registry, for one served model."""
 
@@ -84,7 +84,7 @@ class EngineMetrics:
         )
         return metric.labels(self.model_name)
 
-    # %% chapters/22_server.md:889
+    # %% chapters/22_server.md:341
     def _add_latency_histograms(self) -> None:
         requests, tokens = REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
         self.time_to_first_token = self._labelled(
@@ -112,7 +112,7 @@ class EngineMetrics:
             buckets=requests,
         )
 
-    # %% chapters/22_server.md:926
+    # %% chapters/22_server.md:378
     def _add_gauges_and_counters(self) -> None:
         self.num_requests_running = self._labelled(
             Gauge, "num_requests_running", "Requests in the running queue."
@@ -149,7 +149,7 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self._request_success.labels(self.model_name, reason)
 
-    # %% chapters/22_server.md:972
+    # %% chapters/22_server.md:424
     def record_step(
         self,
         outputs: list[RequestOutput],
@@ -171,7 +171,7 @@ class EngineMetrics:
         self.generation_tokens.inc(num_new)
         self.update_gauges(engine)
 
-    # %% chapters/22_server.md:1006
+    # %% chapters/22_server.md:458
     def _observe(
         self, completion, seen: dict[int, tuple[int, float | None]], delta: bool
     ) -> int:
@@ -197,7 +197,7 @@ class EngineMetrics:
             seen[completion.index] = (num_now, None)  # None: counted as finished
         return max(num_new, 0)
 
-    # %% chapters/22_server.md:1042
+    # %% chapters/22_server.md:494
     def record_abort(
         self, request_id: str, num_completions: int, engine: LLMEngine | EngineStats
     ) -> None:
@@ -228,7 +228,7 @@ class EngineMetrics:
         if stats.lora_stats is not None:  # chapter 26
             self.update_lora(stats.lora_stats)
 
-    # %% chapters/22_server.md:1084
+    # %% chapters/22_server.md:536
     def update_spec_decoding(self, stats) -> None:
         if not hasattr(self, "_spec_counters"):
             self._spec_seen = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
@@ -257,7 +257,7 @@ class EngineMetrics:
             )
             self._spec_pos_seen[pos] = total
 
-    # %% chapters/22_server.md:1119
+    # %% chapters/22_server.md:571
     def update_lora(self, stats) -> None:
         """Chapter 26's adapters as vLLM's lora_requests_info: the running and the
         waiting ones in labels (comma-separated names), the update's time as value."""

@@ -8,9 +8,9 @@
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
 Fields are checked when a `SamplingParams` is made: a bad value raises
 `SamplingParamsError` (a `ValueError`) naming the field and its allowed range; the
-server of chapter 22 turns it into an HTTP 400. The sampler (`minillm/sampler.py`) reads
-the fields that shape the next-token distribution; the engine (chapter 7) reads those
-that end a request (max_tokens, stop, ...).
+server of chapter 22x turns it into an HTTP 400. The sampler (`minillm/sampler.py`)
+reads the fields that shape the next-token distribution; the engine (chapter 7) reads
+those that end a request (max_tokens, stop, ...).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def hf_checkpoint(tmp_path, tiny):
 
 @pytest.fixture(scope="module")
 def live(tiny):
-    """A live server (chapter 22) over chapter 7's engine on the tiny model, one per
+    """A live server (chapter 22y) over chapter 7's engine on the tiny model, one per
     test module; live.engine is the engine. A module that serves another engine
     defines its own `live`."""
     from helpers import SERVER_SIZES, live_server

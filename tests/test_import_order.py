@@ -103,7 +103,7 @@ def test_every_module_that_registers_parts_is_a_plugin():
     } | {owner for owner in registry.OWNERS.values() if owner != registry.__name__}
     hooks = [*registry.RUNNER_EXTENSIONS, *registry.EXECUTOR_HOOKS]
     hooks += [*registry.REQUEST_CHECKS, *registry.ENGINE_HOOKS]
-    try:  # chapter 22's seam, where the server's libraries are installed
+    try:  # chapter 22y's seam, where the server's libraries are installed
         from minillm.server import SERVER_EXTENSIONS
 
         hooks += SERVER_EXTENSIONS

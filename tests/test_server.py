@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (chapter 22), end to end: a live server on 127.0.0.1,
+"""The OpenAI-compatible server (chapter 22y), end to end: a live server on 127.0.0.1,
 the official client.
 """
 

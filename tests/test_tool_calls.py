@@ -1,4 +1,4 @@
-"""Tool calls in the chat server (chapter 22, "Tool calls"), with the official openai
+"""Tool calls in the chat server (chapter 22x, "Tool calls"), with the official openai
 client on the tiny model: tool_choice "required" and a named function are enforced by
 chapter 21's structured output, so every call parses and its arguments validate
 against the function's parameters schema; the OpenAI shape (ids, type, arguments as

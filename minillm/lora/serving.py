@@ -69,7 +69,7 @@ async def unload_lora_adapter(req: UnloadLoRAAdapterRequest, raw: Request):
 
 # %% chapters/26_lora.md:1574
 class LoRAServerExtension:
-    """Chapter 22's SERVER_EXTENSIONS entry: vLLM's LoRA flags."""
+    """Chapter 22y's SERVER_EXTENSIONS entry: vLLM's LoRA flags."""
 
     @staticmethod
     def add_flags(p) -> None:
