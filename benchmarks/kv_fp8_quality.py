@@ -1,4 +1,4 @@
-"""The quality cost of an FP8 KV cache on SmolLM2-135M-Instruct (chapter 17, "An FP8 KV
+"""The quality cost of an FP8 KV cache on SmolLM2-135M-Instruct (chapter 19, "An FP8 KV
 cache"), on the CPU.
 
 The model in float32, its keys and values through chapter 2's paged cache in four

@@ -1,4 +1,4 @@
-"""Decode attention over the paged KV cache: the Triton kernel of chapter 11 against the
+"""Decode attention over the paged KV cache: the Triton kernel of chapter 12 against the
 memory roofline.
 
 For a Qwen3-0.6B attention layer (16 query heads, 8 KV heads of 128, bf16 cache, blocks
@@ -260,7 +260,7 @@ PREFILL_FINAL = [
 ]
 
 
-# a verify step of speculative decoding (chapter 18): 4 query tokens per sequence
+# a verify step of speculative decoding (chapter 20): 4 query tokens per sequence
 VERIFY_VARIANTS = [
     {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
     {

@@ -1,4 +1,4 @@
-"""Stepping stones between chapter 11's first prefill kernel and its current one, for
+"""Stepping stones between chapter 12's first prefill kernel and its current one, for
 `benchmarks/paged_attention.py --prefill` to measure what each change buys.
 
 `_prefill_v1_kernel` is the kernel the 2026-11-29 result measured (commit 81c443a's

@@ -1,4 +1,4 @@
-"""Chapter 14's sampling kernel against chapter 6's Sampler on the GPU.
+"""Chapter 15's sampling kernel against chapter 6's Sampler on the GPU.
 
 For 1, 64 and 256 rows of bfloat16 logits over Qwen3's vocabulary (151,936), and four
 settings (temperature alone; top-p 0.95; top-k 50 and top-p 0.95; min-p 0.05), every
@@ -10,7 +10,7 @@ after a warm-up, with the device synchronised around each batch of calls.
     # on a GPU; writes benchmarks/results/sampler-*.json
     python benchmarks/sampler.py
 
-With --penalties, the penalty step alone instead (chapter 14, "Penalties in one
+With --penalties, the penalty step alone instead (chapter 15, "Penalties in one
 kernel"): for 1, 64 and 256 rows of bfloat16 logits, every row with repetition 1.1,
 frequency 0.5 and presence 0.5 and the counts of a 512-token prompt and 512 output
 tokens, the time of `PenaltiesState.apply_elementwise` (chapter 6's formula in

@@ -1,7 +1,7 @@
 """Starting and stopping server processes for the benchmarks (stdlib only: the vLLM
 comparison imports it in vLLM's own Python).
 
-Used by benchmarks/compare_vllm.py (chapter 24) and benchmarks/serve.py (chapter 22y).
+Used by benchmarks/compare_vllm.py (chapter 28) and benchmarks/serve.py (chapter 26).
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ SAMPLING = {  # --sampling: the requests' parameters (all ignore_eos)
     "seeded": dict(temperature=0.8, top_p=0.95, seed=0),  # seed i for request i
     "top_k": dict(temperature=0.8, top_k=50),
     "min_p": dict(temperature=0.8, min_p=0.05),
-    # OpenAI-style penalties on top of "sampled": chapter 14's counts on the device
+    # OpenAI-style penalties on top of "sampled": chapter 15's counts on the device
     "penalties": dict(
         temperature=0.8,
         top_p=0.95,
@@ -406,7 +406,7 @@ def main() -> None:
         "--unfused",
         action="store_true",
         help="also run each sampled mode with fused_sampling=False (chapter 6's "
-        "sampler in step, the path before chapter 14's kernel)",
+        "sampler in step, the path before chapter 15's kernel)",
     )
     parser.add_argument(
         "--knobs-before",
@@ -450,7 +450,7 @@ def main() -> None:
         nargs="+",
         default=["auto"],
         choices=["auto", "fp8", "fp8_e4m3"],
-        help="the KV cache's dtype (chapter 17's FP8 cache); more than one: the "
+        help="the KV cache's dtype (chapter 19's FP8 cache); more than one: the "
         "greedy run again with each of the others, on an engine of its own, stored "
         "under kv_cache_dtypes with its speed-up over the first",
     )
@@ -459,7 +459,7 @@ def main() -> None:
         nargs="+",
         default=["none"],
         choices=["none", "int4", "gptq", "awq", "fp8", "w8a8"],
-        help="the engine's weight quantization (chapters 15-16); more than one: the "
+        help="the engine's weight quantization (chapters 16-17); more than one: the "
         "greedy run again with each of the others, on an engine of its own, stored "
         "under quantizations with its speed-up over the first",
     )

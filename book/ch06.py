@@ -346,7 +346,7 @@ def draw_counts(
 def decode(model, prompts, params, max_tokens: int, sampler: Sampler, eos=()):
     """A minimal step loop over chapter 1's dense KV cache: one batch, every row its
     own SamplingParams, the sampler once per step, max_tokens tokens each (stop
-    conditions are the engine's business, chapter 7)."""
+    conditions are the engine's business, chapter 8)."""
     n, max_len = len(prompts), max(map(len, prompts)) + max_tokens
     vocab = model.config.vocab_size
     cache = DenseKVCache(model.config, n, max_len)

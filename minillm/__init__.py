@@ -12,53 +12,53 @@ RequestOutput            minillm.outputs
 SamplingParams           minillm.sampling_params
 
 module                   chapter
-async_llm                chapters/22_server.md
-async_scheduling         chapters/14_async_scheduling.md
+async_llm                chapters/24_server.md
+async_scheduling         chapters/15_async_scheduling.md
 attention                chapters/04_paged_attention.md
-beam_search              chapters/08_offline_api.md
+beam_search              chapters/09_offline_api.md
 block_pool               chapters/03_block_allocator.md
-compilation              chapters/13_cuda_graph.md
-config                   chapters/06x_engine_parts.md
+compilation              chapters/14_cuda_graph.md
+config                   chapters/07_engine_parts.md
 convert                  chapters/01_model.md
-cuda_graph               chapters/13_cuda_graph.md
-decode_linear            chapters/13_cuda_graph.md
-detokenizer              chapters/07_engine.md
-engine                   chapters/07_engine.md
-engine_core              chapters/23_engine_process.md
-fused_layers             chapters/13_cuda_graph.md
+cuda_graph               chapters/14_cuda_graph.md
+decode_linear            chapters/14_cuda_graph.md
+detokenizer              chapters/08_engine.md
+engine                   chapters/08_engine.md
+engine_core              chapters/27_engine_process.md
+fused_layers             chapters/14_cuda_graph.md
 gguf_loader              chapters/01_model.md
-gpu_model_runner         chapters/14_async_scheduling.md
+gpu_model_runner         chapters/15_async_scheduling.md
 hf                       chapters/01_model.md
-input_batch              chapters/13_cuda_graph.md
-int4                     chapters/15_int4_gemm.md
+input_batch              chapters/14_cuda_graph.md
+int4                     chapters/16_int4_gemm.md
 kv_cache                 chapters/02_paged_kv.md
 kv_cache_manager         chapters/05_scheduler.md
-llm                      chapters/08_offline_api.md
-loadgen                  chapters/24_vllm_comparison.md
+llm                      chapters/09_offline_api.md
+loadgen                  chapters/28_vllm_comparison.md
 logits_processors        chapters/06_sampler.md
-logprobs                 chapters/07_engine.md
-merged_projections       chapters/13_cuda_graph.md
-metrics                  chapters/22_server.md
+logprobs                 chapters/08_engine.md
+merged_projections       chapters/14_cuda_graph.md
+metrics                  chapters/24_server.md
 model                    chapters/01_model.md
-model_runner             chapters/07_engine.md
-output_processor         chapters/07_engine.md
-outputs                  chapters/07_engine.md
-prefix_cache             chapters/09_prefix_cache.md
-protocol                 chapters/22x_openai_api.md
-radix_cache              chapters/09_prefix_cache.md
-registry                 chapters/06x_engine_parts.md
+model_runner             chapters/08_engine.md
+output_processor         chapters/08_engine.md
+outputs                  chapters/08_engine.md
+prefix_cache             chapters/10_prefix_cache.md
+protocol                 chapters/25_openai_api.md
+radix_cache              chapters/10_prefix_cache.md
+registry                 chapters/07_engine_parts.md
 request                  chapters/05_scheduler.md
 sampler                  chapters/06_sampler.md
 sampler_reference        chapters/06_sampler.md
-sampling_ahead           chapters/14_async_scheduling.md
+sampling_ahead           chapters/15_async_scheduling.md
 sampling_metadata        chapters/06_sampler.md
 sampling_params          chapters/06_sampler.md
 scheduler                chapters/05_scheduler.md
-server                   chapters/22y_serve.md
-serving                  chapters/22x_openai_api.md
-serving_chat             chapters/22x_openai_api.md
-serving_completion       chapters/22x_openai_api.md
-swap                     chapters/10_swap.md
+server                   chapters/26_serve.md
+serving                  chapters/25_openai_api.md
+serving_chat             chapters/25_openai_api.md
+serving_completion       chapters/25_openai_api.md
+swap                     chapters/11_swap.md
 tiny                     chapters/01_model.md
 tokenizer                chapters/01_model.md
 train                    chapters/01_model.md
@@ -67,7 +67,7 @@ train                    chapters/01_model.md
 import importlib
 
 # The modules whose import registers engine parts (`#| plugin` cells), in
-# chapter order: chapter 6x's `load_plugins` imports them.
+# chapter order: chapter 7's `load_plugins` imports them.
 PLUGINS = (
     "minillm.engine",
     "minillm.prefix_cache",

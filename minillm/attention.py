@@ -10,7 +10,7 @@
 attention backend for chapter 2's `PagedKVCache`: a batch of new tokens (decode,
 prefill, or prefill after an earlier context; any mix of lengths; grouped-query
 attention) attends over keys and values found through each sequence's block table. Every
-faster kernel (chapter 11's Triton kernel) is checked against it.
+faster kernel (chapter 12's Triton kernel) is checked against it.
 `paged_attention_per_seq` is the definition it is checked against in turn, and
 `generate_paged` runs chapter 1's model through a paged cache with blocks allocated on
 demand.

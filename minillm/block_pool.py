@@ -33,7 +33,7 @@ class KVCacheBlock:
 
     block_id: int
     ref_cnt: int = 0
-    # set by prefix caching (chapter 9) once the block is full
+    # set by prefix caching (chapter 10) once the block is full
     block_hash: Hashable | None = None
     prev_free_block: KVCacheBlock | None = field(default=None, repr=False)
     next_free_block: KVCacheBlock | None = field(default=None, repr=False)
@@ -186,7 +186,7 @@ class BlockPool:
 
     # %% chapters/03_block_allocator.md:509
     def _evict(self, block: KVCacheBlock) -> None:
-        """A free block is handed out again: whatever it cached is gone (chapter 9
+        """A free block is handed out again: whatever it cached is gone (chapter 10
         extends this).
         """
         block.block_hash = None

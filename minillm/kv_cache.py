@@ -15,7 +15,7 @@ This module owns storage: sizing the pool from a memory budget, writing new K/V 
 their slots (`reshape_and_cache`), reading a sequence back, copying blocks
 (copy-on-write, chapter 3). The attention computation over the blocks is a backend
 passed in: chapter 4's PyTorch reference (`minillm.attention.paged_attention_ref`),
-later chapter 11's Triton kernel.
+later chapter 12's Triton kernel.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def reshape_and_cache(
 # %% chapters/02_paged_kv.md:527
 def quantize_kv(x: Tensor, dtype: torch.dtype, scale: Tensor | float | None) -> Tensor:
     """x in a cache of dtype: x / scale, clamped to dtype's finite range (a scaled,
-    one-byte cache: chapter 17, "An FP8 KV cache"), or the plain cast for scale None.
+    one-byte cache: chapter 19, "An FP8 KV cache"), or the plain cast for scale None.
     """
     if scale is None:
         return x.to(dtype)
@@ -202,7 +202,7 @@ class PagedKVCache:
     in the attention metadata; the cache keeps no per-sequence state. Attention over
     the blocks is `attn_backend(q, key_cache[l], value_cache[l], attn_metadata)`
     (chapter 4 provides one). Writing is `cache_writer`, with reshape_and_cache's
-    signature (chapter 11 has a one-kernel version).
+    signature (chapter 12 has a one-kernel version).
     """
 
     # %% chapters/02_paged_kv.md:658

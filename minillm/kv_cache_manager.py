@@ -33,7 +33,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # prompt tokens looked up in the prefix cache (chapter 9)
+        # prompt tokens looked up in the prefix cache (chapter 10)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0  # ...and how many of them were found there
 
@@ -51,7 +51,7 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The cached blocks that start request's tokens, and how many tokens they hold.
 
-        Without a prefix cache nothing is ever cached; chapter 9 overrides this.
+        Without a prefix cache nothing is ever cached; chapter 10 overrides this.
         """
         return [], 0
 
@@ -97,7 +97,7 @@ class KVCacheManager:
 
     # %% chapters/05_scheduler.md:423
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """After a step: remember request's blocks that are now full (chapter 9
+        """After a step: remember request's blocks that are now full (chapter 10
         overrides this).
         """
 

@@ -213,7 +213,7 @@ class Attention(nn.Module):
 
     # %% chapters/01_model.md:767
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v of every token: three matrix products (chapter 13 merges them
+        """q, k and v of every token: three matrix products (chapter 14 merges them
         into one).
         """
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)

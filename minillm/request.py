@@ -55,14 +55,14 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    # tokens sampled on the device that the CPU has not read yet (chapter 14)
+    # tokens sampled on the device that the CPU has not read yet (chapter 15)
     num_output_placeholders: int = 0
     num_preemptions: int = 0
-    # tokens proposed for it, computed (and checked) with its next step (chapter 18)
+    # tokens proposed for it, computed (and checked) with its next step (chapter 20)
     spec_token_ids: list[int] = field(default_factory=list)
-    # prefix caching (chapter 9) shares cached blocks only between equal salts
+    # prefix caching (chapter 10) shares cached blocks only between equal salts
     cache_salt: str | None = None
-    # the LoRA adapter it runs with (chapter 26's LoRARequest); None: the base model
+    # the LoRA adapter it runs with (chapter 30's LoRARequest); None: the base model
     lora_request: Any = None
     # lower is more urgent; only SchedulerConfig(policy="priority") reads it
     priority: int = 0

@@ -8,8 +8,8 @@
 Shaped like vLLM's `vllm/sampling_params.py`, which follows the OpenAI completions API.
 Fields are checked when a `SamplingParams` is made: a bad value raises
 `SamplingParamsError` (a `ValueError`) naming the field and its allowed range; the
-server of chapter 22x turns it into an HTTP 400. The sampler (`minillm/sampler.py`)
-reads the fields that shape the next-token distribution; the engine (chapter 7) reads
+server of chapter 25 turns it into an HTTP 400. The sampler (`minillm/sampler.py`)
+reads the fields that shape the next-token distribution; the engine (chapter 8) reads
 those that end a request (max_tokens, stop, ...).
 """
 
@@ -30,7 +30,7 @@ MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as i
 
 # A per-request logits processor: (the request's output token ids so far, its logits
 # (vocab,))
-# -> new logits (vocab,). Chapter 21 plugs a grammar's token mask in here.
+# -> new logits (vocab,). Chapter 23 plugs a grammar's token mask in here.
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
 
 
@@ -50,7 +50,7 @@ class SamplingParamsError(ValueError):
         super().__init__(f"{field} must be {allowed}, got {value!r}")
         self.field, self.value, self.allowed = field, value, allowed
 
-    def __reduce__(self):  # pickled with its own arguments (chapter 23's processes)
+    def __reduce__(self):  # pickled with its own arguments (chapter 27's processes)
         return type(self), (self.field, self.value, self.allowed)
 
 
@@ -81,7 +81,7 @@ STRUCTURED_KINDS = (
 
 @dataclass
 class StructuredOutputsParams:
-    """One constraint on the output (chapter 21 compiles it): exactly one of json (a
+    """One constraint on the output (chapter 23 compiles it): exactly one of json (a
     JSON Schema, dict or string), regex, choice, grammar, json_object,
     structural_tag; the other fields tune it. vLLM's fields and defaults."""
 
@@ -165,17 +165,17 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # tokens that end the output (engine)
     ignore_eos: bool = False  # EOS neither ends the output nor is masked
     include_stop_str_in_output: bool = False  # keep the stop string in the text
-    skip_special_tokens: bool = True  # for detokenization (chapter 7)
-    spaces_between_special_tokens: bool = True  # for detokenization (chapter 7)
+    skip_special_tokens: bool = True  # for detokenization (chapter 8)
+    spaces_between_special_tokens: bool = True  # for detokenization (chapter 8)
     detokenize: bool = True  # False: token ids only, no text (and no stop strings)
     logprobs: int | None = None  # None, or how many top logprobs to return per token
-    prompt_logprobs: int | None = None  # the same for each prompt token (chapter 7)
+    prompt_logprobs: int | None = None  # the same for each prompt token (chapter 8)
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     bad_words: list[str] | None = None  # words the output may not complete
     allowed_token_ids: list[int] | None = None  # None, or the only tokens allowed
     banned_token_ids: list[int] | None = None  # tokens that may never be sampled
     logits_processors: list[LogitsProcessor] | None = None  # applied first, in order
-    # a constraint on the output's form (chapter 21 turns it into a logits processor)
+    # a constraint on the output's form (chapter 23 turns it into a logits processor)
     structured_outputs: StructuredOutputsParams | None = None
     # "cumulative": each output holds all so far; "delta": what is new since the last
     # one; "final_only": one output, when it ends (or a RequestOutputKind member)

@@ -62,9 +62,9 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     # finished since the previous step
     finished_req_ids: set[str] = field(default_factory=set)
-    # (cpu, device) pairs, chapter 10
+    # (cpu, device) pairs, chapter 11
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # (device, cpu) pairs, chapter 10
+    # (device, cpu) pairs, chapter 11
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     # request id -> block ids gained since the runner last saw it (absent: none);
     # for the ids in resumed_req_ids (new, or back from preemption) the whole table
@@ -77,7 +77,7 @@ class SchedulerOutput:
 
     def samples(self, request: Request) -> bool:
         """Whether request gets a new token this step: its scheduled tokens reach the
-        end of what it has (proposed tokens, chapter 18, may come after it).
+        end of what it has (proposed tokens, chapter 20, may come after it).
         """
         return (
             request.num_computed_tokens + self.num_scheduled_tokens[request.request_id]
@@ -114,7 +114,7 @@ class Scheduler:
         # request id -> (num_preemptions, blocks) when its blocks were last sent
         self.blocks_sent: dict[str, tuple[int, int]] = {}
         # check(request, running) -> bool: False holds a waiting request back this
-        # step, keeping its place (chapter 26: at most max_loras adapters at once)
+        # step, keeping its place (chapter 30: at most max_loras adapters at once)
         self.admission_checks: list = []
 
     # %% chapters/05_scheduler.md:631
@@ -211,7 +211,7 @@ class Scheduler:
             if not all(check(request, self.running) for check in checks):
                 held.append(self.waiting.popleft())
                 continue
-            # a prefix cache (chapter 9) may already hold the start of the request: it
+            # a prefix cache (chapter 10) may already hold the start of the request: it
             # counts as computed
             computed_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(
                 request
@@ -239,7 +239,7 @@ class Scheduler:
         """Recompute preemption: drop the request's cache and queue it to run again
         first.
 
-        The one place that decides what preemption does: chapter 10's SwapScheduler
+        The one place that decides what preemption does: chapter 11's SwapScheduler
         overrides it.
         """
         self.running.remove(request)
@@ -264,14 +264,14 @@ class Scheduler:
             ]
             new_tokens = sampled_token_ids.get(request.request_id)
             if new_tokens:
-                # proposed tokens past the end (chapter 18): the runner kept
+                # proposed tokens past the end (chapter 20): the runner kept
                 # len(new_tokens) - 1 of them; the rejected ones are not computed
                 num_proposed = request.num_computed_tokens - num_before
                 if num_proposed > 0:
                     request.num_computed_tokens -= num_proposed + 1 - len(new_tokens)
                 request.append_output_token_ids(new_tokens)
                 updated.append(request)
-            # chapter 9's hook
+            # chapter 10's hook
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         return updated
 
@@ -297,7 +297,7 @@ class Scheduler:
             self.kv_cache_manager.free(request)
             self.blocks_sent.pop(request_id, None)
             request.status = status
-            # a token in flight for it is thrown away (chapter 14)
+            # a token in flight for it is thrown away (chapter 15)
             request.num_output_placeholders = 0
             self.finished_req_ids.add(request_id)
 
@@ -326,8 +326,8 @@ class Scheduler:
 
 # %% chapters/05_scheduler.md:665
 def _tokens_to_go(request: Request) -> int:
-    """Tokens of request not yet computed; a placeholder (chapter 14) and a proposed
-    token (chapter 18) count as one each."""
+    """Tokens of request not yet computed; a placeholder (chapter 15) and a proposed
+    token (chapter 20) count as one each."""
     return (
         request.num_tokens
         + request.num_output_placeholders

@@ -1,5 +1,5 @@
-"""Chapter 13: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of
-chapter 7's runner.
+"""Chapter 14: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of
+chapter 8's runner.
 """
 
 import pytest
@@ -62,7 +62,7 @@ def test_persistent_batch_matches_chapter7_runner(
     swapping), float32.
 
     On a GPU the fast engine also uses the defaults there: Triton attention and CUDA
-    graphs; the reference is chapter 7's runner with chapter 4's PyTorch attention.
+    graphs; the reference is chapter 8's runner with chapter 4's PyTorch attention.
     """
     _, path = hf_checkpoint(cls, config)
     prompts = prompts_with_shared_prefixes(16, 384)
@@ -225,8 +225,8 @@ def compare_with_chapter7(prompts, params, **options):
 
 
 def overlapped_or_not(tiny, overlap, **sizes):
-    """The tiny model's engine in blocks of 4 tokens: chapter 14's overlapped loop
-    (persistent batch and async scheduling) if overlap, else chapter 7's loop."""
+    """The tiny model's engine in blocks of 4 tokens: chapter 15's overlapped loop
+    (persistent batch and async scheduling) if overlap, else chapter 8's loop."""
     from minillm.engine import LLMEngine
 
     config = EngineConfig(
@@ -237,7 +237,7 @@ def overlapped_or_not(tiny, overlap, **sizes):
 
 def test_async_scheduling_stops_like_chapter7(tiny):
     """Stop tokens, EOS, max_tokens of 1, the model's context, preemption: the
-    overlapped loop stops every request at the same token as chapter 7's loop, and
+    overlapped loop stops every request at the same token as chapter 8's loop, and
     the tokens computed past a stop are dropped.
     """
     prompts = mixed_prompts(16, 200, seed=0, longest=39)
@@ -269,7 +269,7 @@ def test_async_scheduling_stops_like_chapter7(tiny):
 
 def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
     """When every stop is known in advance (max_tokens, the context), the overlapped
-    loop computes exactly the tokens chapter 7's loop computes: no step is spent on a
+    loop computes exactly the tokens chapter 8's loop computes: no step is spent on a
     request whose last token is pending.
     """
 
@@ -300,7 +300,7 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
 
 def test_async_scheduling_streams_only_real_tokens(tiny):
     """Every step's outputs (cumulative, n=2, a request added mid-run, stop tokens) are
-    a prefix of chapter 7's final tokens, the final ones are chapter 7's, and every
+    a prefix of chapter 8's final tokens, the final ones are chapter 8's, and every
     placeholder count returns to 0.
     """
 
@@ -344,7 +344,7 @@ def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkey
     """A request preempted while its token is still on the device (a placeholder count
     of 1) gets that token when the same engine step reads it, before anything can
     recompute the request, which then starts again from real tokens only; the tokens
-    are chapter 7's (recompute with a hash prefix cache, and swap).
+    are chapter 8's (recompute with a hash prefix cache, and swap).
     """
     from minillm.async_scheduling import AsyncStepper
     from minillm.scheduler import Scheduler
@@ -392,7 +392,7 @@ def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkey
 @pytest.mark.parametrize("seed", range(4))
 def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
     """Random arrivals, aborts, stop tokens, max_tokens, n=2 and a few requests that
-    need the full sampler: the overlapped loop reports what chapter 7's loop reports
+    need the full sampler: the overlapped loop reports what chapter 8's loop reports
     for every request that is not aborted, an aborted request only ever reports a
     prefix of its tokens, and every placeholder count ends at 0.
     """
@@ -475,7 +475,7 @@ def ban_token_3(output_ids, logits_row):
 
 
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):
-    """A batch with a per-row logits processor runs chapter 7's sampler in step; the
+    """A batch with a per-row logits processor runs chapter 8's sampler in step; the
     other steps overlap (penalties among them).
     """
     prompts = [
@@ -501,7 +501,7 @@ def test_async_scheduling_falls_back_for_sampled_requests(tiny):
 
 def test_async_scheduling_launches_sampled_batches_ahead(tiny):
     """Temperature, top-k, top-p, min-p and seeds next to greedy rows: every step
-    launches ahead and draws chapter 7's tokens; fused_sampling=False falls back."""
+    launches ahead and draws chapter 8's tokens; fused_sampling=False falls back."""
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3]]
     params = [
         SamplingParams(temperature=0.8, top_p=0.95, seed=1, max_tokens=12),
@@ -556,7 +556,7 @@ def test_unseeded_rows_take_the_same_path_as_seeded(tiny):
 
 
 def test_async_scheduling_logprobs_run_ahead(tiny):
-    """Batches asking for logprobs run ahead, with chapter 7's logprobs."""
+    """Batches asking for logprobs run ahead, with chapter 8's logprobs."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]
     params = [
         SamplingParams(

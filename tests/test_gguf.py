@@ -164,7 +164,7 @@ def test_chat_template_renders_as_transformers(
         )
         text = tokenizer.apply_chat_template(messages, add_generation_prompt)
         assert text == expected
-        # the server's renderer (chapter 22x) agrees, and so do the token ids
+        # the server's renderer (chapter 25) agrees, and so do the token ids
         served = compile_chat_template(tokenizer.chat_template).render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,

@@ -83,9 +83,9 @@ def test_no_logprobs_asked(llm):
 
 
 RUNNERS = {
-    "chapter 7": dict(persistent_batch=False),
-    "chapter 14": dict(persistent_batch=True),
-    "chapter 14, async": dict(persistent_batch=True, async_scheduling=True),
+    "chapter 8": dict(persistent_batch=False),
+    "chapter 15": dict(persistent_batch=True),
+    "chapter 15, async": dict(persistent_batch=True, async_scheduling=True),
 }
 
 

@@ -1,4 +1,4 @@
-"""Chapter 14, "Penalties in one kernel": the Triton kernel gives chapter 6's
+"""Chapter 15, "Penalties in one kernel": the Triton kernel gives chapter 6's
 penalised float32 logits bit for bit, for bfloat16, float16 and float32 logits, rows
 with and without penalties, in any order of the state's rows.
 

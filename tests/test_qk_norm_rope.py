@@ -1,4 +1,4 @@
-"""Chapter 13's q/k norm, rotation and cache write in one kernel against the steps it
+"""Chapter 14's q/k norm, rotation and cache write in one kernel against the steps it
 stands for: FusedAttention's stacked norm and apply_rope, then chapter 2's
 reshape_and_cache.
 

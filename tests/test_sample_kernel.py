@@ -1,4 +1,4 @@
-"""Chapter 14's sampling kernel against chapter 6's Sampler: the same tokens for the
+"""Chapter 15's sampling kernel against chapter 6's Sampler: the same tokens for the
 same rows and seeds.
 
 On a CPU the kernel runs under TRITON_INTERPRET=1 (set in conftest.py) at small

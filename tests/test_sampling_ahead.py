@@ -1,6 +1,6 @@
-"""Chapter 14, "Penalties and token rules ahead": the per-row counts kept on the
+"""Chapter 15, "Penalties and token rules ahead": the per-row counts kept on the
 device hold what chapter 6 would count from the token lists, and the steps launched
-ahead with penalties, min_tokens, allowed and banned tokens draw chapter 7's tokens.
+ahead with penalties, min_tokens, allowed and banned tokens draw chapter 8's tokens.
 """
 
 import random

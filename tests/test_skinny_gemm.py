@@ -1,4 +1,4 @@
-"""Chapter 12's skinny matrix product against F.linear, and chapter 11's one-kernel
+"""Chapter 13's skinny matrix product against F.linear, and chapter 12's one-kernel
 cache write against chapter 2's.
 
 On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at

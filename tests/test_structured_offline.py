@@ -1,5 +1,5 @@
-"""Chapter 21 through vLLM's offline API: `SamplingParams(structured_outputs=...)` in
-`LLM.generate`, applied by chapter 21's REQUEST_HOOKS entry. Every finished output
+"""Chapter 23 through vLLM's offline API: `SamplingParams(structured_outputs=...)` in
+`LLM.generate`, applied by chapter 23's REQUEST_HOOKS entry. Every finished output
 validates; the hook's path gives the tokens of an explicit processor (the reference);
 a bad constraint is a ValueError naming structured_outputs that changes nothing."""
 
@@ -54,7 +54,7 @@ def test_every_finished_output_validates(llm, compact):
     texts = [c.text for o in outputs for c in o.outputs]
     for o in outputs:
         for c in o.outputs:
-            # finished by EOS, or at max_tokens: the budget (chapter 21) leaves
+            # finished by EOS, or at max_tokens: the budget (chapter 23) leaves
             # room to close the document within max_tokens, so both validate
             assert c.finish_reason in ("stop", "length")
             jsonschema.validate(json.loads(c.text), SCHEMA)
@@ -73,7 +73,7 @@ def test_a_json_string_schema_and_json_object(llm):
 
 
 def test_the_hook_gives_the_tokens_of_an_explicit_processor(llm):
-    """The reference: chapter 21's processor put in logits_processors by hand (the
+    """The reference: chapter 23's processor put in logits_processors by hand (the
     same batch, so that the same rows meet the same matrix products)."""
     so = StructuredOutputsParams(json=SCHEMA)
     via_field = llm.generate(PROMPTS, structured(so, temperature=0), use_tqdm=False)
@@ -170,7 +170,7 @@ def test_a_request_is_not_constrained_twice(llm):
 
 
 def test_constrained_params_pickle_and_compile_again(llm):
-    """The engine in a process of its own (chapter 23) receives pickled params: the
+    """The engine in a process of its own (chapter 27) receives pickled params: the
     processor comes back compiled from its source, and the hook sees it there."""
     import pickle
 
@@ -189,7 +189,7 @@ def test_constrained_params_pickle_and_compile_again(llm):
 
 
 def test_chapter_11s_runner_and_run_ahead_apply_the_hook_too(device):
-    """The persistent batch with async scheduling (chapter 14) masks the rows of
+    """The persistent batch with async scheduling (chapter 15) masks the rows of
     the hook's processors as it masks an explicit processor's: the same tokens."""
     so = StructuredOutputsParams(json=SCHEMA)
     with LLM(

@@ -195,7 +195,7 @@ VLLM: dict[str, str | None] = {
     "parallel.pp": "vllm/sequence.py",
     "parallel.executor": "vllm/v1/executor/multiproc_executor.py",
     "parallel.training": None,
-    # 19 LoRA (its helper adds a line here for each module chapter 26 tangles)
+    # 19 LoRA (its helper adds a line here for each module chapter 30 tangles)
     "lora.request": "vllm/lora/",
     "lora.peft": "vllm/lora/",
     "lora.layers": "vllm/lora/",

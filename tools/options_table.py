@@ -4,7 +4,7 @@ page of the book (book/options.md).
 A row per option: its name, type, default, the chapter that declares it, what vLLM
 calls it, and what it does (the comment the declaration carries). The options come
 from three places, all read here: `LLM.__init__`'s own keywords, `EngineConfig`'s
-fields (chapter 6x), and the options later chapters declare (`minillm.registry.OPTIONS`:
+fields (chapter 7), and the options later chapters declare (`minillm.registry.OPTIONS`:
 a registry's option, or a field of an `@engine_options` dataclass).
 
     python tools/options_table.py          # rewrite the README's table and the page

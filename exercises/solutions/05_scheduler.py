@@ -140,7 +140,7 @@ class PriorityRequestQueue:
 def _add_waiting(self, request: Request, front: bool = False) -> None:
     if self.config.policy == "priority":
         if not isinstance(self.waiting, PriorityRequestQueue):
-            # the first time (or after chapter 10 swapped the queue for a step)
+            # the first time (or after chapter 11 swapped the queue for a step)
             self.waiting = PriorityRequestQueue(self.waiting)
         self.waiting.append(request)
     elif front:

@@ -3,12 +3,12 @@
 """minillm.lora: modules tangled from the course's chapters.
 
 module                   chapter
-engine                   chapters/26_lora.md
-layers                   chapters/26_lora.md
-manager                  chapters/26_lora.md
-ops                      chapters/26_lora.md
-peft                     chapters/26_lora.md
-request                  chapters/26_lora.md
-serving                  chapters/26_lora.md
-train                    chapters/26_lora.md
+engine                   chapters/30_lora.md
+layers                   chapters/30_lora.md
+manager                  chapters/30_lora.md
+ops                      chapters/30_lora.md
+peft                     chapters/30_lora.md
+request                  chapters/30_lora.md
+serving                  chapters/30_lora.md
+train                    chapters/30_lora.md
 """

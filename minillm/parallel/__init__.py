@@ -3,9 +3,9 @@
 """minillm.parallel: modules tangled from the course's chapters.
 
 module                   chapter
-distributed              chapters/25_parallelism.md
-executor                 chapters/25_parallelism.md
-pp                       chapters/25_parallelism.md
-tp                       chapters/25_parallelism.md
-training                 chapters/25_parallelism.md
+distributed              chapters/29_parallelism.md
+executor                 chapters/29_parallelism.md
+pp                       chapters/29_parallelism.md
+tp                       chapters/29_parallelism.md
+training                 chapters/29_parallelism.md
 """

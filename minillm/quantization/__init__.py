@@ -3,18 +3,18 @@
 """minillm.quantization: modules tangled from the course's chapters.
 
 module                   chapter
-apply                    chapters/16_quantization.md
-awq                      chapters/16_quantization.md
-calibration              chapters/16_quantization.md
-checkpoint               chapters/16x_quantized_serving.md
-eight_bit                chapters/17_eight_bit.md
-fp8                      chapters/17_eight_bit.md
-gptq                     chapters/16_quantization.md
-kv_fp8                   chapters/17_eight_bit.md
-methods                  chapters/16x_quantized_serving.md
-quality                  chapters/16x_quantized_serving.md
-rotation                 chapters/16_quantization.md
-rtn                      chapters/16_quantization.md
-sequential               chapters/16_quantization.md
-w8a8                     chapters/17_eight_bit.md
+apply                    chapters/17_quantization.md
+awq                      chapters/17_quantization.md
+calibration              chapters/17_quantization.md
+checkpoint               chapters/18_quantized_serving.md
+eight_bit                chapters/19_eight_bit.md
+fp8                      chapters/19_eight_bit.md
+gptq                     chapters/17_quantization.md
+kv_fp8                   chapters/19_eight_bit.md
+methods                  chapters/18_quantized_serving.md
+quality                  chapters/18_quantized_serving.md
+rotation                 chapters/17_quantization.md
+rtn                      chapters/17_quantization.md
+sequential               chapters/17_quantization.md
+w8a8                     chapters/19_eight_bit.md
 """

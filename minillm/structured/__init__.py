@@ -3,19 +3,19 @@
 """minillm.structured: modules tangled from the course's chapters.
 
 module                   chapter
-bitmask                  chapters/19_structured_output.md
-budget                   chapters/21_token_masks.md
-charset                  chapters/19_structured_output.md
-dfa                      chapters/19_structured_output.md
-fsm                      chapters/19_structured_output.md
-grammar                  chapters/19_structured_output.md
-ir                       chapters/19_structured_output.md
-json_schema              chapters/20_json_schema.md
-json_text                chapters/20_json_schema.md
-matcher                  chapters/21_token_masks.md
-numbers                  chapters/20_json_schema.md
-processor                chapters/21_token_masks.md
-regex                    chapters/19_structured_output.md
-schema_ops               chapters/20_json_schema.md
-token_index              chapters/19_structured_output.md
+bitmask                  chapters/21_structured_output.md
+budget                   chapters/23_token_masks.md
+charset                  chapters/21_structured_output.md
+dfa                      chapters/21_structured_output.md
+fsm                      chapters/21_structured_output.md
+grammar                  chapters/21_structured_output.md
+ir                       chapters/21_structured_output.md
+json_schema              chapters/22_json_schema.md
+json_text                chapters/22_json_schema.md
+matcher                  chapters/23_token_masks.md
+numbers                  chapters/22_json_schema.md
+processor                chapters/23_token_masks.md
+regex                    chapters/21_structured_output.md
+schema_ops               chapters/22_json_schema.md
+token_index              chapters/21_structured_output.md
 """
