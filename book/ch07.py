@@ -83,3 +83,20 @@ def print_inventory(rows: dict[str, dict], width: int = 88) -> None:
         head = f"ch. {chapter.lstrip('0'):>3}  "
         print(textwrap.fill("; ".join(said), width, initial_indent=head,
                             subsequent_indent=" " * len(head)))  # fmt: skip
+
+
+def plot_inventory(rows: dict[str, dict]) -> None:
+    """Parts, options and hooks each chapter plugs into the seam, stacked."""
+    import matplotlib.pyplot as plt
+
+    chapters = [c for c in rows if c != "?"]
+    fig, ax = plt.subplots(figsize=(8, 2.6))
+    bottom = [0] * len(chapters)
+    for kind in ("parts", "options", "hooks"):
+        n = [len(rows[c][kind]) for c in chapters]
+        ax.bar([c.lstrip("0") for c in chapters], n, bottom=bottom, label=kind)
+        bottom = [a + b for a, b in zip(bottom, n)]
+    ax.set(xlabel="chapter", ylabel="plugged into the seam")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()

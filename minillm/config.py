@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine_parts.md:394
+# %% chapters/07_engine_parts.md:398
 """The engine's configuration (chapter 7, "The configuration")."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class EngineConfig:
     # the declared options (the seam) that were given, as (name, value) pairs
     options: tuple[tuple[str, Any], ...] = ()
 
-    # %% chapters/07_engine_parts.md:439
+    # %% chapters/07_engine_parts.md:443
     def __init__(self, options=(), **kwargs):
         load_plugins()  # every declared option is known from here on
         given = dict(options)

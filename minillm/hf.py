@@ -238,7 +238,7 @@ def _refuse_merged(model: CausalLM) -> None:
     if merged:
         raise ValueError(
             f"{merged[0]}: this model's projections were merged for serving (chapter "
-            "11's merge_projections, which the engine runs on a GPU); save it before "
+            "14's merge_projections, which the engine runs on a GPU); save it before "
             "handing it to the engine, or load it again"
         )
 

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/07_engine_parts.md:118
+# %% chapters/07_engine_parts.md:122
 """The seam: the engine's parts, by name (chapter 7, "The seam: parts by name").
 
 The engine (engine.py) is built from parts that it looks up here by the value of one
@@ -41,7 +41,7 @@ class Registry:
         declare_option(option, fallback if auto is NO_AUTO else auto, __name__)
         REGISTRIES.append(self)
 
-    # %% chapters/07_engine_parts.md:170
+    # %% chapters/07_engine_parts.md:174
     def register(self, name: Any, *, preferred_on: tuple[str, ...] = ()) -> Callable:
         """Decorator: factory is the part for option value `name`, and what `auto`
         means on the device types in preferred_on.
@@ -66,7 +66,7 @@ class Registry:
 
         return add
 
-    # %% chapters/07_engine_parts.md:203
+    # %% chapters/07_engine_parts.md:207
     def resolve(self, value: Any, device_type: str) -> Any:
         """The registered name that value stands for on device_type."""
         self.check(value)
@@ -89,7 +89,7 @@ class Registry:
         return self.parts[name]
 
 
-# %% chapters/07_engine_parts.md:237
+# %% chapters/07_engine_parts.md:241
 OPTIONS: dict[str, Any] = {}  # every declared option -> its default
 OWNERS: dict[str, str] = {}  # option -> the module that declared it
 CHECKS: list[Callable] = []  # check(config) of the declared option sets
@@ -117,7 +117,7 @@ def engine_options(cls: type) -> type:
     return cls
 
 
-# %% chapters/07_engine_parts.md:274
+# %% chapters/07_engine_parts.md:278
 FAILED: dict[str, str] = {}  # plugin module -> why it could not be imported
 _loaded = False
 
@@ -139,7 +139,7 @@ def load_plugins() -> None:
             FAILED[module] = str(e)
 
 
-# %% chapters/07_engine_parts.md:303
+# %% chapters/07_engine_parts.md:307
 # factory(num_blocks, block_size) -> KVCacheManager; None: chapter 5's manager
 KV_CACHE_MANAGERS = Registry("KV-cache manager", "prefix_cache_impl", fallback=None)
 # factory(scheduler_config, kv_cache_manager, kv_cache, config) -> Scheduler;

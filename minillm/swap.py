@@ -273,7 +273,7 @@ class SwapOptions:
         if config.preemption_mode == "swap" and config.prefix_cache_impl is not None:
             raise ValueError(
                 "preemption_mode='swap' does not combine with prefix caching (chapter "
-                "9 says why): use preemption_mode='recompute', which a prefix cache "
+                "11 says why): use preemption_mode='recompute', which a prefix cache "
                 "already makes cheap"
             )
 

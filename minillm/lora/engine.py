@@ -52,7 +52,7 @@ class LoRAConfig:
         if GPUModelRunner.fast_path(config, parts)[1]:
             raise ValueError(
                 "enable_lora: the adapters wrap plain nn.Linear layers, not chapter "
-                "11's compiled ones; set torch_compile=False (CUDA graphs may stay)"
+                "14's compiled ones; set torch_compile=False (CUDA graphs may stay)"
             )
 
 
