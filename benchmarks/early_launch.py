@@ -1,9 +1,9 @@
-"""Early launch (programmatic dependent launch, chapter 12) under stress: chains of
+"""Early launch (programmatic dependent launch, chapter 13) under stress: chains of
 kernels that each read the previous one's output, captured in CUDA graphs several times
 and replayed many times, every replay's output compared bit for bit with the same chain
 launched ordinarily; per launch mode (0 ordinary, 1 and 2 early).
 
-- `decode`: chapter 12's decode attention (the decode kernel and its reduction)
+- `decode`: chapter 13's decode attention (the decode kernel and its reduction)
   chained 8 deep on its own output, on 3 sequences (those of
   tests/test_triton_attention.py's graph test) and on 32; (the stored run of
   2026-12-03, commit 538012f, also chained the combined reduction, since removed)

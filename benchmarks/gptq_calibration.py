@@ -1,5 +1,5 @@
 """One-shot against sequential GPTQ calibration on SmolLM2-135M-Instruct, at several
-calibration sizes (chapter 17, "Sequential calibration").
+calibration sizes (chapter 18, "Sequential calibration").
 
 For each number of calibration windows (256 tokens each, from the training split of
 the course corpus), GPTQ int4 g64 with act-order, calibrated one-shot (every layer's

@@ -1,6 +1,6 @@
 """Choosing GPTQ's default: held-out perplexity of SmolLM2-135M-Instruct under bf16,
 RTN and GPTQ variants, each against bf16 with a paired bootstrap interval (chapter
-18, "Choosing GPTQ's default").
+19, "Choosing GPTQ's default").
 
 The held-out windows are the quality table's (`SMOLLM2_TABLE`: 64 windows of 256
 tokens spread over the held-out split, each scored on its last tokens, none twice);

@@ -1,4 +1,4 @@
-"""Chapter 16's W4A16 products against bf16 cuBLAS and PyTorch's own INT4 kernel, and
+"""Chapter 17's W4A16 products against bf16 cuBLAS and PyTorch's own INT4 kernel, and
 batch-1 decode through the engine, int4 against bf16.
 
 Products: for every projection of a Qwen3-0.6B, a Llama-3.2-1B and a Llama-3.1-8B
@@ -33,7 +33,7 @@ every M of --rows (where w4a16_config's knobs come from).
 --sweep: a grid of the fused kernel's knobs on Llama-3.1-8B's down_proj and
 gate_up_proj at M = 1, 16, 64, 256 (where default_config's knobs come from).
 --gemv-sweep: a grid of int4_gemv's knobs on the same shapes at M = 1 (stored by
-chapter 16 as `--gemv-sweep --no-products --name int4_gemm_gemv_sweep`).
+chapter 17 as `--gemv-sweep --no-products --name int4_gemm_gemv_sweep`).
 --models, --rows: time only these models' shapes and these row counts.
 
 --decode: batch-1 decode time per output token through LLMEngine with CUDA graphs
@@ -83,7 +83,7 @@ from minillm.kernels.int4_gemm import (  # noqa: E402
 )
 
 # (model, projection) -> (N, K): out_features, in_features
-SHAPES = {**GEMM_SHAPES, **LLAMA_8B_SHAPES}  # chapter 12's, and Llama-3.1-8B's
+SHAPES = {**GEMM_SHAPES, **LLAMA_8B_SHAPES}  # chapter 13's, and Llama-3.1-8B's
 QUICK_SHAPES = {("tiny", "qkv_proj"): (96, 256), ("tiny", "down_proj"): (64, 512)}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GROUP = 128

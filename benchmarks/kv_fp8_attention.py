@@ -1,15 +1,15 @@
-"""Decode attention over a bf16 KV cache and over an FP8 (E4M3) one (chapter 19, "An
+"""Decode attention over a bf16 KV cache and over an FP8 (E4M3) one (chapter 20, "An
 FP8 KV cache").
 
 One Qwen3-0.6B attention layer (16 query heads, 8 KV heads of 128, blocks of 16,
 shuffled as after a long-running server), a decode batch of --num-seqs sequences with
 contexts uniform in [--context / 2, 3 --context / 2] (seed 0): the same keys and values
-written once into a bf16 cache and once, through chapter 2's scaled write, into an FP8
-cache with per-tensor scales (max |x| / 448). Each cache is read by chapter 12's
+written once into a bf16 cache and once, through chapter 3's scaled write, into an FP8
+cache with per-tensor scales (max |x| / 448). Each cache is read by chapter 13's
 attention backend (`triton_paged_attention`, as the engine calls it), timed as
 CUDA-graph replays (triton.testing.do_bench_cudagraph); with the bytes of K/V each call
 reads, the achieved bandwidth and the copy bandwidth measured in the same run. Checks
-in the same run: the FP8 kernel against chapter 4's reference on the same FP8 cache,
+in the same run: the FP8 kernel against chapter 5's reference on the same FP8 cache,
 and the FP8 output against the bf16 one. On a CPU the queries are float32 (the
 interpreter's bf16 products are not the GPU's).
 

@@ -1,12 +1,12 @@
-"""The quality cost of an FP8 KV cache on SmolLM2-135M-Instruct (chapter 19, "An FP8 KV
+"""The quality cost of an FP8 KV cache on SmolLM2-135M-Instruct (chapter 20, "An FP8 KV
 cache"), on the CPU.
 
-The model in float32, its keys and values through chapter 2's paged cache in four
+The model in float32, its keys and values through chapter 3's paged cache in four
 forms: float32, bfloat16 (the engine's cache on a GPU, the baseline), FP8 E4M3 with
 vLLM's default scale of 1.0, and FP8 with per-layer scales measured on calibration
 windows of the course corpus's train split (largest |K|, |V| over 448, as
 llm-compressor computes them). For each: held-out perplexity over --windows windows
-(each a prompt whose K/V are written to the cache and read back by chapter 4's
+(each a prompt whose K/V are written to the cache and read back by chapter 5's
 attention), with a bootstrap interval, and the paired bootstrap interval of its
 perplexity over the bfloat16 cache's on the same windows; and greedy generation of
 --new-tokens tokens from --prompts prompts (held-out text), compared with the bfloat16
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             "calibration_windows": [args.calibration, args.window_len],
             "prompts": [args.prompts, args.new_tokens],
             "prompt_len": args.prompt_len,
-            "attention": "chapter 4's paged_attention_ref",
+            "attention": "chapter 5's paged_attention_ref",
         },
         "scales": {
             "k": k_scale.tolist(),

@@ -11,12 +11,12 @@ Time per output token is decode time only, as vLLM's TPOT: (last token time - fi
 token time) / (n - 1), from the request's metrics (the prefill that makes the first
 token is left out). Measured in the same run:
 
-- minillm eager: chapter 12's Triton attention, no CUDA graphs;
+- minillm eager: chapter 13's Triton attention, no CUDA graphs;
 - minillm with CUDA graphs (the same engine, `cuda_graphs=True`);
-- with --quantization NAME (chapter 16's int4, chapters 17, 19's): the same engine
+- with --quantization NAME (chapter 17's int4, chapters 18, 20's): the same engine
   with CUDA graphs on weights quantized at load (written to latency_NAME-*.json);
 - with --early-launch 0 (or 1, 2): the same engine with CUDA graphs, its kernels
-  launched in that mode (chapter 12's EARLY_LAUNCH) rather than the default;
+  launched in that mode (chapter 13's EARLY_LAUNCH) rather than the default;
 - Hugging Face transformers `generate` at batch 1, eager PyTorch (its default
   attention): (time of 256 new tokens - time of 1 new token) / 255;
 - the memory-bandwidth roofline: the bytes one decode step must read (every linear
@@ -233,10 +233,10 @@ def summary(values: list[float]) -> dict:
 def run_minillm(
     folder: Path, prompt: list[int], cuda_graphs: bool, args, quantization=None
 ) -> dict:
-    # chapter 12's kernels need a GPU
+    # chapter 13's kernels need a GPU
     backend = "triton" if args.device == "cuda" else "torch"
     options = engine_options(attention_backend=backend, cuda_graphs=cuda_graphs)
-    if quantization:  # chapter 16's option
+    if quantization:  # chapter 17's option
         options.update(engine_options(quantization=quantization))
         if args.quick and quantization == "int4":  # --quick's hidden size is 64
             options.update(engine_options(int4_group_size=32))
@@ -472,13 +472,13 @@ def main() -> None:
     parser.add_argument(
         "--quantization",
         default=None,
-        help="also run the engine with this quantization method (chapter 16: int4); "
+        help="also run the engine with this quantization method (chapter 17: int4); "
         "the results go to latency_NAME-*.json",
     )
     parser.add_argument(
         "--early-launch",
         default="",
-        help="comma-separated launch modes (chapter 12's EARLY_LAUNCH: 0 ordinary, 1 "
+        help="comma-separated launch modes (chapter 13's EARLY_LAUNCH: 0 ordinary, 1 "
         "or 2 early) to also run the CUDA-graph engine with, as same-run baselines",
     )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

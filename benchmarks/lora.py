@@ -1,4 +1,4 @@
-"""Many LoRA adapters in one engine (chapter 30): throughput on the standard workload
+"""Many LoRA adapters in one engine (chapter 31): throughput on the standard workload
 with 1, 4, 16 and 64 distinct rank-16 adapters on every linear layer, against the same
 engine without LoRA, and batch-1 latency with one adapter against none.
 
@@ -6,7 +6,7 @@ The model is Qwen3-0.6B-shaped (or, with --shape llama-3.2-1b, Llama-3.2-1B-shap
 with random weights (bf16), the adapters random PEFT folders written here (rank 16, all
 seven linear modules of every layer, lora_alpha 32). Requests take the adapters
 round-robin; `max_loras` (16) slots on the GPU, so 64 adapters cycle through them. The
-LoRA engines run with the engine's defaults: chapter 14's CUDA graphs and async
+LoRA engines run with the engine's defaults: chapter 15's CUDA graphs and async
 scheduling, without its compiled layers (enable_lora turns those off). `base` is the
 same runner without adapters, `base_fast_runner` the engine's full defaults (compiled
 layers too); each LoRA run reports its share of both (`share_of_base`,
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             "rank": args.rank,
             "max_loras": args.max_loras,
             "targets": list(MODULES),
-            "runner": "chapter 14's graphs + async, no compiled layers; fast_runner: "
+            "runner": "chapter 15's graphs + async, no compiled layers; fast_runner: "
             "the full defaults",
             "latency": {"prompt": args.latency_prompt, "tokens": args.latency_tokens},
         },

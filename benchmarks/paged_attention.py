@@ -1,10 +1,10 @@
-"""Decode attention over the paged KV cache: the Triton kernel of chapter 12 against the
+"""Decode attention over the paged KV cache: the Triton kernel of chapter 13 against the
 memory roofline.
 
 For a Qwen3-0.6B attention layer (16 query heads, 8 KV heads of 128, bf16 cache, blocks
 of 16, blocks shuffled as after a long-running server), over batch sizes and context
 lengths: kernel time (triton.testing.do_bench), achieved bandwidth = bytes of K/V read /
-time, the device-to-device copy bandwidth measured in the same run, and chapter 4's
+time, the device-to-device copy bandwidth measured in the same run, and chapter 5's
 PyTorch reference on the same batch.
 
     # on a GPU; writes benchmarks/results/paged_attention-*.json
@@ -260,7 +260,7 @@ PREFILL_FINAL = [
 ]
 
 
-# a verify step of speculative decoding (chapter 20): 4 query tokens per sequence
+# a verify step of speculative decoding (chapter 21): 4 query tokens per sequence
 VERIFY_VARIANTS = [
     {"kernel": "v1", "block_m": 32, "block_n": 32},  # what the engine ran
     {
@@ -371,7 +371,7 @@ def prefill(
     candidates: bool | str = False,
 ):
     """The prefill kernels on a prompt step of the standard workload, timed by
-    CUDA-graph replay (as the engine's steps run); each checked against chapter 4's
+    CUDA-graph replay (as the engine's steps run); each checked against chapter 5's
     reference over the whole batch.
     """
     import multiprocessing

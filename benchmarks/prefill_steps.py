@@ -1,4 +1,4 @@
-"""Stepping stones between chapter 12's first prefill kernel and its current one, for
+"""Stepping stones between chapter 13's first prefill kernel and its current one, for
 `benchmarks/paged_attention.py --prefill` to measure what each change buys.
 
 `_prefill_v1_kernel` is the kernel the 2026-11-29 result measured (commit 81c443a's
@@ -6,7 +6,7 @@ minillm/kernels/paged_prefill.py), with one switch added: EXP2 computes the soft
 with exp2 and log2(e) folded into the scale. `_prefill_one_loop_kernel` is the current
 kernel with its key loop not split: every key tile takes the causal mask.
 `prefill_longest_sequence_first` runs the current kernel with its tiles in another
-order. None is used by the engine; the benchmark checks each against chapter 4's
+order. None is used by the engine; the benchmark checks each against chapter 5's
 reference.
 """
 

@@ -11,7 +11,7 @@ from a cold cache, so that the requests admitted in the first steps all miss).
 
 For each mode it records throughput (output and total tokens/s), the time to first token
 (from submission; mean, p50, p90), the prompt tokens actually prefilled and the
-prefix-cache hit rate (hits / queries, in tokens). Chapter 10 plots the JSON it writes.
+prefix-cache hit rate (hits / queries, in tokens). Chapter 11 plots the JSON it writes.
 
     # on a GPU; writes results/*.json
     python benchmarks/prefix_cache.py
@@ -73,7 +73,7 @@ def run_mode(
     # warm-up on unrelated tokens (kernels, allocator); then, with --warm-prefix, one
     # untimed request with
     # the shared prefix alone, as a server that has seen the system prompt before
-    # (chapter 10's measure)
+    # (chapter 11's measure)
     llm.generate(
         [[1] * 8] * 4,
         SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),

@@ -56,7 +56,7 @@ def kernel_kind(name: str) -> str:
         k in name
         for k in ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas", "_skinny_kernel")
     ):
-        # chapter 13's skinny kernel (profile_step_batch1_skinny-* predates this and
+        # chapter 14's skinny kernel (profile_step_batch1_skinny-* predates this and
         # files it under other)
         return "matmul"
     return "other"
@@ -100,7 +100,7 @@ def ms_per_step(engine, warm: int, steps: int) -> float:
 
 
 def ab_decode_order(engine, args, record, out) -> list[dict]:
-    """Wall ms per decode step under chapter 12's decode choices, one after the other
+    """Wall ms per decode step under chapter 13's decode choices, one after the other
     and back (the contexts shrink meanwhile, hence the repeats): programs in batch
     order or longest sequence first (from --ab-decode-order sequences), with the
     default knobs or others. The graphs of the batch's bucket are captured again for

@@ -1,4 +1,4 @@
-"""Chapter 19's speed table: W8A8 int8 (chapter 19's Triton kernel, and cuBLAS
+"""Chapter 20's speed table: W8A8 int8 (chapter 20's Triton kernel, and cuBLAS
 through torch._int_mm) and FP8 (torch._scaled_mm) matrix products against bf16
 (cuBLAS), and batch-1 decode through the engine.
 

@@ -1,5 +1,5 @@
 """RTN after folding the norms, with and without a rotation, on SmolLM2-135M-Instruct
-(chapter 17, "Rotating the residual stream" and the quality table).
+(chapter 18, "Rotating the residual stream" and the quality table).
 
 Three models, RTN int4 at one group size, held-out perplexity on the quality table's
 slice (4 windows of 256 tokens): as loaded; with every norm's weight folded into the

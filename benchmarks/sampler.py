@@ -1,8 +1,8 @@
-"""Chapter 15's sampling kernel against chapter 6's Sampler on the GPU.
+"""Chapter 16's sampling kernel against chapter 7's Sampler on the GPU.
 
 For 1, 64 and 256 rows of bfloat16 logits over Qwen3's vocabulary (151,936), and four
 settings (temperature alone; top-p 0.95; top-k 50 and top-p 0.95; min-p 0.05), every
-row seeded: the time of chapter 6's `Sampler.sample` (float32 copy, sort for top-p, the
+row seeded: the time of chapter 7's `Sampler.sample` (float32 copy, sort for top-p, the
 counter-based noise in PyTorch) and of `minillm.kernels.sample.sample` on the same
 metadata, and whether they drew the same tokens. Times are means over repeated calls
 after a warm-up, with the device synchronised around each batch of calls.
@@ -10,10 +10,10 @@ after a warm-up, with the device synchronised around each batch of calls.
     # on a GPU; writes benchmarks/results/sampler-*.json
     python benchmarks/sampler.py
 
-With --penalties, the penalty step alone instead (chapter 15, "Penalties in one
+With --penalties, the penalty step alone instead (chapter 16, "Penalties in one
 kernel"): for 1, 64 and 256 rows of bfloat16 logits, every row with repetition 1.1,
 frequency 0.5 and presence 0.5 and the counts of a 512-token prompt and 512 output
-tokens, the time of `PenaltiesState.apply_elementwise` (chapter 6's formula in
+tokens, the time of `PenaltiesState.apply_elementwise` (chapter 7's formula in
 PyTorch, float32) and of `PenaltiesState.apply_kernel` (one Triton kernel), whether
 they give the same float32 logits, and the time of one step's count update (one
 token per row, `index_put_` with accumulate), and the sampling kernel's top-p draw
@@ -77,14 +77,14 @@ def measure(num_seqs: int, setting: str) -> dict:
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    def chapter6():
+    def chapter7():
         return sampler.sample(logits.float(), md)[0]
 
-    same = bool(torch.equal(kernel(), chapter6()))
+    same = bool(torch.equal(kernel(), chapter7()))
     return {
         "num_seqs": num_seqs,
         "setting": setting,
-        "chapter6_ms": mean_ms(chapter6),
+        "chapter7_ms": mean_ms(chapter7),
         "kernel_ms": mean_ms(kernel),
         "same_tokens": same,
     }
@@ -201,7 +201,7 @@ def main() -> None:
             row = measure(num_seqs, setting)
             rows.append(row)
             print(
-                f"{num_seqs:4d} rows {setting:12}: chapter 6 {row['chapter6_ms']:6.3f} "
+                f"{num_seqs:4d} rows {setting:12}: chapter 7 {row['chapter7_ms']:6.3f} "
                 f"ms, kernel {row['kernel_ms']:6.3f} ms, same tokens "
                 f"{row['same_tokens']}",
                 flush=True,

@@ -64,7 +64,7 @@ def model_folder(model: str) -> Path:
 
 
 class Libraries:
-    """Both libraries on one tokenizer, as chapter 22's lab notes set them up."""
+    """Both libraries on one tokenizer, as chapter 23's lab notes set them up."""
 
     def __init__(self, folder: Path):
         import xgrammar as xgr

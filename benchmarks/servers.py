@@ -1,7 +1,7 @@
 """Starting and stopping server processes for the benchmarks (stdlib only: the vLLM
 comparison imports it in vLLM's own Python).
 
-Used by benchmarks/compare_vllm.py (chapter 28) and benchmarks/serve.py (chapter 26).
+Used by benchmarks/compare_vllm.py (chapter 29) and benchmarks/serve.py (chapter 27).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Speculative decoding (chapter 20): what a step costs per query token, and what the
+"""Speculative decoding (chapter 21): what a step costs per query token, and what the
 proposers buy at batch 1 to 128, against the same engine without them.
 
 Two measurements, in one run:
@@ -7,7 +7,7 @@ Two measurements, in one run:
    512 tokens cached: one forward pass plus the logits of every query row, on a
    Qwen3-0.6B-shaped model with random weights (bf16 on a GPU; the time does not
    depend on the weights), through the attention backend the engine picks (chapter
-   12's Triton kernels on a GPU). Median of 20 after 3 warm-ups.
+   13's Triton kernels on a GPU). Median of 20 after 3 warm-ups.
 2. The chapter's two workloads (minillm/speculative/workloads.py: prompts from the
    corpus's held-out topics, "repetitive" and "open") on the course's tiny trained model
    (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32 and 128 (all
@@ -17,13 +17,13 @@ Two measurements, in one run:
    the cache lacks it), with the draft model and Medusa (k = 3) when --methods names
    them ("draft k=3", "medusa k=3"; their cached checkpoints, trained likewise), and
    at batch >= 32 with k = 3 and disable_by_batch_size = 32
-   (n-gram and EAGLE). All on the engine's default runner — on a GPU chapter 14's fast
+   (n-gram and EAGLE). All on the engine's default runner — on a GPU chapter 15's fast
    path: persistent batch, CUDA graphs (for verification steps and EAGLE's draft too),
    compiled layers, async scheduling for the steps that neither verify nor propose —
    and, at batch 1, without speculation on the same fast path with every step run in
    step (async_scheduling=False: a second baseline, faster at batch 1 on the tiny
    model), and without speculation, with n-gram k = 3 and with EAGLE k = 3 on chapter
-   8's runner as well (a third baseline; its own copy of the model; --no-chapter7 leaves
+   9's runner as well (a third baseline; its own copy of the model; --no-chapter8 leaves
    it out). Each engine runs the prompts once untimed, then --repeats times timed (the
    median counts). Reported per run: the runner and its flags, output tokens/s, the mean
    acceptance length tau and the acceptances per position, steps and how many replayed a
@@ -125,8 +125,8 @@ METHODS = {  # proposers measured: (method, k)
 }
 DEFAULT_METHODS = ("ngram k=3", "ngram k=5", "eagle k=3", "eagle k=5", "eagle k=8")
 RUNNERS = {  # engine options of each runner measured
-    "fast path": {},  # the engine's defaults: on a GPU, chapter 14's fast path
-    "chapter 8": {"persistent_batch": False},
+    "fast path": {},  # the engine's defaults: on a GPU, chapter 15's fast path
+    "chapter 9": {"persistent_batch": False},
     # the fast path with every step run in step (no async scheduling): a second
     # baseline at batch 1, where the CPU's work per step is what counts
     "in step": {"async_scheduling": False},
@@ -226,7 +226,7 @@ def replay_ms(fn, n: int = 50) -> float:
 def step_parts(runner) -> dict:
     """The GPU time of the parts of a batch-1 step, replayed after the run (the
     buffers hold its last step; the graphs write only the scratch block or slots of
-    finished requests): chapter 14's decode graph, the verification graph of 1 + k
+    finished requests): chapter 15's decode graph, the verification graph of 1 + k
     tokens, EAGLE's draft chain from its graph and eagerly."""
     parts = {}
     graphs = getattr(runner, "graph_runner", None)
@@ -250,23 +250,23 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed passes per engine")
     p.add_argument("--methods", nargs="+", default=None, help="a subset of METHODS")
     p.add_argument("--no-step-curve", action="store_true", help="skip measurement 1")
-    p.add_argument("--no-chapter7", action="store_true", help="fast path only")
+    p.add_argument("--no-chapter8", action="store_true", help="fast path only")
     p.add_argument("--workloads", nargs="+", default=["repetitive", "open"])
     p.add_argument("--name", default="speculative_decode_rows", help="JSON's name")
     args = p.parse_args()
     require_committed()  # before measuring: stored runs are of committed code
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     runners = dict(RUNNERS)
-    if device == "cpu":  # the defaults there are chapter 8's: smoke-test the batch
+    if device == "cpu":  # the defaults there are chapter 9's: smoke-test the batch
         runners["fast path"] = {"persistent_batch": True}
     load_plugins()
     steps, backend = [], ATTENTION_BACKENDS.resolve("auto", device)
     if not args.no_step_curve:
         steps, backend = step_vs_query_tokens(device, args.quick)
-    # one model per runner: chapter 14's fast path rewrites its model's layers
+    # one model per runner: chapter 15's fast path rewrites its model's layers
     models = {
         name: tiny_model(device=device, dtype=torch.float32, progress=False)
-        for name in ("fast path", "chapter 8")
+        for name in ("fast path", "chapter 9")
     }
     models["in step"] = models["fast path"]  # the same fast path, rewritten once
     tokenizer = models["fast path"][1]
@@ -289,13 +289,13 @@ def main() -> None:
                     "num_speculative_tokens": 3,
                     "disable_by_batch_size": 32,
                 }
-            # chapter 8's runner, the second baseline: batch 1, three configurations
+            # chapter 9's runner, the second baseline: batch 1, three configurations
             plan = [("fast path", m) for m in configs]
             if batch == 1 and device == "cuda":
                 plan.insert(1, ("in step", "none"))
             if batch == 1 and not args.no_chapter7:
                 c7 = [m for m in ("none", "ngram k=3", "eagle k=3") if m in configs]
-                plan += [("chapter 8", m) for m in c7]
+                plan += [("chapter 9", m) for m in c7]
             base_tokens, base_rate = None, {}
             for runner, method in plan:
                 model = models[runner][0]
@@ -344,11 +344,11 @@ def main() -> None:
         "workload_model": "course tiny model (float32)",
         "attention_backend": backend,
         "runners": {
-            "fast path": "the engine's defaults (on a GPU: chapter 14's persistent "
+            "fast path": "the engine's defaults (on a GPU: chapter 15's persistent "
             "batch, CUDA graphs, compiled layers, async scheduling for steps that "
             "neither verify nor propose; speculation verifies in step, from graphs "
             "of 1 + k tokens per sequence)",
-            "chapter 8": "chapter 8 ModelRunner (persistent_batch=False), batch 1",
+            "chapter 9": "chapter 9 ModelRunner (persistent_batch=False), batch 1",
             "in step": "the fast path with async_scheduling=False (every step run "
             "in step), batch 1, without speculation",
         },

@@ -1,9 +1,9 @@
-"""Where a batch-1 speculative step's time goes (chapter 20): the engine's CPU time
+"""Where a batch-1 speculative step's time goes (chapter 21): the engine's CPU time
 per phase, the GPU's kernels of a verification step against a plain decode step, and
 the skinny product's time at the verification's row counts.
 
 On the course's tiny model (float32) at batch 1, the "repetitive" workload of
-benchmarks/speculative.py, 64 greedy tokens, on chapter 14's fast path:
+benchmarks/speculative.py, 64 greedy tokens, on chapter 15's fast path:
 
 1. `phases`: for each configuration (no speculation, n-gram k = 3, EAGLE k = 3 and
    k = 8), the wall time per step of the engine's parts, timed by wrapping them in

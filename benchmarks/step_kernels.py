@@ -1,4 +1,4 @@
-"""Small kernels of a decode step at a large batch, and of a prompt step: chapter 14's
+"""Small kernels of a decode step at a large batch, and of a prompt step: chapter 15's
 q/k norm, rotation and cache write (`qk_norm_rope_write`) by tokens and warps per
 program, at 1 to 16,384 tokens.
 

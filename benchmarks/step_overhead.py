@@ -4,8 +4,8 @@ between steps.
 A stand-in model that does no arithmetic (it returns zeros of the right shapes) runs
 through the real engine — scheduler, KV-cache manager, input preparation, sampling,
 update, stop checks — with --num-requests requests of 100–1000 random prompt tokens
-(seed 0) decoding together; the script times --steps engine steps with chapter 8's
-runner and with chapter 14's persistent batch, in the same run. Runs anywhere (CPU
+(seed 0) decoding together; the script times --steps engine steps with chapter 9's
+runner and with chapter 15's persistent batch, in the same run. Runs anywhere (CPU
 timings are noisy: compare the two numbers of one run).
 
     python benchmarks/step_overhead.py
@@ -89,7 +89,7 @@ def main() -> None:
     plain = ms_per_step(False, args.num_requests, args.steps)
     persistent = ms_per_step(True, args.num_requests, args.steps)
     print(
-        f"CPU work per {args.num_requests}-request decode step: chapter 8's runner "
+        f"CPU work per {args.num_requests}-request decode step: chapter 9's runner "
         f"{plain:.2f} ms, persistent batch {persistent:.2f} ms"
     )
 

@@ -1,4 +1,4 @@
-"""Compile time of a JSON string with a maxLength bound, on the CPU: chapter 22's
+"""Compile time of a JSON string with a maxLength bound, on the CPU: chapter 23's
 direct construction (json_string: one layer of a character's states per count)
 against the unrolled expression it replaced ('"' char{0,n} '"' through Thompson's
 NFA, the subset construction and minimisation), in the same run.

@@ -5,7 +5,7 @@ The workload: 32 requests, each a prompt of 64 random token ids (seed 0) and 128
 output tokens, greedy, ignore_eos (so every request writes exactly 128 tokens: a
 constrained one finishes its document within the budget, then writes EOS), on a
 SmolLM2-135M-shaped model (its config and its tokenizer, 49,152 tokens) with random
-bf16 weights. Request i is constrained by schema i % 6 of chapter 21's six. Measured
+bf16 weights. Request i is constrained by schema i % 6 of chapter 22's six. Measured
 in one run:
 
 - unconstrained: the same requests without constraints (the baseline);
@@ -13,12 +13,12 @@ in one run:
   state's mask when it is first reached;
 - constrained, warm: the same again, the compiled grammars cached (as a server that
   has seen the schemas before);
-- constrained, warm, in order: the same on chapter 15's reference order
+- constrained, warm, in order: the same on chapter 16's reference order
   (`overlap_masks=False`): each step's grammar masks are filled before its forward
   pass is launched, instead of while it runs;
 - constrained, warm, per row: the same with each processor hidden behind a plain
   function, so the sampler masks one row at a time and the steps are not launched
-  ahead (chapter 23's reference path, what the engine did before `apply_batch`).
+  ahead (chapter 24's reference path, what the engine did before `apply_batch`).
 
 Output tokens/s for each, the overhead against the baseline, the time spent in the
 logits processors (mask computation and application, on the engine's thread) and the
@@ -88,7 +88,7 @@ SCHEMAS = [
 
 class TimedRow:
     """A logits processor that adds its time to a shared counter; a plain function to
-    the sampler, so it is called one row at a time (chapter 23's reference path)."""
+    the sampler, so it is called one row at a time (chapter 24's reference path)."""
 
     def __init__(self, processor, clock: dict):
         self.processor, self.clock = processor, clock
@@ -102,8 +102,8 @@ class TimedRow:
 
 
 class Timed(TimedRow):
-    """The same, batch-level (chapter 6's apply_batch, in chapter 15's two halves):
-    one bitmask per step, and the requests stay on chapter 15's run-ahead path. The
+    """The same, batch-level (chapter 7's apply_batch, in chapter 16's two halves):
+    one bitmask per step, and the requests stay on chapter 16's run-ahead path. The
     device half's time (the masked fill's launch) is also counted apart."""
 
     @staticmethod
@@ -321,7 +321,7 @@ def main() -> None:
         deadline = time.monotonic() + 60
         while not args.wait_for.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
-    # name: (constrained, per row, chapter 15's overlap_masks)
+    # name: (constrained, per row, chapter 16's overlap_masks)
     conditions = {"unconstrained": (False, False, True),
                   "constrained_cold": (True, False, True),
                   "constrained_warm": (True, False, True),

@@ -2,8 +2,8 @@
 constrained row per decode step, on SmolLM2's 49,152-token vocabulary.
 
 No model runs: a batch of rows replays random walks (at each step a uniform choice
-among the tokens the mask allows, as chapter 23's `random_walk`), compact JSON
-(`disable_any_whitespace`) under chapter 21's six schemas, row i under schema i % 6,
+among the tokens the mask allows, as chapter 24's `random_walk`), compact JSON
+(`disable_any_whitespace`) under chapter 22's six schemas, row i under schema i % 6,
 with the finish budget of max_tokens = steps. A first batch of walks (seed 0) fills
 the grammars' caches, as a server that has seen the schemas before; the timed walks
 are new ones (seeds 1 and 2: other tokens, other states), and the warm walks are
@@ -18,7 +18,7 @@ timed once more ("seen": every state and step met before). Per row per step, in 
   written out in one loop) and the fill, on walks of its own.
 
 Each is timed for the reference path (advance over the token's bytes, the budget's
-mask computed and checked every step, one row copy at a time: chapter 23's code
+mask computed and checked every step, one row copy at a time: chapter 24's code
 before its per-step caches) and the fast path, in the same run, each path on its own
 new walks. A cProfile of one fast pass (and one reference pass) says where the rest
 goes. The masks of both paths are compared on every walk.
@@ -117,7 +117,7 @@ def time_inlined(compiler, seqs, steps: int) -> dict:
 
 
 def time_reference(compiler, seqs, steps: int) -> dict:
-    """µs per row per step of the reference path's parts (chapter 23's code before
+    """µs per row per step of the reference path's parts (chapter 24's code before
     the per-step caches): the same work, without the caches."""
     procs, n = processors(compiler, len(seqs), steps), len(seqs) * steps
     host = np.empty((len(seqs), procs[0].compiled.num_words), np.uint32)

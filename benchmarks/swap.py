@@ -1,4 +1,4 @@
-"""Swap or recompute: chapter 11's two preemption modes on a GPU, one request at a time
+"""Swap or recompute: chapter 12's two preemption modes on a GPU, one request at a time
 and end to end.
 
 Both parts run on a Qwen3-0.6B-shaped model in bf16 with random weights (or a real
@@ -6,7 +6,7 @@ checkpoint: --model /path or $MINILLM_MODEL), blocks of 16, attention_backend="t
 
 (a) The break-even. For a request whose first n tokens are computed (n = 128 ... 4096),
 the time to swap its KV blocks out to the engine's pinned CPU swap space and back in,
-through the engine's own copier (`Swapper.swap_out` / `swap_in`, chapter 11), against
+through the engine's own copier (`Swapper.swap_out` / `swap_in`, chapter 12), against
 the time to recompute them: one prefill forward of the n tokens through the engine's
 `ModelRunner.execute_model` over the paged cache (one chunk: the best case for
 recompute). Measured in the same run: host<->device copy bandwidth (pinned and pageable,
@@ -28,7 +28,7 @@ greedy token ids (--no-assert-identical only records it).
     # a smoke test on a tiny random Qwen3 in float32:
     python benchmarks/swap.py --device cpu --quick --out /tmp/swap
 
-Chapter 11 ("Measure: recompute or copy?") plots the newest JSON.
+Chapter 12 ("Measure: recompute or copy?") plots the newest JSON.
 """
 
 from __future__ import annotations
@@ -440,7 +440,7 @@ def run_mode(
         return out
 
     scheduler.schedule = counting_schedule
-    swapper = getattr(engine.scheduler, "swapper", None)  # chapter 11's scheduler only
+    swapper = getattr(engine.scheduler, "swapper", None)  # chapter 12's scheduler only
     if swapper is not None:
         execute = swapper.execute
 

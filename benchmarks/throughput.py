@@ -143,7 +143,7 @@ SAMPLING = {  # --sampling: the requests' parameters (all ignore_eos)
     "seeded": dict(temperature=0.8, top_p=0.95, seed=0),  # seed i for request i
     "top_k": dict(temperature=0.8, top_k=50),
     "min_p": dict(temperature=0.8, min_p=0.05),
-    # OpenAI-style penalties on top of "sampled": chapter 15's counts on the device
+    # OpenAI-style penalties on top of "sampled": chapter 16's counts on the device
     "penalties": dict(
         temperature=0.8,
         top_p=0.95,
@@ -231,7 +231,7 @@ def run_minillm(
         "steps": llm.engine.num_steps - steps_before,
         # counted from this run's warm-up on (an engine of its own: from its start)
         "steps_launched_ahead": getattr(stepper, "num_ahead", 0) - ahead_before,
-        # steps that needed chapter 6's sampler in step (warm-up included)
+        # steps that needed chapter 7's sampler in step (warm-up included)
         "steps_in_step": getattr(stepper, "num_in_step", 0) - in_step_before,
         "graph_steps": getattr(llm.engine.model_runner, "num_graph_steps", 0)
         - graphs_before,
@@ -405,8 +405,8 @@ def main() -> None:
     parser.add_argument(
         "--unfused",
         action="store_true",
-        help="also run each sampled mode with fused_sampling=False (chapter 6's "
-        "sampler in step, the path before chapter 15's kernel)",
+        help="also run each sampled mode with fused_sampling=False (chapter 7's "
+        "sampler in step, the path before chapter 16's kernel)",
     )
     parser.add_argument(
         "--knobs-before",
@@ -450,7 +450,7 @@ def main() -> None:
         nargs="+",
         default=["auto"],
         choices=["auto", "fp8", "fp8_e4m3"],
-        help="the KV cache's dtype (chapter 19's FP8 cache); more than one: the "
+        help="the KV cache's dtype (chapter 20's FP8 cache); more than one: the "
         "greedy run again with each of the others, on an engine of its own, stored "
         "under kv_cache_dtypes with its speed-up over the first",
     )
@@ -459,7 +459,7 @@ def main() -> None:
         nargs="+",
         default=["none"],
         choices=["none", "int4", "gptq", "awq", "fp8", "w8a8"],
-        help="the engine's weight quantization (chapters 16-17); more than one: the "
+        help="the engine's weight quantization (chapters 17-18); more than one: the "
         "greedy run again with each of the others, on an engine of its own, stored "
         "under quantizations with its speed-up over the first",
     )

@@ -1,4 +1,4 @@
-"""The single-GPU times behind chapter 29's projection of tensor-parallel decode steps.
+"""The single-GPU times behind chapter 30's projection of tensor-parallel decode steps.
 
 For Llama-3.1-8B and Llama-3.1-70B shapes, bf16, at TP = 1, 2, 4, 8: the time of each
 projection of one rank's shard of a decoder layer (q/k/v and gate/up merged, as vLLM
@@ -9,7 +9,7 @@ rank (this machine has one GPU): the launch and bookkeeping a call costs before 
 byte crosses a link, a floor under the real multi-GPU latency.
 
 Times are per call, from replaying a CUDA graph that makes the call many times in a
-row (chapter 13's method, benchmarks/decode_gemm.py), each call on another copy of the
+row (chapter 14's method, benchmarks/decode_gemm.py), each call on another copy of the
 weights (at least 256 MB in rotation), so that weights come from HBM as in a real step.
 
     python benchmarks/tp_projection.py      # on a GPU; writes benchmarks/results/

@@ -1,17 +1,13 @@
-"""Chapter 1's helpers that are not the lesson: the timing of one generation step,
-the figures of the training run and of the Measured section, and the held-out loss
-that the chapter's GGUF check and its lab notes compute (issue 44).
+"""Chapter 1's helpers that are not the lesson: the timing of one generation step
+and the Measured section's figure (issue 44).
 
-    from book.ch01 import time_generation_step, plot_kv_measured, mean_nll
+    from book.ch01 import time_generation_step, plot_kv_measured
 """
 
 from __future__ import annotations
 
-import math
-
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
 
 from benchmarks.cpu_timing import best_of
 from minillm.model import DenseKVCache, build_attention_metadata
@@ -73,42 +69,3 @@ def plot_kv_measured(lengths, recompute_ms, cached_ms, device: str):
         ax.title.set_fontsize(9)
     fig.tight_layout()
     return fig
-
-
-def plot_training(log: dict):
-    """The tiny model's training run: the loss of every batch, and the held-out loss."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(log["step"], log["loss"], lw=1, label="training batch")
-    ax.plot(log["eval_step"], log["eval_loss"], "o-", label="held-out topics")
-    ax.set(
-        xlabel="step",
-        ylabel="cross-entropy (nats / token)",
-        title="Training the tiny model (measured)",
-    )
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def mean_nll(model, ids: list[int], device="cpu") -> float:
-    """Mean negative log-likelihood (nats) of ids[1:] given the tokens before."""
-    x = torch.tensor(ids, device=device)
-    positions = torch.arange(len(ids) - 1, device=device)
-    with torch.inference_mode():
-        logits = model.compute_logits(model(x[:-1], positions))
-    return F.cross_entropy(logits.float(), x[1:]).item()
-
-
-def total_nll(model, start_id: int, ids: list[int], window=128, device="cpu") -> float:
-    """Summed NLL (nats) of every token of ids, read after start_id in windows of
-    `window` tokens."""
-    ids = [start_id] + ids
-    return sum(
-        mean_nll(model, ids[i : i + window + 1], device)
-        * len(ids[i + 1 : i + window + 1])
-        for i in range(0, len(ids) - 1, window)
-    )
-
-
-def bits_per_byte(total_nats: float, n_bytes: int) -> float:
-    return total_nats / n_bytes / math.log(2)

@@ -1,243 +1,158 @@
-"""Chapter 15's helpers that are not the lesson: the checks' engines and requests,
-the bytes of the penalties' passes, reading the stored H200 step profiles, and the
-figures (the async timeline, the sampled throughput).
+"""Chapter 15's helpers that are not the lesson: reading the stored H200 profiles, the
+figures (the persistent batch's rows, the measured steps) and a timer.
 
-The chapter (chapters/15_async_scheduling.md) imports them; the engine itself is in
-minillm/.
+The chapter (chapters/15_cuda_graph.md) and its lab notes
+(chapters/lab_notes/15_cuda_graph_lab.md) import them; the engine itself is in minillm/.
 """
 
 from __future__ import annotations
 
-import random
-from dataclasses import replace
+import time
 
 import matplotlib.pyplot as plt
 
-from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
-from minillm.sampling_params import SamplingParams
+
+def kernel_ms(profile: dict, name: str) -> float:
+    """GPU time per step of the kernels whose name starts with name."""
+    found = [k for k in profile["top_kernels"] if k["name"].startswith(name)]
+    return sum(k["calls_per_step"] * k["us_per_call"] for k in found) / 1e3
 
 
-def engine_with(model, tokenizer, prompts, params, **options) -> LLMEngine:
-    """Chapter 8's engine with one request per prompt, ids "0", "1", ...; params is
-    one SamplingParams for all or a list of one per prompt."""
-    engine = LLMEngine(model, tokenizer, EngineConfig(**options))
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        engine.add_request(str(i), prompt, p)
-    return engine
+def lm_head_us(profile: dict) -> float:
+    """The LM head: the one large product a step runs once."""
+    once = [k for k in profile["top_kernels"] if k["calls_per_step"] == 1]
+    return max(once, key=lambda k: k["us_per_call"])["us_per_call"]
 
 
-def finish(engine: LLMEngine) -> list[list[int]]:
-    """Runs the engine to the end: each request's tokens, in the order added."""
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    return [done[key] for key in sorted(done, key=int)]
-
-
-def random_prompts(rng: random.Random, vocab: int, n: int, lo: int, hi: int):
-    """n prompts of random token ids, each of lo to hi tokens."""
-    return [
-        [rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)
-    ]
-
-
-def mixed_rows(rng: random.Random, n: int) -> list[SamplingParams]:
-    """n rows of every sampling setting mixed, seeded; every fifth one greedy."""
-    return [
-        SamplingParams(temperature=0)
-        if i % 5 == 0
-        else SamplingParams(
-            temperature=rng.choice([0.5, 0.8, 1.2]),
-            top_k=rng.choice([0, 20, 200]),
-            top_p=rng.choice([1.0, 0.95, 0.6]),
-            min_p=rng.choice([0.0, 0.05]),
-            seed=rng.randrange(2**40),
-        )
-        for i in range(n)
-    ]
-
-
-def rule_requests(vocab_size: int) -> tuple[list[SamplingParams], list[int], list[int]]:
-    """Six requests, each with chapter 6's penalties or token rules (14 tokens each),
-    and the stop set and allowed tokens two of them use."""
-    stop_set = list(range(0, vocab_size, 3))  # a third of the vocabulary stops
-    allowed = list(range(40, 140))
-    params = [
-        SamplingParams(temperature=0.8, top_p=0.95, seed=1, repetition_penalty=1.3),
-        SamplingParams(temperature=0, frequency_penalty=0.8, presence_penalty=0.5),
-        SamplingParams(temperature=1.0, seed=2, min_tokens=6, stop_token_ids=stop_set),
-        SamplingParams(temperature=0.7, seed=3, allowed_token_ids=allowed),
-        SamplingParams(temperature=0, banned_token_ids=list(range(10, 60))),
-        SamplingParams(temperature=0.9, top_k=30, seed=4, presence_penalty=1.5),
-    ]
-    return [replace(p, max_tokens=14) for p in params], stop_set, allowed
-
-
-def print_resolution(runner_class) -> None:
-    """What the fast-path options resolve to, for a few configurations on each kind
-    of device: the lookup the engine starts with (no engine is built)."""
-    from minillm.registry import ATTENTION_BACKENDS, MODEL_RUNNERS
-
-    for device_type in ("cpu", "cuda"):
-        for options in ({}, {"cuda_graphs": False}, {"attention_backend": "torch"}):
-            config, parts = EngineConfig(**options), {"device": device_type}
-            for registry in (ATTENTION_BACKENDS, MODEL_RUNNERS):
-                value = getattr(config, registry.option)
-                parts[registry.option] = registry.resolve(value, device_type)
-            runner = MODEL_RUNNERS[parts["persistent_batch"]]
-            flags = runner.fast_path(config, parts) if runner is runner_class else ()
-            on = [n for n, f in zip(("graphs", "compile", "async"), flags) if f]
-            print(
-                f"{device_type:4} {str(options):30} -> {parts['attention_backend']:6} "
-                f"{runner.__name__:15} {', '.join(on) or '-'}"
-            )
-
-
-# (operation, bytes read, bytes written) per logit of a penalised row, on the path
-# before the kernel: bf16 logits (2 bytes), float32 values (4), boolean masks (1),
-# float32 counts (4)
-PENALTY_PASSES = [
-    ("logits.float()", 2, 4),
-    ("logits[at]", 4, 4),
-    ("prompt_seen[here]", 1, 1),
-    ("output_counts[here]", 4, 4),
-    ("output_counts > 0", 4, 1),
-    ("prompt_seen | output_seen", 2, 1),
-    ("torch.where(seen, penalty, 1.0)", 1, 4),
-    ("logits > 0", 4, 1),
-    ("logits / scale", 8, 4),
-    ("logits * scale", 8, 4),
-    ("torch.where(positive, ...)", 9, 4),
-    ("frequency * output_counts", 4, 4),
-    ("logits -= ...", 8, 4),
-    ("presence * output_seen", 1, 4),
-    ("logits -= ... (presence)", 8, 4),
-    ("logits[at] = ...", 4, 4),
-]
-# the kernel: bf16 logits in, int16 counts and a byte of prompt mask, float32 out
-PENALTY_KERNEL_BYTES = 2 + 2 + 1 + 4
-
-
-def penalty_bytes(copy_bw: float | None, rows=256, vocab=151_936) -> dict:
-    """The glued numbers of the penalties' passes against one kernel, for rows of
-    Qwen3's vocabulary (and at the copy bandwidth, if given); prints the passes."""
-    for op, read, written in PENALTY_PASSES:
-        print(f"{op:32} reads {read}, writes {written} bytes per logit")
-    per_logit = sum(r + w for _, r, w in PENALTY_PASSES)
-    gb = {"": per_logit * rows * vocab / 1e9}
-    gb["fused_"] = PENALTY_KERNEL_BYTES * rows * vocab / 1e9
-    numbers = {"ch12_pen_passes": len(PENALTY_PASSES), "ch12_pen_bytes": per_logit}
-    numbers["ch12_pen_fused_bytes"] = PENALTY_KERNEL_BYTES
-    numbers["ch12_pen_gb"] = f"{gb['']:.1f}"
-    numbers["ch12_pen_fused_gb"] = f"{gb['fused_']:.2f}"
-    if copy_bw:  # the measured copy bandwidth: the least time the bytes take
-        numbers["ch12_pen_ms"] = f"{gb[''] * 1e12 / copy_bw:.1f}"
-        numbers["ch12_pen_fused_ms"] = f"{gb['fused_'] * 1e12 / copy_bw:.2f}"
-    print(
-        f"{len(PENALTY_PASSES)} passes, {per_logit} bytes per logit: {gb['']:.1f} GB "
-        f"a step at {rows} rows x {vocab:,} tokens; one kernel: "
-        f"{PENALTY_KERNEL_BYTES} bytes per logit, {gb['fused_']:.2f} GB"
-    )
-    return numbers
-
-
-# the stored benchmarks/profile_step.py runs: (name, what was profiled)
-PROFILES = {
-    "batch1": "batch 1, synchronous steps",
-    "batch256_sync": "256 requests, synchronous steps",
-    "batch256_async": "256 requests, async scheduling",
-}
-
-
-def profile_numbers(runs: dict) -> dict:
-    """The glued numbers of the three stored profiles: wall time and GPU idle time
-    per step, synchronous, and the wall time with async scheduling."""
+def products_numbers(plain: dict, merged: dict, qwen3: dict, copy_bw: float) -> dict:
+    """From the batch-1 profiles before and after merging the projections: the seven
+    products of a layer against the bytes of their weights, the slowest product after
+    merging, and the LM head."""
+    layers = 28  # Qwen3-0.6B
+    products_ms = plain["gpu_ms_per_step_by_kind"]["matmul"] - lm_head_us(plain) / 1e3
+    layer_bytes = qwen3["roofline"]["linear_bytes"] / layers
+    per_layer = [k for k in merged["top_kernels"] if k["calls_per_step"] == layers]
+    slowest = max(k["us_per_call"] for k in per_layer if k["name"].startswith("nvjet"))
     return {
-        "ch12_sync1_ms": runs["batch1"]["wall_ms_per_step"],
-        "ch12_idle1_ms": runs["batch1"]["gpu_idle_ms_per_step"],
-        "ch12_sync256_ms": runs["batch256_sync"]["wall_ms_per_step"],
-        "ch12_idle256_ms": runs["batch256_sync"]["gpu_idle_ms_per_step"],
-        "ch12_async256_ms": runs["batch256_async"]["wall_ms_per_step"],
+        "ch11_products_us": 1e3 * products_ms / layers,
+        "ch11_layer_mb": layer_bytes / 1e6,
+        "ch11_layer_us": 1e6 * layer_bytes / copy_bw,
+        "ch11_slowest_us": slowest,
+        "ch11_lm_head_us": lm_head_us(merged),
+        "ch11_lm_head_mb": qwen3["roofline"]["lm_head_bytes"] / 1e6,
     }
 
 
-def print_profiles(runs: dict) -> None:
-    """Each stored profile: wall time, kernel time and GPU idle time per step."""
-    for name, what in PROFILES.items():
-        prof = runs[name]
-        print(
-            f"{what:32}: {prof['wall_ms_per_step']:5.2f} ms per step, kernels "
-            f"{prof['gpu_ms_per_step']:5.2f} ms, GPU idle "
-            f"{max(0.0, prof['gpu_idle_ms_per_step']):4.2f} ms "
-            f"({prof['environment']['gpu']}, measured)"
+def graphs_numbers(record: dict) -> dict:
+    """The glued numbers of the stored benchmarks/cuda_graphs.py run: batch 1 and the
+    largest batch, and how often each variant's greedy tokens agree with eager's."""
+    rows = record["steps"]
+    first, big = rows[0], rows[-1]
+    numbers = {
+        "ch11_graph_b1_ms": first["graph_ms"],
+        "ch11_eager_big_ms": big["eager_ms"],
+        "ch11_graph_big_ms": big["graph_ms"],
+        "ch11_compile_b1_ms": first["graph_compile_ms"],
+        "ch11_compile_big_ms": big["graph_compile_ms"],
+        "ch11_big_batch": big["batch"],
+    }
+    for variant, short in (("graph", "graph"), ("graph_compile", "compile")):
+        agree = [r[f"greedy_token_agreement_{variant}"] for r in rows]
+        share = f"{min(agree):.1%} to {max(agree):.1%} of them"
+        numbers[f"ch11_agree_{short}"] = "every one" if min(agree) == 1 else share
+    return numbers
+
+
+def print_graphs_run(record: dict) -> None:
+    """The stored benchmarks/cuda_graphs.py run, batch by batch."""
+    for r in record["steps"]:
+        fused = r.get("graph_compile_ms")
+        line = (
+            f"batch {r['batch']:4d}: eager {r['eager_ms']:6.2f} ms, graphs "
+            f"{r['graph_ms']:6.2f} ms ({r['eager_ms'] / r['graph_ms']:4.1f}x)"
         )
-
-
-def draw_timeline(sync: dict, ahead: dict, steps: int = 3):
-    """Three steps of the synchronous loop and of async scheduling, drawn from the
-    stored profiles of 256 requests: a schematic in which every step takes the
-    profiled averages and the CPU's work is the synchronous run's GPU idle time."""
-    cpu_ms, gpu_ms = sync["gpu_idle_ms_per_step"], sync["gpu_ms_per_step"]
-    fig, axes = plt.subplots(2, 1, figsize=(9, 2.8), sharex=True)
-    mid = dict(ha="center", va="center", fontsize=7)
-    for ax, title, ahead_of_gpu in [
-        (axes[0], "synchronous (chapter 8's loop)", False),
-        (axes[1], "async scheduling (the CPU one step ahead)", True),
-    ]:
-        cpu_free, gpu_ends = 0.0, [0.0]
-        for step in range(1, steps + 1):
-            # the CPU starts a step once done with the last and, running ahead, once
-            # it has the tokens of the step before the last; synchronous: the last's
-            waits_for = gpu_ends[-2] if ahead_of_gpu and step > 1 else gpu_ends[-1]
-            cpu_start = max(cpu_free, waits_for)
-            cpu_free = cpu_start + cpu_ms
-            gpu_start = max(cpu_free, gpu_ends[-1])
-            gpu_ends.append(gpu_start + gpu_ms)
-            bar = dict(edgecolor="white")
-            ax.broken_barh([(cpu_start, cpu_ms)], (1, 0.8), color="tab:orange", **bar)
-            ax.broken_barh([(gpu_start, gpu_ms)], (0, 0.8), color="tab:blue", **bar)
-            ax.text(gpu_start + gpu_ms / 2, 0.4, f"step {step}", color="white", **mid)
-            ax.text(cpu_start + cpu_ms / 2, 1.4, f"{step}", **mid)
-        ax.set(yticks=[0.4, 1.4], yticklabels=["GPU", "CPU"], title=title)
-        ax.title.set_fontsize(9)
-    axes[1].set_xlabel(
-        f"ms (per step: GPU {gpu_ms:.1f} ms of kernels, CPU {cpu_ms:.1f} ms; measured "
-        f"steps {sync['wall_ms_per_step']:.1f} ms synchronous, "
-        f"{ahead['wall_ms_per_step']:.1f} ms async)"
+        if fused:
+            line += (
+                f", graphs + compile {fused:6.2f} ms ({r['eager_ms'] / fused:4.1f}x; "
+                f"{r['batch'] / fused * 1e3:,.0f} tok/s)"
+            )
+        print(line)
+    print(
+        f"capturing {record['num_graphs']} graphs (compiled layers) took "
+        f"{record['capture_seconds']:.1f} s"
     )
+
+
+def timed(fn, repeats: int = 20) -> float:
+    """The best wall time of repeats calls of fn, in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _draw_row(ax, batch, y: int, request_id: str, row: int) -> None:
+    """One row's block table as a strip of numbered cells."""
+    for j in range(batch.num_blocks[row]):
+        color = plt.cm.tab20(int(request_id) % 20)
+        ax.add_patch(plt.Rectangle((j, y), 0.95, 0.9, color=color))
+        ax.text(j + 0.47, y + 0.45, str(batch.block_table[row, j]), ha="center",
+                va="center", fontsize=7)  # fmt: skip
+
+
+def draw_input_batch(batch, running: list[str], bucket: int, num_steps: int):
+    """Left, every row of an InputBatch, used or free; right, the rows a decode step
+    of the running requests copies into the graph's buffers, padding after them."""
+    row_of, width = batch.req_to_row, max(batch.num_blocks) + 1
+    fig, axes = plt.subplots(1, 2, figsize=(11, 2.8))
+    left = dict(ha="right", va="center", fontsize=8)  # the labels left of the rows
+    for row in range(len(batch.num_blocks)):
+        owner = next((rid for rid, r in row_of.items() if r == row), None)
+        label = f"row {row}: " + (f"request {owner}" if owner else "free")
+        axes[0].text(-0.3, row + 0.45, label, **left)
+        if owner is not None:
+            _draw_row(axes[0], batch, row, owner, row)
+    for y, request_id in enumerate(running):
+        axes[1].text(-0.3, y + 0.45, f"seq {y}: request {request_id}", **left)
+        _draw_row(axes[1], batch, y, request_id, row_of[request_id])
+    padding = "padding: seq_len 0, K/V to the scratch block"
+    for y in range(len(running), bucket):
+        axes[1].add_patch(plt.Rectangle((0, y), width - 0.05, 0.9, color="0.88"))
+        axes[1].text(width / 2, y + 0.45, padding, ha="center", va="center", fontsize=7)
+    for ax, title in [
+        (axes[0], f"InputBatch rows after {num_steps} steps"),
+        (axes[1], f"graph buffers: {len(running)} sequences in the bucket of {bucket}"),
+    ]:
+        top = max(len(batch.num_blocks), bucket) + 0.1
+        ax.set(xlim=(-6, width), ylim=(top, -0.1), yticks=[], title=title)
+        ax.set_xlabel("block-table column (block ids in the cells)")
+    fig.suptitle("tiny model, real run", fontsize=9)
     plt.tight_layout()
     plt.show()
 
 
-# the stored throughput run's sampled shares of greedy, and their bar labels
-SAMPLING_SHARES = {
-    "sampled": "sampled,\non the device",
-    "seeded": "seeded,\non the device",
-    "sampled_unfused": "sampled,\nchapter 6 in step",
-    "seeded_unfused": "seeded,\nchapter 6 in step",
-}
-
-
-def plot_sampling(tput: dict):
-    """The standard workload's sampled throughput as a share of greedy: chapter 6's
-    sampler in step against the sampling kernel ahead."""
-    order = ["sampled_unfused", "sampled", "seeded_unfused", "seeded"]
-    shares = [tput["sampling"][name]["fraction_of_greedy"] for name in order]
-    fig, bx = plt.subplots(figsize=(5, 3.4))
-    bx.bar([SAMPLING_SHARES[name] for name in order], shares,
-           color=["0.7", "tab:green"] * 2)  # fmt: skip
-    bx.axhline(1.0, ls=":", color="grey")
-    bx.text(-0.4, 1.02, "greedy", fontsize=8, color="grey")
-    bx.set(ylim=(0, 1.1), ylabel="output tok/s, share of greedy")
-    env = tput["environment"]
-    bx.set_title(
-        f"sampled, 256 requests, top-p 0.95, {env['gpu']} ({env['date'][:10]})",
+def plot_measured(record: dict, limit_ms: float | None):
+    """ms per engine step against the decode batch: eager, CUDA graphs and graphs
+    over compiled layers, with the batch-1 floor."""
+    env, rows = record["environment"], record["steps"]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    batches = [r["batch"] for r in rows]
+    ax.plot(batches, [r["eager_ms"] for r in rows], "o-", label="eager")
+    ax.plot(batches, [r["graph_ms"] for r in rows], "o-", label="CUDA graphs")
+    if all("graph_compile_ms" in r for r in rows):
+        compiled = [r["graph_compile_ms"] for r in rows]
+        ax.plot(batches, compiled, "o-", label="CUDA graphs + compiled layers")
+    if limit_ms is not None:  # the least time a batch-1 step can take
+        ax.axhline(limit_ms, ls=":", color="grey", label="batch-1 floor (bytes)")
+    ax.set(xscale="log", yscale="log", xlabel="decode batch (sequences)",
+           ylabel="ms per engine step")  # fmt: skip
+    ax.set_title(
+        f"decode step, Qwen3-0.6B shape, bf16, {env['gpu']} "
+        f"(measured {env['date'][:10]})",
         fontsize=9,
     )
-    bx.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()

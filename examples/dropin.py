@@ -1,5 +1,5 @@
 """One script, two engines: code written for vLLM's offline API runs unchanged on
-minillm (chapter 28). Only the import depends on --engine.
+minillm (chapter 29). Only the import depends on --engine.
 
     .venv-vllm/bin/python examples/dropin.py --engine vllm --model FOLDER
     .venv/bin/python examples/dropin.py --engine minillm --model FOLDER

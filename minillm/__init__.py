@@ -12,54 +12,54 @@ RequestOutput            minillm.outputs
 SamplingParams           minillm.sampling_params
 
 module                   chapter
-async_llm                chapters/24_server.md
-async_scheduling         chapters/15_async_scheduling.md
-attention                chapters/04_paged_attention.md
-beam_search              chapters/09_offline_api.md
-block_pool               chapters/03_block_allocator.md
-compilation              chapters/14_cuda_graph.md
-config                   chapters/07_engine_parts.md
-convert                  chapters/01_model.md
-cuda_graph               chapters/14_cuda_graph.md
-decode_linear            chapters/14_cuda_graph.md
-detokenizer              chapters/08_engine.md
-engine                   chapters/08_engine.md
-engine_core              chapters/27_engine_process.md
-fused_layers             chapters/14_cuda_graph.md
-gguf_loader              chapters/01_model.md
-gpu_model_runner         chapters/15_async_scheduling.md
-hf                       chapters/01_model.md
-input_batch              chapters/14_cuda_graph.md
-int4                     chapters/16_int4_gemm.md
-kv_cache                 chapters/02_paged_kv.md
-kv_cache_manager         chapters/05_scheduler.md
-llm                      chapters/09_offline_api.md
-loadgen                  chapters/28_vllm_comparison.md
-logits_processors        chapters/06_sampler.md
-logprobs                 chapters/08_engine.md
-merged_projections       chapters/14_cuda_graph.md
-metrics                  chapters/24_server.md
+async_llm                chapters/25_server.md
+async_scheduling         chapters/16_async_scheduling.md
+attention                chapters/05_paged_attention.md
+beam_search              chapters/10_offline_api.md
+block_pool               chapters/04_block_allocator.md
+compilation              chapters/15_cuda_graph.md
+config                   chapters/08_engine_parts.md
+convert                  chapters/02_checkpoints.md
+cuda_graph               chapters/15_cuda_graph.md
+decode_linear            chapters/15_cuda_graph.md
+detokenizer              chapters/09_engine.md
+engine                   chapters/09_engine.md
+engine_core              chapters/28_engine_process.md
+fused_layers             chapters/15_cuda_graph.md
+gguf_loader              chapters/02_checkpoints.md
+gpu_model_runner         chapters/16_async_scheduling.md
+hf                       chapters/02_checkpoints.md
+input_batch              chapters/15_cuda_graph.md
+int4                     chapters/17_int4_gemm.md
+kv_cache                 chapters/03_paged_kv.md
+kv_cache_manager         chapters/06_scheduler.md
+llm                      chapters/10_offline_api.md
+loadgen                  chapters/29_vllm_comparison.md
+logits_processors        chapters/07_sampler.md
+logprobs                 chapters/09_engine.md
+merged_projections       chapters/15_cuda_graph.md
+metrics                  chapters/25_server.md
 model                    chapters/01_model.md
-model_runner             chapters/08_engine.md
-output_processor         chapters/08_engine.md
-outputs                  chapters/08_engine.md
-prefix_cache             chapters/10_prefix_cache.md
-protocol                 chapters/25_openai_api.md
-radix_cache              chapters/10_prefix_cache.md
-registry                 chapters/07_engine_parts.md
-request                  chapters/05_scheduler.md
-sampler                  chapters/06_sampler.md
-sampler_reference        chapters/06_sampler.md
-sampling_ahead           chapters/15_async_scheduling.md
-sampling_metadata        chapters/06_sampler.md
-sampling_params          chapters/06_sampler.md
-scheduler                chapters/05_scheduler.md
-server                   chapters/26_serve.md
-serving                  chapters/25_openai_api.md
-serving_chat             chapters/25_openai_api.md
-serving_completion       chapters/25_openai_api.md
-swap                     chapters/11_swap.md
-tiny                     chapters/01_model.md
+model_runner             chapters/09_engine.md
+output_processor         chapters/09_engine.md
+outputs                  chapters/09_engine.md
+prefix_cache             chapters/11_prefix_cache.md
+protocol                 chapters/26_openai_api.md
+radix_cache              chapters/11_prefix_cache.md
+registry                 chapters/08_engine_parts.md
+request                  chapters/06_scheduler.md
+sampler                  chapters/07_sampler.md
+sampler_reference        chapters/07_sampler.md
+sampling_ahead           chapters/16_async_scheduling.md
+sampling_metadata        chapters/07_sampler.md
+sampling_params          chapters/07_sampler.md
+scheduler                chapters/06_scheduler.md
+server                   chapters/27_serve.md
+serving                  chapters/26_openai_api.md
+serving_chat             chapters/26_openai_api.md
+serving_completion       chapters/26_openai_api.md
+swap                     chapters/12_swap.md
+tiny                     chapters/02_checkpoints.md
 tokenizer                chapters/01_model.md
 train                    chapters/01_model.md
 """
@@ -67,7 +67,7 @@ train                    chapters/01_model.md
 import importlib
 
 # The modules whose import registers engine parts (`#| plugin` cells), in
-# chapter order: chapter 7's `load_plugins` imports them.
+# chapter order: chapter 8's `load_plugins` imports them.
 PLUGINS = (
     "minillm.engine",
     "minillm.prefix_cache",

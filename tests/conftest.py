@@ -34,8 +34,8 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def fast_path():
-    """fast_path(engine): which of chapters 12-15's paths an engine runs, as a dict:
-    the parts it resolved (chapter 7's seam) and its runner's flags (chapter 15's).
+    """fast_path(engine): which of chapters 13-16's paths an engine runs, as a dict:
+    the parts it resolved (chapter 8's seam) and its runner's flags (chapter 16's).
     """
 
     def read(engine) -> dict:
@@ -46,7 +46,7 @@ def fast_path():
             "cuda_graphs": getattr(runner, "cuda_graphs", False),
             "torch_compile": getattr(runner, "torch_compile", False),
             "async_scheduling": getattr(runner, "async_scheduling", False),
-            "stepper": engine.stepper,  # chapter 15's overlapped step loop, or None
+            "stepper": engine.stepper,  # chapter 16's overlapped step loop, or None
         }
 
     return read
@@ -81,7 +81,7 @@ def hf_checkpoint(tmp_path, tiny):
 
 @pytest.fixture(scope="module")
 def live(tiny):
-    """A live server (chapter 26) over chapter 8's engine on the tiny model, one per
+    """A live server (chapter 27) over chapter 9's engine on the tiny model, one per
     test module; live.engine is the engine. A module that serves another engine
     defines its own `live`."""
     from helpers import SERVER_SIZES, live_server

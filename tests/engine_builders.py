@@ -8,7 +8,7 @@ FAILING_MAX_TOKENS = 13  # a request with this max_tokens makes the next step ra
 
 
 def build_failing(args):
-    """chapter 24's engine whose next step raises once a request with
+    """chapter 25's engine whose next step raises once a request with
     max_tokens == FAILING_MAX_TOKENS arrives (and then works again)."""
     engine, name = build_engine(args)
     add, step, armed = engine.add_request, engine.step, []

@@ -1,6 +1,6 @@
 """What several test files share: the engine sizes that force preemption and chunked
 prefill, random prompts, polling, and a live server over the tiny model with the
-clients that talk to it (chapter 26)."""
+clients that talk to it (chapter 27)."""
 
 import time
 from contextlib import contextmanager
@@ -51,7 +51,7 @@ def wait_for(predicate, timeout=5.0):
     return False
 
 
-# --- a live server (chapter 26)
+# --- a live server (chapter 27)
 
 MODEL = "minillm-tiny"  # the name the servers below serve the tiny model under
 SERVER_SIZES = dict(num_kv_blocks=256, max_model_len=512, max_num_seqs=16)

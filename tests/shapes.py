@@ -1,5 +1,5 @@
 """Model shapes the tests build with random weights, as config keyword arguments
-(transformers' names, which chapter 2's ModelConfig shares).
+(transformers' names, which chapter 3's ModelConfig shares).
 
 `SMALL` is the shape of the few-second models (2 layers, grouped-query attention);
 `QWEN3_0_6B` and `LLAMA_3_2_1B` are the real models' shapes, as benchmarks/ spells

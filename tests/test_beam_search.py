@@ -1,4 +1,4 @@
-"""Beam search (chapter 9, "Beam search"): `LLM.beam_search` against a naive beam
+"""Beam search (chapter 10, "Beam search"): `LLM.beam_search` against a naive beam
 search that recomputes every beam with chapter 1's model, the bookkeeping on a
 made-up model, vLLM's parameters and output types, and the prefix cache's sharing.
 """
@@ -200,7 +200,7 @@ def test_bad_arguments_raise_and_change_nothing(llm):
 
 
 def test_prefix_cache_shares_the_beams_blocks(llm):
-    """With chapter 10's prefix cache the beams' full blocks are found, not
+    """With chapter 11's prefix cache the beams' full blocks are found, not
     recomputed; the beams are the same."""
     params = BeamSearchParams(beam_width=3, max_tokens=10)
     cached = LLM(

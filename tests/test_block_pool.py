@@ -1,4 +1,4 @@
-"""The block pool (minillm/block_pool.py, chapter 3): allocation, LRU free queue, ref
+"""The block pool (minillm/block_pool.py, chapter 4): allocation, LRU free queue, ref
 counts, fork, copy-on-write.
 
 The unit tests read as the specification. The property test runs random operations
@@ -209,7 +209,7 @@ def test_a_new_allocation_forgets_what_a_reused_block_cached():
     (block,) = pool.get_new_blocks(1)
     block.block_hash = ("tokens", 1, 2, 3)
     pool.free_blocks([block])
-    # a free block keeps its contents (chapter 10 reuses them)
+    # a free block keeps its contents (chapter 11 reuses them)
     assert block.block_hash is not None
     (again,) = pool.get_new_blocks(1)
     assert again is block and block.block_hash is None
@@ -415,7 +415,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.model_free)
     @rule(j=st.integers(0, 99))
-    # a prefix-cache hit (chapter 10): touch a block waiting in the queue
+    # a prefix-cache hit (chapter 11): touch a block waiting in the queue
     def revive_free_block(self, j):
         block_id = self.model_free.pop(j % len(self.model_free))
         self.pool.touch([self.pool.blocks[block_id]])

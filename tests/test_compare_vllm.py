@@ -1,7 +1,7 @@
 """The parts of benchmarks/compare_vllm.py and minillm.loadgen that decide what
-chapter 28 reports: the workloads, the first divergence, which server replies count
+chapter 29 reports: the workloads, the first divergence, which server replies count
 as the same, and the client-side latencies. No vLLM needed: the comparisons are
-checked on made-up replies, the load generator against chapter 26's server."""
+checked on made-up replies, the load generator against chapter 27's server."""
 
 from __future__ import annotations
 

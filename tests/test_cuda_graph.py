@@ -1,5 +1,5 @@
-"""Chapter 14: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of
-chapter 8's runner.
+"""Chapter 15: the persistent batch (and, on a GPU, CUDA graphs) give the tokens of
+chapter 9's runner.
 """
 
 import pytest
@@ -62,7 +62,7 @@ def test_persistent_batch_matches_chapter7_runner(
     swapping), float32.
 
     On a GPU the fast engine also uses the defaults there: Triton attention and CUDA
-    graphs; the reference is chapter 8's runner with chapter 4's PyTorch attention.
+    graphs; the reference is chapter 9's runner with chapter 5's PyTorch attention.
     """
     _, path = hf_checkpoint(cls, config)
     prompts = prompts_with_shared_prefixes(16, 384)
@@ -104,7 +104,7 @@ def test_persistent_batch_matches_chapter7_runner(
 
 
 def test_persistent_batch_samples_like_chapter7_runner(tiny, device):
-    """Seeded random sampling and logprobs go through chapter 6's sampler unchanged
+    """Seeded random sampling and logprobs go through chapter 7's sampler unchanged
     (same attention).
     """
     common = dict(
@@ -225,8 +225,8 @@ def compare_with_chapter7(prompts, params, **options):
 
 
 def overlapped_or_not(tiny, overlap, **sizes):
-    """The tiny model's engine in blocks of 4 tokens: chapter 15's overlapped loop
-    (persistent batch and async scheduling) if overlap, else chapter 8's loop."""
+    """The tiny model's engine in blocks of 4 tokens: chapter 16's overlapped loop
+    (persistent batch and async scheduling) if overlap, else chapter 9's loop."""
     from minillm.engine import LLMEngine
 
     config = EngineConfig(
@@ -237,7 +237,7 @@ def overlapped_or_not(tiny, overlap, **sizes):
 
 def test_async_scheduling_stops_like_chapter7(tiny):
     """Stop tokens, EOS, max_tokens of 1, the model's context, preemption: the
-    overlapped loop stops every request at the same token as chapter 8's loop, and
+    overlapped loop stops every request at the same token as chapter 9's loop, and
     the tokens computed past a stop are dropped.
     """
     prompts = mixed_prompts(16, 200, seed=0, longest=39)
@@ -269,7 +269,7 @@ def test_async_scheduling_stops_like_chapter7(tiny):
 
 def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
     """When every stop is known in advance (max_tokens, the context), the overlapped
-    loop computes exactly the tokens chapter 8's loop computes: no step is spent on a
+    loop computes exactly the tokens chapter 9's loop computes: no step is spent on a
     request whose last token is pending.
     """
 
@@ -300,7 +300,7 @@ def test_async_scheduling_computes_no_token_past_a_length_stop(tiny):
 
 def test_async_scheduling_streams_only_real_tokens(tiny):
     """Every step's outputs (cumulative, n=2, a request added mid-run, stop tokens) are
-    a prefix of chapter 8's final tokens, the final ones are chapter 8's, and every
+    a prefix of chapter 9's final tokens, the final ones are chapter 9's, and every
     placeholder count returns to 0.
     """
 
@@ -344,7 +344,7 @@ def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkey
     """A request preempted while its token is still on the device (a placeholder count
     of 1) gets that token when the same engine step reads it, before anything can
     recompute the request, which then starts again from real tokens only; the tokens
-    are chapter 8's (recompute with a hash prefix cache, and swap).
+    are chapter 9's (recompute with a hash prefix cache, and swap).
     """
     from minillm.async_scheduling import AsyncStepper
     from minillm.scheduler import Scheduler
@@ -392,7 +392,7 @@ def test_async_scheduling_preempts_a_request_with_a_token_in_flight(tiny, monkey
 @pytest.mark.parametrize("seed", range(4))
 def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
     """Random arrivals, aborts, stop tokens, max_tokens, n=2 and a few requests that
-    need the full sampler: the overlapped loop reports what chapter 8's loop reports
+    need the full sampler: the overlapped loop reports what chapter 9's loop reports
     for every request that is not aborted, an aborted request only ever reports a
     prefix of its tokens, and every placeholder count ends at 0.
     """
@@ -440,7 +440,7 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
 
     free_run = run({rid: free for rid in prompts}, False, False)[1]
     params = {}
-    # stop on tokens the request really produces; some need chapter 6's sampler
+    # stop on tokens the request really produces; some need chapter 7's sampler
     for i, rid in enumerate(prompts):
         tokens = free_run[rid][0][0]
         stop = [rng.choice(tokens)] if rng.random() < 0.4 else None
@@ -451,7 +451,7 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
             ignore_eos=rng.random() < 0.7,
             n=2 if i % 5 == 0 else 1,
             repetition_penalty=1.3 if i % 7 == 5 else 1.0,  # runs ahead
-            # a per-row processor needs chapter 6's sampler in step
+            # a per-row processor needs chapter 7's sampler in step
             logits_processors=[ban_token_3] if i % 7 == 3 else None,
         )
     reference = run(params, False, False)[1]
@@ -469,13 +469,13 @@ def test_async_scheduling_fuzz_add_abort_stop(tiny, seed):
 
 
 def ban_token_3(output_ids, logits_row):
-    """A per-row logits processor (chapter 6): what a step launched ahead cannot run."""
+    """A per-row logits processor (chapter 7): what a step launched ahead cannot run."""
     logits_row[3] = float("-inf")
     return logits_row
 
 
 def test_async_scheduling_falls_back_for_sampled_requests(tiny):
-    """A batch with a per-row logits processor runs chapter 8's sampler in step; the
+    """A batch with a per-row logits processor runs chapter 9's sampler in step; the
     other steps overlap (penalties among them).
     """
     prompts = [
@@ -501,7 +501,7 @@ def test_async_scheduling_falls_back_for_sampled_requests(tiny):
 
 def test_async_scheduling_launches_sampled_batches_ahead(tiny):
     """Temperature, top-k, top-p, min-p and seeds next to greedy rows: every step
-    launches ahead and draws chapter 8's tokens; fused_sampling=False falls back."""
+    launches ahead and draws chapter 9's tokens; fused_sampling=False falls back."""
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [1] * 30, [2, 3]]
     params = [
         SamplingParams(temperature=0.8, top_p=0.95, seed=1, max_tokens=12),
@@ -556,7 +556,7 @@ def test_unseeded_rows_take_the_same_path_as_seeded(tiny):
 
 
 def test_async_scheduling_logprobs_run_ahead(tiny):
-    """Batches asking for logprobs run ahead, with chapter 8's logprobs."""
+    """Batches asking for logprobs run ahead, with chapter 9's logprobs."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]
     params = [
         SamplingParams(
@@ -865,7 +865,7 @@ def test_token_rules_ahead_with_graphs_match_sampling_in_step(hf_checkpoint, dev
     """On a GPU (MINILLM_TEST_DEVICE=cuda), the defaults there: bf16, Triton attention,
     CUDA graphs, compiled layers. Penalties, allowed and banned tokens and seeds
     launched ahead (the sampling kernel on float32 penalised logits, the device's
-    counts) give the tokens of the same engine sampling in step with chapter 6's
+    counts) give the tokens of the same engine sampling in step with chapter 7's
     sampler; ignore_eos keeps both engines' batches the same step by step."""
     if device != "cuda":
         pytest.skip("needs MINILLM_TEST_DEVICE=cuda")

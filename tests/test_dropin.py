@@ -1,8 +1,8 @@
 """examples/dropin.py, a script written for vLLM's offline API, runs unchanged on
-minillm (chapter 28): `from minillm import LLM, SamplingParams` is the only change.
+minillm (chapter 29): `from minillm import LLM, SamplingParams` is the only change.
 
 The run against vLLM itself needs .venv-vllm (`make vllm`) and minutes; it runs only
-when MINILLM_TEST_VLLM=1 is set (chapter 28's live run does the same comparison).
+when MINILLM_TEST_VLLM=1 is set (chapter 29's live run does the same comparison).
 """
 
 import json

@@ -1,4 +1,4 @@
-"""Chapter 20's EAGLE proposer: the batched chain against its reference, the feature
+"""Chapter 21's EAGLE proposer: the batched chain against its reference, the feature
 buffer's bookkeeping, and the engine with EAGLE against the engine without it
 (greedy: identical tokens; sampling: the target's distribution)."""
 

@@ -1,4 +1,4 @@
-"""Chapter 20's EAGLE draft on CUDA graphs: the persistent-buffer chain
+"""Chapter 21's EAGLE draft on CUDA graphs: the persistent-buffer chain
 (EagleGraphRunner) drafts what the eager chain and the one-request reference draft,
 in padded buckets and as the batch changes; on a GPU (MINILLM_TEST_DEVICE=cuda) the
 captured graphs replay the eager chain's drafts exactly, and the engine with them

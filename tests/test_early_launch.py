@@ -1,4 +1,4 @@
-"""Early launch (chapter 12's programmatic dependent launch) repeated: chains of
+"""Early launch (chapter 13's programmatic dependent launch) repeated: chains of
 kernels that each read the previous one's output, captured in CUDA graphs and replayed
 hundreds of times, give the bits of ordinary launches at every replay
 (benchmarks/early_launch.py runs the same at length and stores the counts).

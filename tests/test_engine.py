@@ -1,4 +1,4 @@
-"""The engine (chapter 8) and the LLM API (chapter 9), against transformers and
+"""The engine (chapter 9) and the LLM API (chapter 10), against transformers and
 chapter 1's dense generation.
 """
 
@@ -38,7 +38,7 @@ def tiny_llm():
     return LLM(device="cpu", num_kv_blocks=256, max_num_seqs=16)
 
 
-# chapter 8's engine under preemption and chunked prefill, on the tiny model
+# chapter 9's engine under preemption and chunked prefill, on the tiny model
 SMALLER = dict(TIGHT, num_kv_blocks=48, max_num_seqs=6, max_num_batched_tokens=20)
 
 

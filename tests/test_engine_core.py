@@ -1,4 +1,4 @@
-"""The engine in a process of its own (chapter 27, engine_core.py): the HTTP suite of
+"""The engine in a process of its own (chapter 28, engine_core.py): the HTTP suite of
 test_server.py against a server whose engine runs in a spawned child, and what only a
 second process can do wrong (a failed step, a dead process, a failed start, deltas
 rebuilt into the outputs AsyncLLM gives)."""

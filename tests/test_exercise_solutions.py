@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md"))
 SOLUTIONS = ROOT / "exercises" / "solutions"
-# pytest exercises/test_08_engine.py -k counting (the chapter may wrap after -k)
+# pytest exercises/test_09_engine.py -k counting (the chapter may wrap after -k)
 # what :pyobject: can show
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 CHECK = re.compile(r"pytest\s+exercises/test_(\d\d_\w+)\.py\s+-k\s+`?\s*([\w]+)")

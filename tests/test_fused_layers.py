@@ -1,4 +1,4 @@
-"""Chapter 14's fused layers: the same numbers as chapter 1's layers, bit for bit in
+"""Chapter 15's fused layers: the same numbers as chapter 1's layers, bit for bit in
 eager mode, with and without Qwen3's q/k norms, without and with a paged KV cache."""
 
 import copy

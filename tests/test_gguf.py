@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct from its GGUF file (chapter 1): minillm's conversion against
+"""SmolLM2-135M-Instruct from its GGUF file (chapter 2): minillm's conversion against
 transformers' own GGUF loading (logits, greedy tokens through `generate` and through
 the paged engine, the tokenizer, the chat template), the converted folder in
 transformers, the server answering the `openai` client, and the incremental
@@ -164,7 +164,7 @@ def test_chat_template_renders_as_transformers(
         )
         text = tokenizer.apply_chat_template(messages, add_generation_prompt)
         assert text == expected
-        # the server's renderer (chapter 25) agrees, and so do the token ids
+        # the server's renderer (chapter 26) agrees, and so do the token ids
         served = compile_chat_template(tokenizer.chat_template).render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,

@@ -1,4 +1,4 @@
-"""Searched group ranges (chapters/17_quantization.md, "Round to nearest" and
+"""Searched group ranges (chapters/18_quantization.md, "Round to nearest" and
 "Choosing GPTQ's default"): mse_group_params against a per-group loop over the same
 shrink factors; GPTQ with searched ranges against its closed-form reference; the
 flag carried through RTN, sequential GPTQ and the engine's cache key."""
@@ -84,7 +84,7 @@ def test_the_engine_option_is_in_the_cache_key():
 def test_gptq_has_a_group_size_of_its_own():
     c = EngineConfig(gptq_group_size=32, int4_group_size=128)
     assert methods._settings("gptq", c)["g"] == 32
-    assert methods._settings("awq", c)["g"] == 128  # AWQ keeps chapter 16's
+    assert methods._settings("awq", c)["g"] == 128  # AWQ keeps chapter 17's
     c = EngineConfig(gptq_group_size=None, int4_group_size=64)
     assert methods._settings("gptq", c)["g"] == 64
     for bad in (20, 0, True, 32.0):

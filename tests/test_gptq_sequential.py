@@ -1,4 +1,4 @@
-"""Sequential GPTQ calibration (chapters/17_quantization.md, "Sequential
+"""Sequential GPTQ calibration (chapters/18_quantization.md, "Sequential
 calibration"): against its reference, one-shot GPTQ run layer by layer on a model
 whose earlier layers are already quantized; layer 0 equal to one-shot; the model left
 unchanged, also when GPTQ fails halfway through a layer.
@@ -76,7 +76,7 @@ def test_each_layer_is_quantized_against_the_quantized_prefixs_inputs(
             assert all(torch.equal(a, b) for a, b in zip(codes[name], ref))
             rtn_err += output_error(w, fake_quantize(w, 4, 64), h)
             gptq_err += output_error(w, dequantize_groups(*codes[name]), h)
-    # below RTN summed over the projections, as chapter 17 argues (not a theorem for
+    # below RTN summed over the projections, as chapter 18 argues (not a theorem for
     # each matrix: GPTQ rounds greedily)
     assert gptq_err < rtn_err
 

@@ -1,6 +1,6 @@
 """Our model against Hugging Face transformers: three architectures, both directions
-(chapter 1), then through the paged engine with chunked prefill, preemption and
-prefix caching (chapters 5, 8 and 10).
+(chapter 2), then through the paged engine with chunked prefill, preemption and
+prefix caching (chapters 6, 9 and 11).
 """
 
 import json

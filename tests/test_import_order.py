@@ -53,7 +53,7 @@ def imports_of(name: str) -> set[str]:
 
 
 def test_the_walk_sees_lazy_imports():
-    # decode_linear imports chapter 12's kernel inside a method
+    # decode_linear imports chapter 13's kernel inside a method
     assert "kernels.skinny_gemm" in imports_of("decode_linear")
     # and the engine's only way to the later chapters is the package index
     assert imports_of("registry") == set()
@@ -103,7 +103,7 @@ def test_every_module_that_registers_parts_is_a_plugin():
     } | {owner for owner in registry.OWNERS.values() if owner != registry.__name__}
     hooks = [*registry.RUNNER_EXTENSIONS, *registry.EXECUTOR_HOOKS]
     hooks += [*registry.REQUEST_CHECKS, *registry.ENGINE_HOOKS]
-    try:  # chapter 26's seam, where the server's libraries are installed
+    try:  # chapter 27's seam, where the server's libraries are installed
         from minillm.server import SERVER_EXTENSIONS
 
         hooks += SERVER_EXTENSIONS

@@ -1,5 +1,5 @@
 """The INT4 format, its reference product, Int4Linear and the engine's "int4"
-quantization (chapters/16_int4_gemm.md)."""
+quantization (chapters/17_int4_gemm.md)."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""Chapter 16's fused W4A16 kernel and its dequantize kernel against the reference
-(chapters/16_int4_gemm.md, "The kernel").
+"""Chapter 17's fused W4A16 kernel and its dequantize kernel against the reference
+(chapters/17_int4_gemm.md, "The kernel").
 
 On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at
 small sizes whose N is not a multiple of the tiles, so every mask is exercised; on a GPU

@@ -1,5 +1,5 @@
-"""Chapter 16's one kernel for every M (w4a16_matmul) and the layout it reads
-(shuffle_int4), against the reference (chapters/16_int4_gemm.md, "One kernel for
+"""Chapter 17's one kernel for every M (w4a16_matmul) and the layout it reads
+(shuffle_int4), against the reference (chapters/17_int4_gemm.md, "One kernel for
 every M").
 
 On a CPU the kernel runs under TRITON_INTERPRET=1 (set in conftest.py) in float32 and

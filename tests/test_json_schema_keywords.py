@@ -1,4 +1,4 @@
-"""Chapter 22, the keywords of real-world schemas (issue 47): each compiles to a
+"""Chapter 23, the keywords of real-world schemas (issue 47): each compiles to a
 grammar whose every finished output validates (jsonschema, formats checked), the
 masks stay exact on grammars of many rules, and what a grammar cannot hold is
 refused by name or approximated with a warning that `guaranteed` reflects."""

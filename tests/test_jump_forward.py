@@ -1,4 +1,4 @@
-"""Jump-forward decoding (chapter 23): the forced bytes, their canonical tokens, and
+"""Jump-forward decoding (chapter 24): the forced bytes, their canonical tokens, and
 walks that append them without a model step."""
 
 import json

@@ -1,4 +1,4 @@
-"""The paged KV cache of chapter 2: sizing, slot mapping, writing, reading, copying
+"""The paged KV cache of chapter 3: sizing, slot mapping, writing, reading, copying
 blocks.
 """
 
@@ -247,7 +247,7 @@ def test_attend_without_a_backend_is_a_clear_error_and_writes_nothing():
 
 
 @dataclass(frozen=True)
-class Order:  # the shape of chapter 3's BlockCopy
+class Order:  # the shape of chapter 4's BlockCopy
     src: int
     dst: int
 

@@ -1,5 +1,5 @@
-"""The FP8 KV cache (chapter 19, "An FP8 KV cache"): chapter 2's scaled write, chapter
-4's reference and chapter 12's kernels reading the same FP8 cache, the engine's
+"""The FP8 KV cache (chapter 20, "An FP8 KV cache"): chapter 3's scaled write, chapter
+5's reference and chapter 13's kernels reading the same FP8 cache, the engine's
 kv_cache_dtype option, and swap.
 
 On a CPU the Triton kernels run under TRITON_INTERPRET=1 (conftest.py), at tiny sizes.
@@ -183,15 +183,15 @@ def test_swap_and_copy_on_write_move_fp8_blocks_as_bytes(tiny):
     swapper.swap_in([(1, 0), (0, 5)])
     assert cache.key_cache[:, [0, 5]].view(torch.uint8).equal(k)
     assert cache.value_cache[:, [0, 5]].view(torch.uint8).equal(v)
-    cache.copy_blocks([(0, 2)])  # copy-on-write (chapter 3), as bytes too
+    cache.copy_blocks([(0, 2)])  # copy-on-write (chapter 4), as bytes too
     assert cache.key_cache[:, 2].view(torch.uint8).equal(k[:, 0])
     assert cache.value_cache[:, 2].view(torch.uint8).equal(v[:, 0])
 
 
 def test_fused_norm_rope_write_stores_the_scaled_fp8_cache():
-    """Chapter 14's one-kernel norm, rotation and cache write into an FP8 cache: the
-    bytes of chapter 12's scaled write of the unfused steps' keys and values (and, on a
-    GPU, of chapter 2's)."""
+    """Chapter 15's one-kernel norm, rotation and cache write into an FP8 cache: the
+    bytes of chapter 13's scaled write of the unfused steps' keys and values (and, on a
+    GPU, of chapter 3's)."""
     from minillm.kernels.qk_norm_rope import qk_norm_rope_write
     from minillm.model import apply_rope
 
@@ -247,7 +247,7 @@ def test_greedy_agreement_counts_positions_prefixes_and_whole_outputs():
 
 
 def test_swap_preemption_gives_recompute_tokens_with_an_fp8_cache(tiny):
-    """Chapter 11's swap through an FP8 cache: the blocks go to the CPU and back as
+    """Chapter 12's swap through an FP8 cache: the blocks go to the CPU and back as
     bytes, so a swapped request continues exactly as a recomputed one does (the
     recomputed K/V are quantized again to the same bytes)."""
     from test_swap import GREEDY as LONG

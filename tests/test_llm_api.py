@@ -1,4 +1,4 @@
-"""vLLM's `LLM` entry points beyond generate (chapter 9): chat with the tokenizer's
+"""vLLM's `LLM` entry points beyond generate (chapter 10): chat with the tokenizer's
 chat template (or a given one), get_tokenizer, llm_engine, and the pooling methods
 that a generative engine refuses.
 """

@@ -1,6 +1,6 @@
-"""Chapter 28's load generator, minillm.loadgen, against a scripted stream: what it
+"""Chapter 29's load generator, minillm.loadgen, against a scripted stream: what it
 times as the first token, and what it makes of a stream that carries none
-(chapters/28_vllm_comparison.md, "Load, seen from the client")."""
+(chapters/29_vllm_comparison.md, "Load, seen from the client")."""
 
 import math
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Chapter 30: LoRA adapters (PEFT loading, the batched products, the engine).
+"""Chapter 31: LoRA adapters (PEFT loading, the batched products, the engine).
 
 The kernels run under TRITON_INTERPRET=1 on a CPU (conftest.py)."""
 
@@ -392,7 +392,7 @@ def test_lora_keeps_the_graphs_and_turns_compiled_layers_off():
         LoRAConfig.check_parts(config, parts)
         return GPUModelRunner.fast_path(config, parts), parts.get("fast_path_blocked")
 
-    assert resolve() == ((True, True, True), None)  # no adapters: chapter 15's
+    assert resolve() == ((True, True, True), None)  # no adapters: chapter 16's
     flags, why = resolve(enable_lora=True)
     assert flags == (True, False, True) and "enable_lora" in why  # graphs, async
     assert resolve(enable_lora=True, cuda_graphs=True)[0] == (True, False, True)
@@ -439,7 +439,7 @@ def test_merged_qkv_and_gate_up_layers_take_the_same_adapter(adapter_dirs):
     for merged in (False, True):
         model, _ = tiny_model(progress=False)
         if merged:
-            merge_projections(model)  # chapter 14's surgery, before the wrapping
+            merge_projections(model)  # chapter 15's surgery, before the wrapping
         manager = LoRAModelManager(model, 2, 8, 2)
         widths = {len(layer.slices) for layer, _ in manager.targets.values()}
         assert widths == ({1, 2, 3} if merged else {1})  # qkv: 3 slices, gate_up: 2
@@ -465,7 +465,7 @@ def test_enable_lora_builds_with_the_devices_defaults(adapter_dirs, device, fast
     assert len(out[0].outputs[0].token_ids) == 4
     flags = fast_path(llm.llm_engine)
     assert not flags["torch_compile"]  # adapters wrap plain nn.Linear layers
-    if device == "cuda":  # chapter 15's defaults otherwise: graphs, async scheduling
+    if device == "cuda":  # chapter 16's defaults otherwise: graphs, async scheduling
         assert flags["cuda_graphs"] and flags["async_scheduling"]
         assert "enable_lora" in llm.llm_engine.parts["fast_path_blocked"]
 

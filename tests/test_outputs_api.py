@@ -83,9 +83,9 @@ def test_no_logprobs_asked(llm):
 
 
 RUNNERS = {
-    "chapter 8": dict(persistent_batch=False),
-    "chapter 15": dict(persistent_batch=True),
-    "chapter 15, async": dict(persistent_batch=True, async_scheduling=True),
+    "chapter 9": dict(persistent_batch=False),
+    "chapter 16": dict(persistent_batch=True),
+    "chapter 16, async": dict(persistent_batch=True, async_scheduling=True),
 }
 
 

@@ -1,4 +1,4 @@
-"""PagedAttention of chapter 4: equal to dense attention, and paged generation equal to
+"""PagedAttention of chapter 5: equal to dense attention, and paged generation equal to
 the dense cache of chapter 1 and to transformers.
 """
 

@@ -1,4 +1,4 @@
-"""Chapter 29: tensor- and pipeline-parallel training equal one process, the
+"""Chapter 30: tensor- and pipeline-parallel training equal one process, the
 tensor-parallel engine gives the tokens of one process, and no worker outlives a
 test, a crash, Ctrl-C or a killed engine."""
 

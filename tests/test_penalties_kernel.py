@@ -1,4 +1,4 @@
-"""Chapter 15, "Penalties in one kernel": the Triton kernel gives chapter 6's
+"""Chapter 16, "Penalties in one kernel": the Triton kernel gives chapter 7's
 penalised float32 logits bit for bit, for bfloat16, float16 and float32 logits, rows
 with and without penalties, in any order of the state's rows.
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 triton = pytest.importorskip("triton")
 
 from minillm.kernels.penalties import BLOCK, apply_penalties  # noqa: E402
-from minillm.logits_processors import apply_penalties as chapter6  # noqa: E402
+from minillm.logits_processors import apply_penalties as chapter7  # noqa: E402
 from minillm.logits_processors import token_counts  # noqa: E402
 from minillm.request import Request  # noqa: E402
 from minillm.sampling_ahead import PenaltiesState  # noqa: E402
@@ -28,7 +28,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def case(rng, num_rows, vocab, dtype, device=DEVICE, penalised=0.7, counts=torch.int32):
-    """(logits, kernel arguments, chapter 6's logits) for random rows: a state of
+    """(logits, kernel arguments, chapter 7's logits) for random rows: a state of
     more slots than rows, rows mapped to slots in any order, some without a penalty."""
     num_slots = num_rows + 3
     params, prompts, outputs = [], [], []
@@ -66,7 +66,7 @@ def case(rng, num_rows, vocab, dtype, device=DEVICE, penalised=0.7, counts=torch
     logits = logits.to(dtype)
     names = ("presence_penalties", "frequency_penalties", "repetition_penalties")
     penalties = torch.stack([getattr(md, n) for n in names])
-    expected = chapter6(
+    expected = chapter7(
         logits.float(),
         padded_prompts,
         padded,
@@ -131,7 +131,7 @@ def test_kernel_is_chapter6s_at_qwen3s_vocabulary(dtype):
 @pytest.mark.skipif(DEVICE != "cuda", reason="the kernel path of PenaltiesState")
 def test_state_kernel_path_is_its_elementwise_path():
     """PenaltiesState.apply (the kernel on a GPU) against apply_elementwise (chapter
-    6's formula in PyTorch) on bfloat16 logits, through the state's own counts."""
+    7's formula in PyTorch) on bfloat16 logits, through the state's own counts."""
     vocab, rng = 151_936, random.Random(9)
     state = PenaltiesState(16, torch.device("cuda"))
     requests, params = [], []

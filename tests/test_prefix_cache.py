@@ -1,4 +1,4 @@
-"""Prefix caching (chapter 10): hash-chained blocks, the radix tree, and the engine
+"""Prefix caching (chapter 11): hash-chained blocks, the radix tree, and the engine
 with either.
 """
 
@@ -186,7 +186,7 @@ def test_a_colliding_hash_never_returns_wrong_tokens_through_the_engine(tiny):
 
 
 def make_kv_cache_manager(num_blocks: int, block_size: int, impl: str | None):
-    """The manager the engine builds for prefix_cache_impl=impl (chapter 7's seam)."""
+    """The manager the engine builds for prefix_cache_impl=impl (chapter 8's seam)."""
     from minillm.registry import KV_CACHE_MANAGERS
 
     return KV_CACHE_MANAGERS[KV_CACHE_MANAGERS.resolve(impl, "cpu")](

@@ -1,4 +1,4 @@
-"""Priority scheduling (chapter 5, "Priority scheduling"): vLLM's
+"""Priority scheduling (chapter 6, "Priority scheduling"): vLLM's
 scheduling_policy="priority" orders waiting requests by (priority, arrival) and
 preempts the least urgent running request; "fcfs" keeps priorities but ignores them
 (vLLM 0.32 accepts them there without error).

@@ -1,5 +1,5 @@
-"""Chapter 14's q/k norm, rotation and cache write in one kernel against the steps it
-stands for: FusedAttention's stacked norm and apply_rope, then chapter 2's
+"""Chapter 15's q/k norm, rotation and cache write in one kernel against the steps it
+stands for: FusedAttention's stacked norm and apply_rope, then chapter 3's
 reshape_and_cache.
 
 On a CPU the kernel runs under TRITON_INTERPRET=1 (set in conftest.py) in float32; on a

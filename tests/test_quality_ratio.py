@@ -1,4 +1,4 @@
-"""The paired bootstrap of a perplexity ratio (chapters/18_quantized_serving.md, "The
+"""The paired bootstrap of a perplexity ratio (chapters/19_quantized_serving.md, "The
 quality table"): quality.ppl_ratio against a naive computation written out in
 Python, resample by resample, from the same draws."""
 

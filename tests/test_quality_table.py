@@ -1,4 +1,4 @@
-"""Chapter 18's quality table: the stored SmolLM2 table is the one the chapter asks
+"""Chapter 19's quality table: the stored SmolLM2 table is the one the chapter asks
 for (its key hashes the weights, the sizes and the code the rows run, so a change
 to a quantizer makes the stored copy stale, and this file says so loudly instead of
 letting the book recompute it or serve an old one), and its intervals are what the
@@ -28,7 +28,7 @@ from minillm.quantization.quality import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CHAPTER = ROOT / "chapters" / "18_quantized_serving.md"
+CHAPTER = ROOT / "chapters" / "19_quantized_serving.md"
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +99,9 @@ def test_the_sources_hash_sees_code_but_not_origin_lines_or_docstrings(tmp_path)
     gptq = copy / "quantization" / "gptq.py"
     text = gptq.read_text()
     marker = next(x for x in text.splitlines() if x.startswith("# %% "))
-    gptq.write_text(text.replace(marker, "# %% chapters/17_quantization.md:99999"))
+    gptq.write_text(text.replace(marker, "# %% chapters/18_quantization.md:99999"))
     assert sources_hash(copy) == sources_hash(package)  # the prose moved, not code
-    renumbered = text.replace("chapter 17", "chapter 99").replace("16_quant", "99_q")
+    renumbered = text.replace("chapter 18", "chapter 99").replace("16_quant", "99_q")
     assert renumbered != text  # its header and docstrings name the chapter
     gptq.write_text(renumbered)
     assert sources_hash(copy) == sources_hash(package)  # words, not code

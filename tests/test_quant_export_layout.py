@@ -1,4 +1,4 @@
-"""Chapter 18's GPTQ and AWQ exports read as their formats' loaders read them.
+"""Chapter 19's GPTQ and AWQ exports read as their formats' loaders read them.
 
 Every quantized weight of an exported folder is dequantized here from the file alone,
 by the documented layout, written independently of minillm's exporter (no

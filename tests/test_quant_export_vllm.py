@@ -1,4 +1,4 @@
-"""Chapter 18's GPTQ and AWQ exports, loaded in the real vLLM (0.32, its CPU build).
+"""Chapter 19's GPTQ and AWQ exports, loaded in the real vLLM (0.32, its CPU build).
 
 Runs only where `make vllm` has made .venv-vllm (CI has none: there,
 tests/test_quant_export_layout.py checks every weight against the formats' layouts).

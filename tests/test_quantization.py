@@ -1,4 +1,4 @@
-"""Chapter 17's quantization algorithms (chapters/17_quantization.md): RTN, GPTQ
+"""Chapter 18's quantization algorithms (chapters/18_quantization.md): RTN, GPTQ
 against its closed form and against RTN, AWQ and SmoothQuant folding, the int8 and
 FP8 layers against their references, and the engine's cached methods."""
 

@@ -1,4 +1,4 @@
-"""Chapter 17's rotation of the residual stream (chapters/17_quantization.md,
+"""Chapter 18's rotation of the residual stream (chapters/18_quantization.md,
 "Rotating the residual stream"): the Hadamard constructions, the model's function
 kept, the LM head untied, and the engine's cached rotated GPTQ model."""
 

@@ -1,4 +1,4 @@
-"""Chapter 15's sampling kernel against chapter 6's Sampler: the same tokens for the
+"""Chapter 16's sampling kernel against chapter 7's Sampler: the same tokens for the
 same rows and seeds.
 
 On a CPU the kernel runs under TRITON_INTERPRET=1 (set in conftest.py) at small
@@ -35,7 +35,7 @@ def random_params(rng: random.Random, vocab: int) -> SamplingParams:
 
 
 def both(logits: torch.Tensor, params: list[SamplingParams], outputs=None):
-    """(the kernel's tokens, chapter 6's) for the rows of logits."""
+    """(the kernel's tokens, chapter 7's) for the rows of logits."""
     n = len(params)
     outputs = outputs or [[] for _ in range(n)]
     md = SamplingMetadata.from_requests(

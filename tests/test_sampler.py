@@ -1,5 +1,5 @@
 """The sampler (minillm/sampler.py, minillm/sampling_params.py,
-minillm/logits_processors.py; chapter 6): the specification.
+minillm/logits_processors.py; chapter 7): the specification.
 
 Parameters are validated with messages that name the field; greedy rows are exact
 argmax; seeded rows depend on nothing but their seed; every filter keeps what its

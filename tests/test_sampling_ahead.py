@@ -1,6 +1,6 @@
-"""Chapter 15, "Penalties and token rules ahead": the per-row counts kept on the
-device hold what chapter 6 would count from the token lists, and the steps launched
-ahead with penalties, min_tokens, allowed and banned tokens draw chapter 8's tokens.
+"""Chapter 16, "Penalties and token rules ahead": the per-row counts kept on the
+device hold what chapter 7 would count from the token lists, and the steps launched
+ahead with penalties, min_tokens, allowed and banned tokens draw chapter 9's tokens.
 """
 
 import random
@@ -131,7 +131,7 @@ def test_apply_is_chapter6s_apply_penalties():
     state.update(rows, requests, VOCAB, None)
     got = state.apply(logits.clone(), list(range(5)), rows, md)
     assert torch.equal(got, expected)
-    # 16-bit logits: a float32 copy, penalised as chapter 6 penalises it
+    # 16-bit logits: a float32 copy, penalised as chapter 7 penalises it
     half = logits.bfloat16()
     got = state.apply(half, list(range(5)), rows, md)
     assert got.dtype == torch.float32 and half.dtype == torch.bfloat16

@@ -1,7 +1,7 @@
 """SamplingParams as vLLM 0.32's (vllm/sampling_params.py): its fields, what each
 means in the engine, and a ValueError naming the field for anything minillm does not
 take (issue 43). The sampler's new rules (logit_bias, bad words) are checked against
-the one-request reference of chapter 6."""
+the one-request reference of chapter 7."""
 
 import random
 

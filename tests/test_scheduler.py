@@ -1,4 +1,4 @@
-"""The scheduler of chapter 5: continuous batching, token budget, chunked prefill,
+"""The scheduler of chapter 6: continuous batching, token budget, chunked prefill,
 preemption.
 """
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (chapter 26), end to end: a live server on 127.0.0.1,
+"""The OpenAI-compatible server (chapter 27), end to end: a live server on 127.0.0.1,
 the official client.
 """
 
@@ -851,7 +851,7 @@ SCHEMA = {
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_json_schema_outputs_validate(client, stream):
-    """Chapter 23 through the server: every choice validates against the schema."""
+    """Chapter 24 through the server: every choice validates against the schema."""
     import jsonschema
 
     kwargs = dict(

@@ -1,7 +1,7 @@
-"""The server (chapter 24) on the GPU default path's logic, its shutdown and its
+"""The server (chapter 25) on the GPU default path's logic, its shutdown and its
 failures, and a randomised stress run; all on a CPU.
 
-A GPU engine runs chapter 15's persistent batch with async scheduling: while the
+A GPU engine runs chapter 16's persistent batch with async scheduling: while the
 server hands out step N's tokens, step N+1 is already launched. The same logic runs on
 a CPU when asked for (`persistent_batch=True, async_scheduling=True`), so these tests
 check that an abort or a disconnect while a token is in flight ends the request and
@@ -71,7 +71,7 @@ def idle_and_free(engine) -> bool:
 
 
 def reference_texts(tiny, prompt, params: SamplingParams) -> list[str]:
-    """The texts of each choice from chapter 8's plain engine, driven by hand."""
+    """The texts of each choice from chapter 9's plain engine, driven by hand."""
     engine = LLMEngine(*tiny, EngineConfig(num_kv_blocks=64, max_model_len=512))
     engine.add_request("ref", prompt, params)
     final = None

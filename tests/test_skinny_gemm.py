@@ -1,5 +1,5 @@
-"""Chapter 13's skinny matrix product against F.linear, and chapter 12's one-kernel
-cache write against chapter 2's.
+"""Chapter 14's skinny matrix product against F.linear, and chapter 13's one-kernel
+cache write against chapter 3's.
 
 On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) in float32, at
 small sizes whose N and K are not multiples of the tiles, so every mask is exercised; on

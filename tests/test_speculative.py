@@ -1,4 +1,4 @@
-"""Speculative decoding (chapter 20): verification against its reference and the
+"""Speculative decoding (chapter 21): verification against its reference and the
 target's distribution, the n-gram proposer against brute force, and the engine with
 speculation against the engine without it and against transformers.
 """

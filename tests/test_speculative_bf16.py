@@ -1,5 +1,5 @@
 """Greedy speculative decoding against plain greedy decoding, in float32 on the CPU
-(identical) and in bfloat16 on a GPU (identical up to near-ties), chapter 20.
+(identical) and in bfloat16 on a GPU (identical up to near-ties), chapter 21.
 
 What greedy verification guarantees, exactly, in any precision: every token a
 speculative run emits is the argmax of the target's logits that its verification step

@@ -1,4 +1,4 @@
-"""Chapter 20 on chapter 14's fast path: speculation on the persistent batch gives the
+"""Chapter 21 on chapter 15's fast path: speculation on the persistent batch gives the
 tokens of the engine without it (every proposer, preemption, chunked prefill, async
 scheduling for the steps too large to speculate); padded verification rows leave the
 real tokens alone; greedy verification builds no sampling metadata; and on a GPU
@@ -98,7 +98,7 @@ def test_steps_launched_ahead_neither_verify_nor_propose(tiny):
 
 
 def test_greedy_verification_builds_no_sampling_metadata(tiny, monkeypatch):
-    """Plainly greedy steps are verified by one argmax: chapter 6's metadata is never
+    """Plainly greedy steps are verified by one argmax: chapter 7's metadata is never
     built (the tokens stay the plain engine's)."""
     model, tokenizer = tiny
     prompts, _ = code_prompts(tokenizer)
@@ -125,7 +125,7 @@ def test_sampling_on_the_persistent_batch_draws_what_chapter7_runner_draws(
     tiny, method
 ):
     """Seeded sampled requests (some greedy beside them) draw the same tokens on both
-    runners: rejection sampling is the same code on the same logits, and chapter 8's
+    runners: rejection sampling is the same code on the same logits, and chapter 9's
     runner's draws follow the target's distribution (test_speculative.py,
     test_eagle.py)."""
     model, tokenizer = tiny

@@ -1,4 +1,4 @@
-"""Chapter 23's counts past the longest token: positions of a long bounded string
+"""Chapter 24's counts past the longest token: positions of a long bounded string
 that no token can tell apart share one mask (CompiledGrammar.canonical), checked
 against the same grammar with canonical off and the whole trie walked per state,
 at every position of random walks, for the mask and the finish budget's mask."""

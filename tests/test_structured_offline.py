@@ -1,5 +1,5 @@
-"""Chapter 23 through vLLM's offline API: `SamplingParams(structured_outputs=...)` in
-`LLM.generate`, applied by chapter 23's REQUEST_HOOKS entry. Every finished output
+"""Chapter 24 through vLLM's offline API: `SamplingParams(structured_outputs=...)` in
+`LLM.generate`, applied by chapter 24's REQUEST_HOOKS entry. Every finished output
 validates; the hook's path gives the tokens of an explicit processor (the reference);
 a bad constraint is a ValueError naming structured_outputs that changes nothing."""
 
@@ -12,7 +12,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.registry import REQUEST_HOOKS
 from minillm.sampling_params import StructuredOutputsParams
-from minillm.structured import processor as chapter15
+from minillm.structured import processor as chapter16
 
 SCHEMA = {
     "type": "object",
@@ -40,7 +40,7 @@ def structured(so, **kwargs) -> SamplingParams:
 
 def test_the_hook_is_registered_once():
     hooks = [h for h in REQUEST_HOOKS if h.__name__ == "structured_outputs_hook"]
-    assert hooks == [chapter15.structured_outputs_hook]
+    assert hooks == [chapter16.structured_outputs_hook]
 
 
 @pytest.mark.parametrize("compact", [False, True])
@@ -54,7 +54,7 @@ def test_every_finished_output_validates(llm, compact):
     texts = [c.text for o in outputs for c in o.outputs]
     for o in outputs:
         for c in o.outputs:
-            # finished by EOS, or at max_tokens: the budget (chapter 23) leaves
+            # finished by EOS, or at max_tokens: the budget (chapter 24) leaves
             # room to close the document within max_tokens, so both validate
             assert c.finish_reason in ("stop", "length")
             jsonschema.validate(json.loads(c.text), SCHEMA)
@@ -73,7 +73,7 @@ def test_a_json_string_schema_and_json_object(llm):
 
 
 def test_the_hook_gives_the_tokens_of_an_explicit_processor(llm):
-    """The reference: chapter 23's processor put in logits_processors by hand (the
+    """The reference: chapter 24's processor put in logits_processors by hand (the
     same batch, so that the same rows meet the same matrix products)."""
     so = StructuredOutputsParams(json=SCHEMA)
     via_field = llm.generate(PROMPTS, structured(so, temperature=0), use_tqdm=False)
@@ -83,7 +83,7 @@ def test_the_hook_gives_the_tokens_of_an_explicit_processor(llm):
             SamplingParams(
                 temperature=0,
                 max_tokens=48,
-                logits_processors=[chapter15.logits_processor(so, llm.tokenizer, 48)],
+                logits_processors=[chapter16.logits_processor(so, llm.tokenizer, 48)],
             )
             for _ in PROMPTS
         ],
@@ -107,9 +107,9 @@ def test_regex_and_choice(llm):
 
 
 def test_chapter_15s_subclass_is_the_same_constraint(llm):
-    so = chapter15.StructuredOutputsParams(choice=["left", "right"])
+    so = chapter16.StructuredOutputsParams(choice=["left", "right"])
     assert isinstance(so, StructuredOutputsParams) and so.kind == "choice"
-    assert so.key() == chapter15.constraint_key(StructuredOutputsParams(**vars(so)))
+    assert so.key() == chapter16.constraint_key(StructuredOutputsParams(**vars(so)))
     out = llm.generate(PROMPTS[:1], structured(so, temperature=0), use_tqdm=False)
     assert out[0].outputs[0].text in ("left", "right")
 
@@ -148,20 +148,20 @@ def test_max_tokens_too_small_to_finish_is_refused(llm):
 
 def test_a_request_is_not_constrained_twice(llm):
     so = StructuredOutputsParams(json=SCHEMA)
-    once = chapter15.structured_outputs_hook(llm.engine, structured(so))
+    once = chapter16.structured_outputs_hook(llm.engine, structured(so))
     assert len(once.logits_processors) == 1 and once.structured_outputs is so
-    assert chapter15.structured_outputs_hook(llm.engine, once) is once
+    assert chapter16.structured_outputs_hook(llm.engine, once) is once
     # an equal constraint (another object) counts as the same one
     again = structured(StructuredOutputsParams(json=json.loads(json.dumps(SCHEMA))))
     processors = once.logits_processors
     from dataclasses import replace
 
-    assert chapter15.constrained_by(replace(again, logits_processors=processors),
+    assert chapter16.constrained_by(replace(again, logits_processors=processors),
                                     again.structured_outputs)  # fmt: skip
     # a different constraint beside it is added
     other = replace(once, structured_outputs=StructuredOutputsParams(json_object=True))
     assert (
-        len(chapter15.structured_outputs_hook(llm.engine, other).logits_processors) == 2
+        len(chapter16.structured_outputs_hook(llm.engine, other).logits_processors) == 2
     )
     # and the engine runs the pre-constrained params with one mask: same tokens
     a = llm.generate(PROMPTS[:1], replace(once, temperature=0), use_tqdm=False)
@@ -170,16 +170,16 @@ def test_a_request_is_not_constrained_twice(llm):
 
 
 def test_constrained_params_pickle_and_compile_again(llm):
-    """The engine in a process of its own (chapter 27) receives pickled params: the
+    """The engine in a process of its own (chapter 28) receives pickled params: the
     processor comes back compiled from its source, and the hook sees it there."""
     import pickle
 
-    chapter15.register_tokenizer(llm.tokenizer)
-    once = chapter15.structured_outputs_hook(
+    chapter16.register_tokenizer(llm.tokenizer)
+    once = chapter16.structured_outputs_hook(
         llm.engine, structured(StructuredOutputsParams(json=SCHEMA))
     )
     back = pickle.loads(pickle.dumps(once))
-    assert chapter15.structured_outputs_hook(llm.engine, back) is back
+    assert chapter16.structured_outputs_hook(llm.engine, back) is back
     a = llm.generate(PROMPTS[:1], structured(back.structured_outputs, temperature=0),
                      use_tqdm=False)  # fmt: skip
     b = llm.generate(PROMPTS[:1], SamplingParams(
@@ -189,7 +189,7 @@ def test_constrained_params_pickle_and_compile_again(llm):
 
 
 def test_chapter_11s_runner_and_run_ahead_apply_the_hook_too(device):
-    """The persistent batch with async scheduling (chapter 15) masks the rows of
+    """The persistent batch with async scheduling (chapter 16) masks the rows of
     the hook's processors as it masks an explicit processor's: the same tokens."""
     so = StructuredOutputsParams(json=SCHEMA)
     with LLM(
@@ -203,7 +203,7 @@ def test_chapter_11s_runner_and_run_ahead_apply_the_hook_too(device):
         via_field = ahead.generate(
             PROMPTS, structured(so, temperature=0), use_tqdm=False
         )
-        processor = chapter15.logits_processor(so, ahead.tokenizer, 48)
+        processor = chapter16.logits_processor(so, ahead.tokenizer, 48)
         by_hand = ahead.generate(
             PROMPTS,
             SamplingParams(temperature=0, max_tokens=48, logits_processors=[processor]),

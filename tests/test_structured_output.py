@@ -1,4 +1,4 @@
-"""Chapters 21-23: grammars compiled to token masks. Every constrained output parses and
+"""Chapters 22-24: grammars compiled to token masks. Every constrained output parses and
 validates; the cached masks equal the slow per-token check; bad schemas are refused by
 name; a constrained request's greedy output does not depend on its batch."""
 
@@ -55,7 +55,7 @@ def text_of(compiler, ids):
     return b"".join(compiler.index.token_bytes[t] for t in ids).decode()
 
 
-# A strategy of JSON Schemas built from the keywords chapter 22 compiles.
+# A strategy of JSON Schemas built from the keywords chapter 23 compiles.
 leaf = st.one_of(
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),
@@ -289,7 +289,7 @@ BATCH_SCHEMAS = [
 
 
 def test_batch_bitmask_equals_per_row_processors(compiler):
-    """One bitmask for the batch (apply_batch, through chapter 6's sampler door) masks
+    """One bitmask for the batch (apply_batch, through chapter 7's sampler door) masks
     exactly what each request's processor masks on its own row; rows without a
     grammar are untouched and a row with two grammars gets both masks."""
     from types import SimpleNamespace
@@ -356,9 +356,9 @@ def test_engine_tokens_equal_with_batch_and_per_row_masks():
 
 
 def test_constrained_requests_run_ahead_like_chapter7():
-    """Greedy constrained requests stay on chapter 15's run-ahead path (async
+    """Greedy constrained requests stay on chapter 16's run-ahead path (async
     scheduling, persistent batch): each step's mask waits for the token in flight,
-    and the outputs equal chapter 8's engine, step for step."""
+    and the outputs equal chapter 9's engine, step for step."""
     from minillm import LLM, SamplingParams
 
     common = dict(block_size=4, num_kv_blocks=256, max_num_seqs=8)
@@ -474,11 +474,11 @@ def overlap_run(llm, mix: str) -> list:
 
 @pytest.mark.parametrize("mix", ["constrained", "mixed", "preempted"])
 def test_overlapped_masks_equal_the_in_order_reference(device, mix):
-    """Chapter 15's overlap (the grammar masks filled on the CPU while the step's
+    """Chapter 16's overlap (the grammar masks filled on the CPU while the step's
     forward pass runs) gives the greedy tokens of the in-order reference
     (overlap_masks=False: masks first, then the forward), alone, mixed with
     unconstrained requests, and under preemption and chunked prefill; on the CPU
-    both equal chapter 8's engine. Every constrained output validates."""
+    both equal chapter 9's engine. Every constrained output validates."""
     from minillm import LLM
 
     common = dict(device=device, block_size=4, max_num_seqs=8, num_kv_blocks=256)
@@ -495,10 +495,10 @@ def test_overlapped_masks_equal_the_in_order_reference(device, mix):
         assert stepper.num_ahead > 0 and stepper.num_in_step == 0
         assert (llm.engine.num_preemptions > 0) == (mix == "preempted")
     assert got[True] == got[False]
-    if device == "cpu":  # float32 on both paths: chapter 8's tokens too
-        chapter7 = LLM(persistent_batch=False, **common)
+    if device == "cpu":  # float32 on both paths: chapter 9's tokens too
+        chapter8 = LLM(persistent_batch=False, **common)
         assert got[True] == overlap_run(
-            chapter7, "mixed" if mix == "preempted" else mix
+            chapter8, "mixed" if mix == "preempted" else mix
         )
 
 

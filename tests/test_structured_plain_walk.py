@@ -1,4 +1,4 @@
-"""Chapter 23's walk by plain bytes: inside a string, plain tokens allowed by their
+"""Chapter 24's walk by plain bytes: inside a string, plain tokens allowed by their
 length along the chain of states, the other tokens walked apart, against the whole
 trie walked from each state."""
 

@@ -1,4 +1,4 @@
-"""Chapter 23, "The engine thread's share, cut": the per-step caches change no mask.
+"""Chapter 24, "The engine thread's share, cut": the per-step caches change no mask.
 advance_token and advance_single give advance's stacks; the processor's masks (the
 finish budget's cut masks remembered, the EOS-only mask made once) equal the
 reference path's over random walks; the one-copy bitmask equals per-row masks."""

@@ -1,4 +1,4 @@
-"""Chapter 23's uncertain tokens checked as one trie walk (`unsure_after`): on every
+"""Chapter 24's uncertain tokens checked as one trie walk (`unsure_after`): on every
 step of random walks over real-world-shaped schemas, the same tokens and the same
 stacks after each as `advance` token by token, and the masks (with and without the
 finish budget) equal to trying every token's bytes on the real stacks."""

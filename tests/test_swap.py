@@ -1,4 +1,4 @@
-"""Swap preemption (chapter 11): outputs equal to recompute's, no recomputation, no
+"""Swap preemption (chapter 12): outputs equal to recompute's, no recomputation, no
 block leaks.
 """
 

@@ -1,5 +1,5 @@
 """The shared tiny model: cached, keyed by recipe, safe when two processes ask at
-once (chapter 1).
+once (chapter 2).
 """
 
 import dataclasses

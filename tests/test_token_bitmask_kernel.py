@@ -1,4 +1,4 @@
-"""Chapter 21, "Masks on the device": the Triton kernel masks exactly the logits that
+"""Chapter 22, "Masks on the device": the Triton kernel masks exactly the logits that
 the PyTorch reference (apply_token_bitmask_torch) masks, for float32, bfloat16 and
 float16 logits, with and without indices, logits wider than the bitmask, rows that
 are views of a wider tensor, and no rows at all. The engine's dispatcher uses the

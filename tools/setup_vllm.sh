@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv-vllm with the real vLLM, for chapter 28 (`make vllm`). Nothing else in
-# the project needs it: `make test` and `make book` run without it, and chapter 28 then
+# Create .venv-vllm with the real vLLM, for chapter 29 (`make vllm`). Nothing else in
+# the project needs it: `make test` and `make book` run without it, and chapter 29 then
 # shows its stored results. vLLM gets a venv of its own because it pins its own torch;
 # minillm never imports it, it runs it as a subprocess (.venv-vllm/bin/python).
 #

@@ -11,7 +11,7 @@ exported:
     #| api LLM                     (with export) `from minillm import LLM` gives this
                                    cell's LLM; imported on first use, as in vLLM
     #| plugin                      (with export) importing this cell's module registers
-                                   engine parts (ch. 7's seam): the module is listed
+                                   engine parts (ch. 8's seam): the module is listed
                                    in minillm.PLUGINS, which the engine imports
 
 Directives go on a cell's first lines (after its MyST options); a directive line
@@ -356,7 +356,7 @@ def render_package_init(
 ) -> str:
     """An `__init__.py` for a package that no chapter exports into: an index of its
     modules and, for the package itself, the public names of `#| api` directives and
-    the modules of `#| plugin` cells (PLUGINS, which chapter 8's engine imports).
+    the modules of `#| plugin` cells (PLUGINS, which chapter 9's engine imports).
     """
     prefix = "" if name == "" else name + "."
     rows = [
@@ -383,7 +383,7 @@ def render_package_init(
         out += [
             "",
             "# The modules whose import registers engine parts (`#| plugin` cells), in",
-            "# chapter order: chapter 7's `load_plugins` imports them.",
+            "# chapter order: chapter 8's `load_plugins` imports them.",
             "PLUGINS = (",
             *(f'    "{m}",' for m in plugins),
             ")",

@@ -19,7 +19,7 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 # the solutions a check needs in a Python process it starts (8.1 asks a fresh process
 # for sha256_hash); loading all of them there would import every chapter's modules
-IN_SUBPROCESSES = ("10_prefix_cache",)
+IN_SUBPROCESSES = ("11_prefix_cache",)
 
 
 def load_solutions(only: tuple[str, ...] | None = None) -> list:

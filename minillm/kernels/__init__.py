@@ -3,16 +3,16 @@
 """minillm.kernels: modules tangled from the course's chapters.
 
 module                   chapter
-int4_gemm                chapters/16_int4_gemm.md
-lora                     chapters/30_lora.md
-paged_attention          chapters/12_triton_decode.md
-paged_decode             chapters/12_triton_decode.md
-paged_prefill            chapters/12_triton_decode.md
-penalties                chapters/15_async_scheduling.md
-qk_norm_rope             chapters/14_cuda_graph.md
-reshape_and_cache        chapters/12_triton_decode.md
-sample                   chapters/15_async_scheduling.md
-skinny_gemm              chapters/13_skinny_gemm.md
-token_bitmask            chapters/21_structured_output.md
-w8a8                     chapters/19_eight_bit.md
+int4_gemm                chapters/17_int4_gemm.md
+lora                     chapters/31_lora.md
+paged_attention          chapters/13_triton_decode.md
+paged_decode             chapters/13_triton_decode.md
+paged_prefill            chapters/13_triton_decode.md
+penalties                chapters/16_async_scheduling.md
+qk_norm_rope             chapters/15_cuda_graph.md
+reshape_and_cache        chapters/13_triton_decode.md
+sample                   chapters/16_async_scheduling.md
+skinny_gemm              chapters/14_skinny_gemm.md
+token_bitmask            chapters/22_structured_output.md
+w8a8                     chapters/20_eight_bit.md
 """

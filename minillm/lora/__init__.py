@@ -3,12 +3,12 @@
 """minillm.lora: modules tangled from the course's chapters.
 
 module                   chapter
-engine                   chapters/30_lora.md
-layers                   chapters/30_lora.md
-manager                  chapters/30_lora.md
-ops                      chapters/30_lora.md
-peft                     chapters/30_lora.md
-request                  chapters/30_lora.md
-serving                  chapters/30_lora.md
-train                    chapters/30_lora.md
+engine                   chapters/31_lora.md
+layers                   chapters/31_lora.md
+manager                  chapters/31_lora.md
+ops                      chapters/31_lora.md
+peft                     chapters/31_lora.md
+request                  chapters/31_lora.md
+serving                  chapters/31_lora.md
+train                    chapters/31_lora.md
 """

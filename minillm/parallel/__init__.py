@@ -3,9 +3,9 @@
 """minillm.parallel: modules tangled from the course's chapters.
 
 module                   chapter
-distributed              chapters/29_parallelism.md
-executor                 chapters/29_parallelism.md
-pp                       chapters/29_parallelism.md
-tp                       chapters/29_parallelism.md
-training                 chapters/29_parallelism.md
+distributed              chapters/30_parallelism.md
+executor                 chapters/30_parallelism.md
+pp                       chapters/30_parallelism.md
+tp                       chapters/30_parallelism.md
+training                 chapters/30_parallelism.md
 """

@@ -3,18 +3,18 @@
 """minillm.quantization: modules tangled from the course's chapters.
 
 module                   chapter
-apply                    chapters/17_quantization.md
-awq                      chapters/17_quantization.md
-calibration              chapters/17_quantization.md
-checkpoint               chapters/18_quantized_serving.md
-eight_bit                chapters/19_eight_bit.md
-fp8                      chapters/19_eight_bit.md
-gptq                     chapters/17_quantization.md
-kv_fp8                   chapters/19_eight_bit.md
-methods                  chapters/18_quantized_serving.md
-quality                  chapters/18_quantized_serving.md
-rotation                 chapters/17_quantization.md
-rtn                      chapters/17_quantization.md
-sequential               chapters/17_quantization.md
-w8a8                     chapters/19_eight_bit.md
+apply                    chapters/18_quantization.md
+awq                      chapters/18_quantization.md
+calibration              chapters/18_quantization.md
+checkpoint               chapters/19_quantized_serving.md
+eight_bit                chapters/20_eight_bit.md
+fp8                      chapters/20_eight_bit.md
+gptq                     chapters/18_quantization.md
+kv_fp8                   chapters/20_eight_bit.md
+methods                  chapters/19_quantized_serving.md
+quality                  chapters/19_quantized_serving.md
+rotation                 chapters/18_quantization.md
+rtn                      chapters/18_quantization.md
+sequential               chapters/18_quantization.md
+w8a8                     chapters/20_eight_bit.md
 """

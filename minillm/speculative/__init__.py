@@ -3,13 +3,13 @@
 """minillm.speculative: modules tangled from the course's chapters.
 
 module                   chapter
-draft_model              chapters/20_speculative.md
-eagle                    chapters/20_speculative.md
-eagle_graphs             chapters/20_speculative.md
-medusa                   chapters/20_speculative.md
-ngram                    chapters/20_speculative.md
-rejection                chapters/20_speculative.md
-runner                   chapters/20_speculative.md
-verify_graphs            chapters/20_speculative.md
-workloads                chapters/20_speculative.md
+draft_model              chapters/21_speculative.md
+eagle                    chapters/21_speculative.md
+eagle_graphs             chapters/21_speculative.md
+medusa                   chapters/21_speculative.md
+ngram                    chapters/21_speculative.md
+rejection                chapters/21_speculative.md
+runner                   chapters/21_speculative.md
+verify_graphs            chapters/21_speculative.md
+workloads                chapters/21_speculative.md
 """

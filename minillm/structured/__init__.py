@@ -3,19 +3,19 @@
 """minillm.structured: modules tangled from the course's chapters.
 
 module                   chapter
-bitmask                  chapters/21_structured_output.md
-budget                   chapters/23_token_masks.md
-charset                  chapters/21_structured_output.md
-dfa                      chapters/21_structured_output.md
-fsm                      chapters/21_structured_output.md
-grammar                  chapters/21_structured_output.md
-ir                       chapters/21_structured_output.md
-json_schema              chapters/22_json_schema.md
-json_text                chapters/22_json_schema.md
-matcher                  chapters/23_token_masks.md
-numbers                  chapters/22_json_schema.md
-processor                chapters/23_token_masks.md
-regex                    chapters/21_structured_output.md
-schema_ops               chapters/22_json_schema.md
-token_index              chapters/21_structured_output.md
+bitmask                  chapters/22_structured_output.md
+budget                   chapters/24_token_masks.md
+charset                  chapters/22_structured_output.md
+dfa                      chapters/22_structured_output.md
+fsm                      chapters/22_structured_output.md
+grammar                  chapters/22_structured_output.md
+ir                       chapters/22_structured_output.md
+json_schema              chapters/23_json_schema.md
+json_text                chapters/23_json_schema.md
+matcher                  chapters/24_token_masks.md
+numbers                  chapters/23_json_schema.md
+processor                chapters/24_token_masks.md
+regex                    chapters/22_structured_output.md
+schema_ops               chapters/23_json_schema.md
+token_index              chapters/22_structured_output.md
 """
