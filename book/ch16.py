@@ -1,6 +1,7 @@
-"""Chapter 16's helpers that are not the lesson: the checks' engines and requests,
-the bytes of the penalties' passes, reading the stored H200 step profiles, and the
-figures (the async timeline, the sampled throughput).
+"""Chapter 16's helpers that are not the lesson: the checks' engines, requests and
+rows, the watch on the penalties' counts, the bytes of the penalties' passes,
+reading the stored H200 step profiles, and the figures (the async timeline, the
+sampled throughput).
 
 The chapter (chapters/16_async_scheduling.md) imports them; the engine itself is in
 minillm/.
@@ -36,6 +37,12 @@ def finish(engine: LLMEngine) -> list[list[int]]:
             if out.finished:
                 done[out.request_id] = out.outputs[0].token_ids
     return [done[key] for key in sorted(done, key=int)]
+
+
+def all_blocks_free(engine: LLMEngine) -> bool:
+    """Whether every block of the engine's cache is back in its pool."""
+    manager = engine.kv_cache_manager
+    return manager.block_pool.get_num_free_blocks() == manager.num_blocks
 
 
 def random_prompts(rng: random.Random, vocab: int, n: int, lo: int, hi: int):
@@ -75,6 +82,69 @@ def rule_requests(vocab_size: int) -> tuple[list[SamplingParams], list[int], lis
         SamplingParams(temperature=0.9, top_k=30, seed=4, presence_penalty=1.5),
     ]
     return [replace(p, max_tokens=14) for p in params], stop_set, allowed
+
+
+def watch_counts(engine: LLMEngine, vocab_size: int) -> list[int]:
+    """Wraps the runner's PenaltiesState.apply: before each application, every
+    penalised row's counts must equal a count of its request's tokens on the CPU's
+    list plus its token in flight (step N's, which the CPU has not read yet). Returns
+    the list that gets, per row checked, its number of placeholders."""
+    import torch
+
+    from minillm.logits_processors import token_counts
+
+    state, checked = engine.model_runner.penalties, []
+    apply_penalties_ahead = state.apply
+
+    def apply_and_check(logits, sel, rows, md):
+        in_flight = engine.stepper.in_flight  # step N
+        flight = {}
+        if in_flight is not None:
+            flight = dict(zip(map(id, in_flight.sampling), in_flight.tokens.tolist()))
+        for row in rows:
+            request = state.owner[row]
+            tokens = list(request.output_token_ids)
+            if request.num_output_placeholders:
+                tokens.append(flight[id(request)])
+            counted = token_counts(
+                torch.tensor([tokens], dtype=torch.int64), vocab_size
+            )
+            assert torch.equal(state.output_counts[row].cpu().float(), counted[0])
+            checked.append(request.num_output_placeholders)
+        return apply_penalties_ahead(logits, sel, rows, md)
+
+    state.apply = apply_and_check  # looking over the runner's shoulder
+    return checked
+
+
+def penalty_rows(vocab: int, seed: int = 5):
+    """Four rows of chapter 7's penalties over vocab tokens, one without a penalty:
+    (metadata, padded output ids, output counts, prompt mask, state rows (-1 for
+    none), the stacked (3, rows) presence, frequency and repetition penalties)."""
+    import torch
+
+    from minillm.logits_processors import token_counts
+    from minillm.sampling_metadata import SamplingMetadata, pad_token_ids
+
+    rng = random.Random(seed)
+    params = [
+        SamplingParams(
+            repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5
+        ),
+        SamplingParams(repetition_penalty=0.8, presence_penalty=-1.0),
+        SamplingParams(temperature=0.8),  # no penalty: only converted
+        SamplingParams(frequency_penalty=-0.25),
+    ]
+    prompts = [[rng.randrange(vocab) for _ in range(40)] for _ in params]
+    outputs = [[rng.randrange(60) for _ in range(rng.randint(0, 90))] for _ in params]
+    md = SamplingMetadata.from_requests(params, prompts, outputs, vocab)
+    padded = pad_token_ids(outputs, vocab)
+    counts = token_counts(padded, vocab)
+    seen = token_counts(md.prompt_token_ids, vocab) > 0
+    state_rows = torch.tensor([0, 1, -1, 3], dtype=torch.int32)
+    names = ("presence_penalties", "frequency_penalties", "repetition_penalties")
+    stacked = torch.stack([getattr(md, name) for name in names])
+    return md, padded, counts, seen, state_rows, stacked
 
 
 def print_resolution(runner_class) -> None:
@@ -143,6 +213,12 @@ def penalty_bytes(copy_bw: float | None, rows=256, vocab=151_936) -> dict:
         f"{PENALTY_KERNEL_BYTES} bytes per logit, {gb['fused_']:.2f} GB"
     )
     return numbers
+
+
+def chapter7_ms(row: dict) -> float:
+    """A stored benchmarks/sampler.py row's time for chapter 7's sampler (runs stored
+    before the chapters were renumbered name it chapter6_ms)."""
+    return row["chapter7_ms"] if "chapter7_ms" in row else row["chapter6_ms"]
 
 
 # the stored benchmarks/profile_step.py runs: (name, what was profiled)

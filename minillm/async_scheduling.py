@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:940
+# %% chapters/16_async_scheduling.md:860
 """Async scheduling (chapter 16, "Overlapping the CPU and the GPU"): the engine's step
 with the CPU one step ahead of the device.
 
@@ -39,7 +39,7 @@ class InFlight:
     logprobs: LogprobsTensors | None = None
 
 
-# %% chapters/16_async_scheduling.md:1203
+# %% chapters/16_async_scheduling.md:1112
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (vLLM's async
     scheduling).
@@ -70,7 +70,7 @@ class AsyncStepper:
             outputs += self._run_in_step(output)
         return outputs
 
-    # %% chapters/16_async_scheduling.md:1239
+    # %% chapters/16_async_scheduling.md:1148
     def _run_in_step(self, output: SchedulerOutput) -> list:
         engine = self.engine
         for request in [r for r in output.scheduled_requests if r.is_finished]:
@@ -84,7 +84,7 @@ class AsyncStepper:
         self.num_in_step += 1
         return engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1261
+    # %% chapters/16_async_scheduling.md:1169
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
         placeholders.
@@ -110,7 +110,7 @@ class AsyncStepper:
         result = ModelRunnerOutput(sampled, logprobs)
         return self.engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1296
+    # %% chapters/16_async_scheduling.md:1202
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})
@@ -124,7 +124,7 @@ class AsyncStepper:
                 request.num_output_placeholders += 1
 
 
-# %% chapters/16_async_scheduling.md:1317
+# %% chapters/16_async_scheduling.md:1221
 def use_async_stepper(engine) -> None:
     """Chapter 8's engine hook: the stepper, if the engine's runner steps ahead."""
     if getattr(engine.model_runner, "async_scheduling", False):

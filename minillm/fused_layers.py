@@ -113,7 +113,7 @@ def norm_and_project(
     return proj(norm(s)), s
 
 
-# %% chapters/15_cuda_graph.md:1336
+# %% chapters/15_cuda_graph.md:1368
 def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
     return (
@@ -146,7 +146,7 @@ def attend_rotated(
     return kv_cache.attn_backend(q, keys, values, attn_metadata, **scales)
 
 
-# %% chapters/15_cuda_graph.md:1375
+# %% chapters/15_cuda_graph.md:1407
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -182,7 +182,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/15_cuda_graph.md:1417
+# %% chapters/15_cuda_graph.md:1449
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:102
+# %% chapters/16_async_scheduling.md:81
 """The GPU model runner (chapter 16, "The runner on the persistent batch").
 
 Chapter 9's ModelRunner on the persistent batch (input_batch.py), replaying captured
@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+
+# %% chapters/16_async_scheduling.md:108
 from minillm.async_scheduling import InFlight
 from minillm.compilation import compile_layers
 from minillm.config import EngineConfig
@@ -50,7 +52,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/16_async_scheduling.md:158
+# %% chapters/16_async_scheduling.md:141
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -77,7 +79,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/16_async_scheduling.md:198
+# %% chapters/16_async_scheduling.md:176
 # run the LM head at every row count at start-up (False: the stalls come back)
 WARM_LM_HEAD = True
 # steady decoding's placeholders filled by one copy ("Overlapping the CPU and the
@@ -96,7 +98,7 @@ def warm_lm_head(model: CausalLM, max_rows: int) -> None:
         model.lm_head(hidden[:rows])
 
 
-# %% chapters/16_async_scheduling.md:218
+# %% chapters/16_async_scheduling.md:196
 class GPUModelRunner(ModelRunner):
     """Chapter 9's runner on a persistent batch, with decode steps replayed from CUDA
     graphs if asked.
@@ -126,6 +128,17 @@ class GPUModelRunner(ModelRunner):
             compile_layers(model, kv_cache)
         max_num_seqs = config.max_num_seqs
         self.input_batch = InputBatch(max_num_seqs, max_model_len, kv_cache.block_size)
+        self._init_sampling(config)  # what each request's sampling asks of a step
+        self._capture_graphs(max_num_seqs, max_model_len)  # "Capturing and replaying"
+        self._init_async(max_num_seqs, max_model_len)  # "Overlapping the CPU and ..."
+        if self.device.type == "cuda" and WARM_LM_HEAD:
+            warm_lm_head(model, max_num_seqs)
+        if self.device.type == "cuda" and (self.torch_compile or self.cuda_graphs):
+            gc.collect()
+            gc.freeze()
+
+    # %% chapters/16_async_scheduling.md:240
+    def _init_sampling(self, config: EngineConfig) -> None:
         self.plain_greedy: dict[str, bool] = {}
         self.token_rules: dict[str, bool] = {}
         self.ahead: dict[str, bool] = {}  # can a step launched ahead draw its token
@@ -135,22 +148,19 @@ class GPUModelRunner(ModelRunner):
         self.allowed_masks: dict[str, Tensor] = {}
         self.fused_sampling = config.fused_sampling  # "Sampling on the device"
         self.overlap_masks = config.overlap_masks  # "Overlapping the CPU and the GPU"
+
+    def _capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         self.graph_runner, self.num_graph_steps, self.num_eager_steps = None, 0, 0
-        if self.cuda_graphs:  # "Capturing and replaying"
+        if self.cuda_graphs:
+            model, kv_cache = self.model, self.kv_cache
             sizes = default_capture_sizes(max_num_seqs)
             scratch = kv_cache.num_blocks - 1  # the engine kept it out of the pool
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache, sizes, max_model_len, scratch_block=scratch
             )
             self.graph_runner.capture()
-        self._init_async(max_num_seqs, max_model_len)  # "Overlapping the CPU and ..."
-        if self.device.type == "cuda" and WARM_LM_HEAD:
-            warm_lm_head(model, max_num_seqs)
-        if self.device.type == "cuda" and (self.torch_compile or self.cuda_graphs):
-            gc.collect()
-            gc.freeze()
 
-    # %% chapters/16_async_scheduling.md:276
+    # %% chapters/16_async_scheduling.md:268
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -181,7 +191,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/16_async_scheduling.md:316
+    # %% chapters/16_async_scheduling.md:307
     def forward(
         self, output: SchedulerOutput, patch_input_ids=None
     ) -> tuple[StepInputs, Tensor]:
@@ -219,7 +229,7 @@ class GPUModelRunner(ModelRunner):
     def block_ids(self, request_id: str) -> list[int]:  # the rows hold the tables
         return self.input_batch.block_ids(request_id)
 
-    # %% chapters/16_async_scheduling.md:361
+    # %% chapters/16_async_scheduling.md:351
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         # a step run here samples on the CPU's side: no placeholders follow it
@@ -234,7 +244,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/16_async_scheduling.md:829
+    # %% chapters/16_async_scheduling.md:766
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -273,7 +283,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/16_async_scheduling.md:985
+    # %% chapters/16_async_scheduling.md:904
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -312,7 +322,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/16_async_scheduling.md:1056
+    # %% chapters/16_async_scheduling.md:964
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
@@ -345,17 +355,11 @@ class GPUModelRunner(ModelRunner):
         if raw is not None:
             top = max(n for n in asked if n is not None)
             logprobs = self._to_host(gather_logprobs(raw, top, tokens))
-        host, ready = tokens, None
-        if self.device.type == "cuda":
-            self.host_slot ^= 1
-            host = self.host_tokens[self.host_slot][: len(sampling)]
-            host.copy_(tokens, non_blocking=True)
-            ready = self.ready_events[self.host_slot]
-            ready.record(self.stream)
+        host, ready = self._tokens_to_host(tokens, len(sampling))
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/16_async_scheduling.md:1106
+    # %% chapters/16_async_scheduling.md:1006
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -383,7 +387,19 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
-    # %% chapters/16_async_scheduling.md:1140
+    # %% chapters/16_async_scheduling.md:1040
+    def _tokens_to_host(self, tokens: Tensor, n: int):
+        """(host, ready): the n tokens on their way to a pinned buffer, and the
+        event that passes when they are there (the tokens and None on a CPU)."""
+        host, ready = tokens, None
+        if self.device.type == "cuda":
+            self.host_slot ^= 1
+            host = self.host_tokens[self.host_slot][:n]
+            host.copy_(tokens, non_blocking=True)
+            ready = self.ready_events[self.host_slot]
+            ready.record(self.stream)
+        return host, ready
+
     def _to_host(self, lp: LogprobsTensors) -> LogprobsTensors:
         """The logprobs' tensors on their way to pinned memory (on a GPU)."""
         if self.device.type != "cuda":
@@ -397,7 +413,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/16_async_scheduling.md:1161
+    # %% chapters/16_async_scheduling.md:1072
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -430,7 +446,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/16_async_scheduling.md:1615
+    # %% chapters/16_async_scheduling.md:1493
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -451,7 +467,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/16_async_scheduling.md:1644
+    # %% chapters/16_async_scheduling.md:1521
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -483,7 +499,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
-    # %% chapters/16_async_scheduling.md:1682
+    # %% chapters/16_async_scheduling.md:1558
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 7's: True where request may not go.
         Made once per request."""
@@ -494,7 +510,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/16_async_scheduling.md:2117
+    # %% chapters/16_async_scheduling.md:1874
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -520,7 +536,7 @@ class GPUModelRunner(ModelRunner):
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
 
-# %% chapters/16_async_scheduling.md:2051
+# %% chapters/16_async_scheduling.md:1809
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -548,7 +564,7 @@ class FastPathOptions:
                 "step's lengths, so it cannot be captured"
             )
 
-    # %% chapters/16_async_scheduling.md:2085
+    # %% chapters/16_async_scheduling.md:1843
     @staticmethod
     def check_parts(config, parts: dict) -> None:
         names = ("cuda_graphs", "torch_compile", "async_scheduling")
@@ -569,5 +585,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/16_async_scheduling.md:2150
+# %% chapters/16_async_scheduling.md:1902
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:385
+# %% chapters/01_model.md:383
 """A LLaMA-style decoder that holds no KV state (chapter 1, "The model").
 
 RMSNorm, rotary position embeddings (with Llama 3 frequency scaling), grouped-query
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-# %% chapters/01_model.md:416
+# %% chapters/01_model.md:414
 @dataclass
 class ModelConfig:
     vocab_size: int = 2048
@@ -57,7 +57,7 @@ class ModelConfig:
                 f"head_dim must be even for rotary embeddings, got {self.head_dim}"
             )
 
-    # %% chapters/01_model.md:454
+    # %% chapters/01_model.md:452
     @property
     def eos_token_ids(self) -> list[int]:
         if self.eos_token_id is None:
@@ -69,12 +69,12 @@ class ModelConfig:
         )
 
 
-# %% chapters/01_model.md:472
+# %% chapters/01_model.md:470
 class UnsupportedModelError(ValueError):
     """The checkpoint uses an architecture or a feature minillm does not implement."""
 
 
-# %% chapters/01_model.md:490
+# %% chapters/01_model.md:488
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -87,7 +87,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-# %% chapters/01_model.md:551
+# %% chapters/01_model.md:549
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     """The rotation frequency of each pair of dimensions, (head_dim // 2,) float32."""
     inv_freq = 1.0 / theta ** (
@@ -115,7 +115,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     )
 
 
-# %% chapters/01_model.md:607
+# %% chapters/01_model.md:605
 class RotaryEmbedding(nn.Module):
     """cos/sin of every position's rotation angles. Holds no parameters and stays
     float32: the frequencies are a plain attribute, not a buffer, so
@@ -137,7 +137,7 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-# %% chapters/01_model.md:636
+# %% chapters/01_model.md:634
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x (..., n_heads, head_dim) by the angles of its positions; cos/sin are
     (..., head_dim).
@@ -148,7 +148,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-# %% chapters/01_model.md:711
+# %% chapters/01_model.md:709
 class KVCache(Protocol):
     """What the model needs from a KV cache: store this step's K/V, attend over all
     cached K/V.
@@ -168,7 +168,7 @@ class KVCache(Protocol):
     ) -> Tensor: ...
 
 
-# %% chapters/01_model.md:737
+# %% chapters/01_model.md:735
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention with no cache: each of T tokens attends to itself and the tokens before
     it.
@@ -182,7 +182,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
 
-# %% chapters/01_model.md:757
+# %% chapters/01_model.md:755
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -211,7 +211,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    # %% chapters/01_model.md:796
+    # %% chapters/01_model.md:794
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v of every token: three matrix products (chapter 15 merges them
         into one).
@@ -236,7 +236,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(*lead, self.n_heads * self.head_dim))
 
 
-# %% chapters/01_model.md:836
+# %% chapters/01_model.md:834
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -254,7 +254,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-# %% chapters/01_model.md:866
+# %% chapters/01_model.md:864
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -272,7 +272,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/01_model.md:891
+# %% chapters/01_model.md:889
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -294,7 +294,7 @@ class DecoderModel(nn.Module):
         return self.norm(x)
 
 
-# %% chapters/01_model.md:919
+# %% chapters/01_model.md:917
 class CausalLM(nn.Module):
     """The decoder plus its LM head. Holds weights only; all KV state is in the cache
     passed in.
@@ -314,7 +314,7 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    # %% chapters/01_model.md:947
+    # %% chapters/01_model.md:945
     def forward(
         self,
         input_ids: Tensor,
@@ -339,7 +339,7 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden_states).float()
 
 
-# %% chapters/01_model.md:1027
+# %% chapters/01_model.md:1025
 @dataclass
 class AttentionMetadata:
     """How the flat batch of new tokens in one forward splits into sequences (names as
@@ -367,7 +367,7 @@ class AttentionMetadata:
         return self.slot_mapping.shape[0]
 
 
-# %% chapters/01_model.md:1074
+# %% chapters/01_model.md:1072
 def _positions_and_slots(
     query_lens: list[int],
     seq_lens: list[int],
@@ -391,7 +391,7 @@ def _positions_and_slots(
     return positions, slots
 
 
-# %% chapters/01_model.md:1103
+# %% chapters/01_model.md:1101
 def build_attention_metadata(
     query_lens: list[int],
     seq_lens: list[int],
@@ -425,7 +425,7 @@ def build_attention_metadata(
     return torch.tensor(positions, dtype=torch.int64, device=device), metadata
 
 
-# %% chapters/01_model.md:1167
+# %% chapters/01_model.md:1165
 def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention of the last n of L positions over all L: q (n, n_heads, D), k/v (L,
     n_kv_heads, D).
@@ -444,7 +444,7 @@ def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return out.transpose(0, 1)
 
 
-# %% chapters/01_model.md:1192
+# %% chapters/01_model.md:1190
 class DenseKVCache:
     """A contiguous KV cache: every sequence owns a row of max_len slots in every layer.
 
@@ -477,7 +477,7 @@ class DenseKVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    # %% chapters/01_model.md:1234
+    # %% chapters/01_model.md:1232
     def attend(
         self,
         layer_idx: int,
@@ -507,7 +507,7 @@ class DenseKVCache:
         return out
 
 
-# %% chapters/01_model.md:1289
+# %% chapters/01_model.md:1287
 def sample_next(
     logits: Tensor,
     temperature: float = 0.0,
@@ -526,7 +526,7 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
-# %% chapters/01_model.md:1316
+# %% chapters/01_model.md:1314
 def _last_logits(
     model: CausalLM,
     cache: DenseKVCache,
@@ -548,7 +548,7 @@ def _last_logits(
     return seq_lens, model.compute_logits(hidden[last])
 
 
-# %% chapters/01_model.md:1342
+# %% chapters/01_model.md:1340
 @torch.inference_mode()
 def generate(
     model: CausalLM,
@@ -587,7 +587,7 @@ def generate(
     return outputs
 
 
-# %% chapters/01_model.md:1386
+# %% chapters/01_model.md:1384
 @torch.inference_mode()
 def generate_without_cache(
     model: CausalLM,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:1405
+# %% chapters/16_async_scheduling.md:1290
 """What chapter 7's sampler reads from a request's tokens, kept for the steps
 launched ahead (chapter 16, "Penalties and token rules ahead").
 
@@ -26,7 +26,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 
 
-# %% chapters/16_async_scheduling.md:1433
+# %% chapters/16_async_scheduling.md:1319
 def uses_penalties(params: SamplingParams) -> bool:
     """Whether chapter 7 applies a repetition, frequency or presence penalty."""
     return (
@@ -47,7 +47,7 @@ def has_token_rules(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/16_async_scheduling.md:1465
+# %% chapters/16_async_scheduling.md:1344
 class PenaltiesState:
     """Per row of the persistent batch, on the device: the output-token counts and
     the prompt-token mask of a request (vLLM's PenaltiesState).
@@ -70,18 +70,14 @@ class PenaltiesState:
         self.num_counted = [0] * max_num_reqs
         self.num_rebuilt = 0  # rows built from a request's lists
 
-    # %% chapters/16_async_scheduling.md:1495
+    # %% chapters/16_async_scheduling.md:1375
     def update(
         self, rows: list[int], requests: list[Request], vocab_size: int, previous
     ):
         """Bring rows up to date with their requests (previous: the InFlight step
         that draws their tokens in flight)."""
         if self.output_counts is None:  # the first request with a penalty
-            shape = (len(self.owner), vocab_size)
-            self.output_counts = torch.zeros(
-                shape, dtype=self.counts_dtype, device=self.device
-            )
-            self.prompt_seen = torch.zeros(shape, dtype=torch.bool, device=self.device)
+            self._allocate(vocab_size)
         fresh, add_rows, add_ids, flight_rows, flight_src = [], [], [], [], []
         src = (
             {}
@@ -113,7 +109,14 @@ class PenaltiesState:
         if flight_rows:
             self._count(flight_rows, previous.tokens[upload(flight_src, self.device)])
 
-    # %% chapters/16_async_scheduling.md:1545
+    # %% chapters/16_async_scheduling.md:1421
+    def _allocate(self, vocab_size: int) -> None:
+        shape = (len(self.owner), vocab_size)
+        self.output_counts = torch.zeros(
+            shape, dtype=self.counts_dtype, device=self.device
+        )
+        self.prompt_seen = torch.zeros(shape, dtype=torch.bool, device=self.device)
+
     def _rebuild(self, fresh: list[tuple[int, Request]]) -> None:
         rows = upload([row for row, _ in fresh], self.device)
         self.output_counts.index_fill_(0, rows, 0)
@@ -131,7 +134,7 @@ class PenaltiesState:
         index = (upload(rows, self.device), token_ids)
         self.output_counts.index_put_(index, ones, accumulate=True)
 
-    # %% chapters/16_async_scheduling.md:1570
+    # %% chapters/16_async_scheduling.md:1452
     def apply(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:
@@ -161,7 +164,7 @@ class PenaltiesState:
         )
         return logits
 
-    # %% chapters/16_async_scheduling.md:1964
+    # %% chapters/16_async_scheduling.md:1748
     def apply_kernel(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:121
+# %% chapters/01_model.md:119
 """Byte-level BPE tokenizer: the course corpus, training, and loading tokenizer.json.
 
 Chapter 1 ("The model") explains this module. `Tokenizer` wraps a Hugging Face
@@ -24,7 +24,7 @@ BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
 
 
-# %% chapters/01_model.md:148
+# %% chapters/01_model.md:146
 def read_corpus() -> dict[str, str]:
     """The course corpus: {topic name: text}, from minillm/data/pydoc_topics.txt."""
     text = (
@@ -52,7 +52,7 @@ def split_corpus(
     return train, held_out
 
 
-# %% chapters/01_model.md:183
+# %% chapters/01_model.md:181
 class Tokenizer:
     """Text <-> token ids. Wraps a `tokenizers.Tokenizer` plus its special tokens."""
 
@@ -82,7 +82,7 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    # %% chapters/01_model.md:222
+    # %% chapters/01_model.md:220
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json and tokenizer_config.json, as a Hugging Face folder
         holds them.
@@ -101,7 +101,7 @@ class Tokenizer:
             json.dumps(config, indent=2) + "\n"
         )
 
-    # %% chapters/01_model.md:249
+    # %% chapters/01_model.md:247
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> "Tokenizer":
         """Load tokenizer.json (+ tokenizer_config.json for the special tokens) from
@@ -129,7 +129,7 @@ class Tokenizer:
             config.get("chat_template"),
         )
 
-    # %% chapters/01_model.md:315
+    # %% chapters/01_model.md:313
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True
     ) -> str:
@@ -150,7 +150,7 @@ class Tokenizer:
         )
 
 
-# %% chapters/01_model.md:285
+# %% chapters/01_model.md:283
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE tokenizer with BOS/EOS special tokens on texts."""
     tok = _HFTokenizer(models.BPE())

@@ -40,6 +40,27 @@ def _normed(
 
 
 # %% chapters/15_cuda_graph.md:1212
+@triton.jit
+def _write_key_value(
+    key, qkv_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    t, d, ok, kv, stride_t, N_HEADS: tl.constexpr, N_KV: tl.constexpr,
+    D: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
+    """Rotated key heads `kv` of tokens t to their slots in the cache, with their
+    value heads from qkv (scaled and clamped for an FP8 cache)."""
+    slot = tl.load(slot_ptr + t, mask=ok, other=0).to(tl.int64)  # slot * row: big
+    at = (slot * N_KV + kv) * D + d
+    v = tl.load(qkv_ptr + t * stride_t + (N_HEADS + N_KV + kv) * D + d, mask=ok)
+    key = key.to(tl.float32)  # the rotated key, in float32 to be scaled
+    v = v.to(tl.float32)
+    if FP8_MAX > 0:  # a scaled FP8 cache (chapter 20), as chapter 13's write
+        key = tl.clamp(key / tl.load(k_scale_ptr), -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v / tl.load(v_scale_ptr), -FP8_MAX, FP8_MAX)
+    tl.store(key_cache_ptr + at, key.to(key_cache_ptr.dtype.element_ty), mask=ok)
+    tl.store(value_cache_ptr + at, v.to(value_cache_ptr.dtype.element_ty), mask=ok)
+
+
+# %% chapters/15_cuda_graph.md:1237
 @triton.jit(do_not_specialize=["T"])  # T changes with every prompt step
 def _qk_norm_rope_write_kernel(
     qkv_ptr, g_ptr, cos_ptr, sin_ptr, q_ptr, key_cache_ptr, value_cache_ptr,
@@ -70,26 +91,48 @@ def _qk_norm_rope_write_kernel(
     if h < N_HEADS:
         tl.store(q_ptr + (t * N_HEADS + h) * D + d, out, mask=ok)
     else:  # a key: to its slot, with its value head
-        slot = tl.load(slot_ptr + t, mask=ok, other=0).to(tl.int64)  # slot * row: big
-        kv = h - N_HEADS
-        at = (slot * N_KV + kv) * D + d
-        v = tl.load(qkv_ptr + t * stride_t + (N_HEADS + N_KV + kv) * D + d, mask=ok)
-        key = out.to(tl.float32)  # a new name: a runtime branch keeps `out`'s type
-        v = v.to(tl.float32)
-        if FP8_MAX > 0:  # a scaled FP8 cache (chapter 20), as chapter 13's write
-            key = tl.clamp(key / tl.load(k_scale_ptr), -FP8_MAX, FP8_MAX)
-            v = tl.clamp(v / tl.load(v_scale_ptr), -FP8_MAX, FP8_MAX)
-        tl.store(key_cache_ptr + at, key.to(key_cache_ptr.dtype.element_ty), mask=ok)
-        tl.store(value_cache_ptr + at, v.to(value_cache_ptr.dtype.element_ty), mask=ok)
+        _write_key_value(
+            out, qkv_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_scale_ptr,
+            v_scale_ptr, t, d, ok, h - N_HEADS, stride_t, N_HEADS, N_KV, D, FP8_MAX,
+        )  # fmt: skip
 
 
-# %% chapters/15_cuda_graph.md:1257
+# %% chapters/15_cuda_graph.md:1275
 # tokens a program takes: one for a single token, else a tile of up to 16 (see below)
 ONE_TOKEN_UP_TO = 1
 TOKENS_PER_PROGRAM = 16
 
 
-# %% chapters/15_cuda_graph.md:1267
+# %% chapters/15_cuda_graph.md:1284
+def _checked_heads(
+    qkv: Tensor, cos: Tensor, key_cache: Tensor, value_cache: Tensor, n_heads: int
+) -> tuple[int, int]:
+    """The cache's (n_kv, D), once qkv, cos and the caches are checked to fit."""
+    _, _, n_kv, D = key_cache.shape
+    if (
+        qkv.shape[1] != (n_heads + 2 * n_kv) * D
+        or D != triton.next_power_of_2(D)
+        or not (key_cache.is_contiguous() and value_cache.is_contiguous())
+        or qkv.stride(1) != 1
+        or cos.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"qk_norm_rope_write: qkv {tuple(qkv.shape)} does not fit {n_heads} query "
+            f"heads and a contiguous cache {tuple(key_cache.shape)} (head_dim a power "
+            "of two)"
+        )
+    return n_kv, D
+
+
+def _tile(T: int, tokens: int | None, num_warps: int | None) -> tuple[int, int]:
+    """(tokens a program takes, num_warps) for T tokens; None: the defaults."""
+    if tokens is None:
+        tokens = min(TOKENS_PER_PROGRAM, triton.next_power_of_2(T))
+        tokens = 1 if T <= ONE_TOKEN_UP_TO else tokens
+    return tokens, num_warps or (8 if tokens >= 8 else 4)
+
+
+# %% chapters/15_cuda_graph.md:1316
 def qk_norm_rope_write(
     qkv: Tensor,
     norm_weight: Tensor | None,
@@ -114,34 +157,17 @@ def qk_norm_rope_write(
     tokens on, else 4). k_scale, v_scale: a scaled FP8 cache's (chapter 3), or None.
     """
     T = qkv.shape[0]
-    _, _, n_kv, D = key_cache.shape
-    if (
-        qkv.shape[1] != (n_heads + 2 * n_kv) * D
-        or D != triton.next_power_of_2(D)
-        or not (key_cache.is_contiguous() and value_cache.is_contiguous())
-        or qkv.stride(1) != 1
-        or cos.stride(-1) != 1
-    ):
-        raise ValueError(
-            f"qk_norm_rope_write: qkv {tuple(qkv.shape)} does not fit {n_heads} query "
-            f"heads and a contiguous cache {tuple(key_cache.shape)} (head_dim a power "
-            "of two)"
-        )
-    if tokens is None:
-        tokens = min(TOKENS_PER_PROGRAM, triton.next_power_of_2(T))
-        tokens = 1 if T <= ONE_TOKEN_UP_TO else tokens
-    num_warps = num_warps or (8 if tokens >= 8 else 4)
+    n_kv, D = _checked_heads(qkv, cos, key_cache, value_cache, n_heads)
+    tokens, num_warps = _tile(T, tokens, num_warps)
     q = torch.empty(T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
     pdl = default_launch(qkv.device) if pdl is None else pdl
     g = norm_weight if norm_weight is not None else q  # not read without a norm
     fp8_max = 0.0 if k_scale is None else torch.finfo(key_cache.dtype).max
-    # fmt: off
     _qk_norm_rope_write_kernel[(triton.cdiv(T, tokens), n_heads + n_kv)](
         qkv, g, cos, sin, q, key_cache, value_cache, slot_mapping, eps, T,
         qkv.stride(0), cos.stride(0), q if k_scale is None else k_scale,
         q if v_scale is None else v_scale,
         N_HEADS=n_heads, N_KV=n_kv, D=D, NORM=norm_weight is not None, PDL=pdl,
         TOKENS=tokens, launch_pdl=pdl > 0, num_warps=num_warps, FP8_MAX=fp8_max,
-    )
-    # fmt: on
+    )  # fmt: skip
     return q

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:430
+# %% chapters/16_async_scheduling.md:404
 """Chapter 7's sampler as one Triton kernel for the fast path (chapter 16,
 "Sampling on the device").
 
@@ -31,7 +31,7 @@ PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 BLOCK = 8192  # tokens of a row per loop step: 16 a thread, with 16 warps
 
 
-# %% chapters/16_async_scheduling.md:460
+# %% chapters/16_async_scheduling.md:435
 @triton.jit
 def _exp(x, PRECISE: tl.constexpr):
     if PRECISE:  # correctly rounded, as PyTorch's; tl.exp is an approximation
@@ -68,7 +68,7 @@ def _noise(seed, pos, tokens, PRECISE: tl.constexpr):
     return -_log(uniform, PRECISE)
 
 
-# %% chapters/16_async_scheduling.md:502
+# %% chapters/16_async_scheduling.md:476
 @triton.jit
 def _load(row_ptr, offs, n, t, RAW_KEYS: tl.constexpr, PRECISE: tl.constexpr):
     """A block of the row: its logits / t (float32) and their order keys."""
@@ -88,17 +88,9 @@ def _load(row_ptr, offs, n, t, RAW_KEYS: tl.constexpr, PRECISE: tl.constexpr):
 
 @triton.jit
 def _live(
-    s,
-    key,
-    offs,
-    n,
-    m,
-    z,
-    min_p,
-    low_key,
-    HAS_MIN_P: tl.constexpr,
+    s, key, offs, n, m, z, min_p, low_key, HAS_MIN_P: tl.constexpr,
     PRECISE: tl.constexpr,
-):
+):  # fmt: skip
     """exp(s - m), and which tokens pass min-p and have a key >= low_key."""
     e = _exp(s - m, PRECISE)
     live = (offs < n) & (key >= low_key)
@@ -107,7 +99,7 @@ def _live(
     return e, live
 
 
-# %% chapters/16_async_scheduling.md:551
+# %% chapters/16_async_scheduling.md:513
 @triton.jit
 def _row_stats(
     row_ptr, V, t, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
@@ -141,22 +133,12 @@ def _row_stats(
     )
 
 
-# %% chapters/16_async_scheduling.md:590
+# %% chapters/16_async_scheduling.md:553
 @triton.jit
 def _top_k_key(
-    row_ptr,
-    n,
-    t,
-    m,
-    z,
-    min_p,
-    k,
-    low,
-    hi,
-    RAW_KEYS: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    row_ptr, n, t, m, z, min_p, k, low, hi, RAW_KEYS: tl.constexpr,
+    HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """The largest key in [low, hi] with at least k live tokens at or above it."""
     while low < hi:
         mid = low + (hi - low + 1) // 2
@@ -173,23 +155,12 @@ def _top_k_key(
     return low
 
 
-# %% chapters/16_async_scheduling.md:623
+# %% chapters/16_async_scheduling.md:576
 @triton.jit
 def _top_p_key(
-    row_ptr,
-    n,
-    t,
-    m,
-    z,
-    min_p,
-    p,
-    low,
-    hi,
-    RAW_KEYS: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
-    ALL_LIVE: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    row_ptr, n, t, m, z, min_p, p, low, hi, RAW_KEYS: tl.constexpr,
+    HAS_MIN_P: tl.constexpr, ALL_LIVE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """The smallest key in [low, hi] whose live mass strictly above is below p times
     the live mass at or above low."""
     if ALL_LIVE:  # no top-k, no min-p: pass 1's denominator is the live mass
@@ -216,7 +187,7 @@ def _top_p_key(
     return low
 
 
-# %% chapters/16_async_scheduling.md:677
+# %% chapters/16_async_scheduling.md:617
 @triton.jit
 def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
            HAS_MIN_P: tl.constexpr):  # fmt: skip
@@ -239,27 +210,34 @@ def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
     return tl.where(up, e, 0.0)
 
 
-# %% chapters/16_async_scheduling.md:703
+# %% chapters/16_async_scheduling.md:644
+@triton.jit
+def _race(
+    row_ptr, n, t, m, z, min_p, low, seed, pos, RAW_KEYS: tl.constexpr,
+    HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr,
+):  # fmt: skip
+    """The winning token of the row's live tokens (keys >= low)."""
+    top = tl.full([BLOCK], -1.0, tl.float32)  # per lane, as in _row_stats
+    token = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n, BLOCK):  # the race: the largest e / E that lives
+        offs = start + tl.arange(0, BLOCK)
+        s, key = _load(row_ptr, offs, n, t, RAW_KEYS, True)
+        e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, PRECISE)
+        noise = _noise(seed, pos, offs, PRECISE)
+        score = tl.where(live, tl.math.div_rn(e, noise), -1.0)
+        token = tl.where(score > top, offs, token)
+        top = tl.maximum(top, score)
+    return tl.min(tl.where(top == tl.max(top, 0), token, 2147483647), 0)
+
+
+# %% chapters/16_async_scheduling.md:667
 @triton.jit
 def _sample_kernel(
-    logits_ptr,
-    stride,
-    V,
-    temp_ptr,
-    top_k_ptr,
-    top_p_ptr,
-    min_p_ptr,
-    key_ptr,
-    pos_ptr,
-    out_ptr,
-    eps,
-    HAS_TOP_K: tl.constexpr,
-    HAS_TOP_P: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
-    RAW_KEYS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    logits_ptr, stride, V, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_ptr,
+    pos_ptr, out_ptr, eps, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+    HAS_MIN_P: tl.constexpr, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr,
     PRECISE: tl.constexpr,
-):
+):  # fmt: skip
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     t = tl.load(temp_ptr + row)
@@ -280,21 +258,12 @@ def _sample_kernel(
         low = _top_p_key(row_ptr, n, t, m, z, min_p, p, low, hi, RAW_KEYS, HAS_MIN_P,
                          not (HAS_TOP_K or HAS_MIN_P), BLOCK)  # fmt: skip
     seed, pos = tl.load(key_ptr + row), tl.load(pos_ptr + row)
-    top = tl.full([BLOCK], -1.0, tl.float32)  # per lane, as in _row_stats
-    token = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, n, BLOCK):  # the race: the largest e / E that lives
-        offs = start + tl.arange(0, BLOCK)
-        s, key = _load(row_ptr, offs, n, t, RAW_KEYS, True)
-        e, live = _live(s, key, offs, n, m, z, min_p, low, HAS_MIN_P, PRECISE)
-        noise = _noise(seed, pos, offs, PRECISE)
-        score = tl.where(live, tl.math.div_rn(e, noise), -1.0)
-        token = tl.where(score > top, offs, token)
-        top = tl.maximum(top, score)
-    winner = tl.min(tl.where(top == tl.max(top, 0), token, 2147483647), 0)
+    winner = _race(row_ptr, n, t, m, z, min_p, low, seed, pos, RAW_KEYS, HAS_MIN_P,
+                   BLOCK, PRECISE)  # fmt: skip
     tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/16_async_scheduling.md:762
+# %% chapters/16_async_scheduling.md:704
 def sample(
     logits: Tensor,
     temperature: Tensor,
