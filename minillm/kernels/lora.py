@@ -17,6 +17,7 @@ from torch import Tensor
 BLOCK_M, BLOCK_K, BLOCK_N = 16, 64, 64  # mapping arguments: lora.ops.LoRAMapping
 
 
+# %% chapters/31_lora.md:646
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, out_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, K, R,
@@ -46,7 +47,7 @@ def _shrink_kernel(
     tl.store(at, acc, mask=row_ok[:, None] & (r[None, :] < R))
 
 
-# %% chapters/31_lora.md:675
+# %% chapters/31_lora.md:681
 @triton.jit
 def _expand_kernel(
     buf_ptr, b_ptr, y_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, R, N,
@@ -73,7 +74,7 @@ def _expand_kernel(
     tl.store(at, (y.to(tl.float32) + add).to(y.dtype), mask=ok)
 
 
-# %% chapters/31_lora.md:708
+# %% chapters/31_lora.md:714
 def _block_r(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))  # tl.dot needs 16 or more
 

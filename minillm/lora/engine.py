@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1198
+# %% chapters/31_lora.md:1204
 """LoRA adapters in the engine (chapter 31, "The engine"): the options, the runner
 extension that sets each step's adapters, and the engine's request check and
 scheduler admission check. vLLM: vllm/config/lora.py (LoRAConfig),
@@ -18,7 +18,7 @@ from minillm.registry import ENGINE_HOOKS, FAST_PATH_BLOCKERS, REQUEST_CHECKS
 from minillm.registry import RUNNER_EXTENSIONS, engine_options
 
 
-# %% chapters/31_lora.md:1218
+# %% chapters/31_lora.md:1224
 @engine_options
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -56,7 +56,19 @@ class LoRAConfig:
             )
 
 
-# %% chapters/31_lora.md:1257
+# %% chapters/31_lora.md:1267
+def new_lora_manager(model, config) -> LoRAModelManager:
+    """The manager of the adapters of model, as config's options size it."""
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    cpu = config.max_cpu_loras or config.max_loras
+    tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
+    return LoRAModelManager(
+        model, config.max_loras, config.max_lora_rank, cpu,
+        "triton" if on_gpu else "torch", tokens,
+    )  # fmt: skip
+
+
+# %% chapters/31_lora.md:1280
 def lora_runner(runner_cls: type, config, parts: dict) -> type:
     """Chapter 8's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
     if not config.enable_lora:
@@ -64,13 +76,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
 
     class LoRARunner(runner_cls):
         def __init__(self, model, *args):
-            on_gpu = next(model.parameters()).device.type == "cuda"
-            cpu = config.max_cpu_loras or config.max_loras
-            tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
-            self.lora_manager = LoRAModelManager(
-                model, config.max_loras, config.max_lora_rank, cpu,
-                "triton" if on_gpu else "torch", tokens,
-            )  # fmt: skip
+            self.lora_manager = new_lora_manager(model, config)
             with self.lora_manager.capturing():  # chapter 15's graphs, if any
                 super().__init__(model, *args)
             self.lora_scheduler = None  # lora_engine_hook sets it
@@ -99,7 +105,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
     return LoRARunner
 
 
-# %% chapters/31_lora.md:1303
+# %% chapters/31_lora.md:1320
 def adapter_names(requests) -> str:
     """The adapters of requests, by name, sorted and comma-separated (vLLM's label)."""
     return ",".join(sorted({r.lora_request.lora_name for r in requests

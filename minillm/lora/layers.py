@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:793
+# %% chapters/31_lora.md:799
 """Linear layers with many adapters (chapter 31, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -26,7 +26,7 @@ class LoRABatch:
     backend: str = "torch"
 
 
-# %% chapters/31_lora.md:820
+# %% chapters/31_lora.md:826
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, slices: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int):  # fmt: skip
@@ -52,7 +52,7 @@ class LoRALinear(nn.Module):
         return y
 
 
-# %% chapters/31_lora.md:850
+# %% chapters/31_lora.md:856
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_quantization.md:1154
+# %% chapters/18_quantization.md:1152
 """Quantizing a whole model: scaling groups, the passes of each method, and the
 modules that replace nn.Linear (chapter 18)."""
 
@@ -22,7 +22,7 @@ from minillm.quantization.rtn import quantize_rtn_groups
 from minillm.quantization.sequential import gptq_sequential
 
 
-# %% chapters/18_quantization.md:1175
+# %% chapters/18_quantization.md:1173
 @dataclass
 class ScalingGroup:
     """Projections that read one input, and how to divide that input by s."""
@@ -45,7 +45,7 @@ def _div_norm(norm: nn.Module) -> Callable[[Tensor], None]:
     return lambda s: norm.weight.div_(s.to(norm.weight))
 
 
-# %% chapters/18_quantization.md:1199
+# %% chapters/18_quantization.md:1197
 def scaling_groups(model: nn.Module) -> list[ScalingGroup]:
     """Per decoder layer: (q, k, v) after the first norm; o after v where every
     query head has its own v head; (gate, up) after the second norm; down after up.
@@ -86,7 +86,7 @@ def apply_scales(model: nn.Module, group: ScalingGroup, s: Tensor) -> None:
         group.fold(s)
 
 
-# %% chapters/18_quantization.md:1316
+# %% chapters/18_quantization.md:1314
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
@@ -128,7 +128,7 @@ def int4_codes(
     return out
 
 
-# %% chapters/18_quantization.md:1366
+# %% chapters/18_quantization.md:1364
 def int4_layers(model: nn.Module, codes: dict[str, Codes]) -> list[str]:
     """Replace each projection named in codes by chapter 17's Int4Linear."""
 
@@ -156,7 +156,7 @@ def fake_quantize_layers(model: nn.Module, codes: dict[str, Codes]) -> None:
             linear.weight.copy_(dequantize_groups(*codes[name]).to(linear.weight))
 
 
-# %% chapters/18_quantization.md:1399
+# %% chapters/18_quantization.md:1397
 # The passes that replace every projection by a layer of another kind instead of
 # making 4-bit codes, by method: pass(model, stats, **settings) -> the names it
 # replaced. Chapter 20 adds its eight-bit layers, "w8a8" and "fp8".

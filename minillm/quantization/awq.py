@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_quantization.md:1098
+# %% chapters/18_quantization.md:1096
 """AWQ (Lin et al., 2023, arXiv:2306.00978): activation-aware per-channel scales,
 searched over the exponent alpha and folded into the previous operator (chapter 18).
 """

@@ -38,15 +38,12 @@ def inverse_cholesky(h: Tensor) -> Tensor:
         raise ValueError("the Hessian is not positive definite: raise damp") from e
 
 
-# %% chapters/18_quantization.md:566
+# %% chapters/18_quantization.md:567
 @torch.no_grad()
-def gptq_quantize(
-    w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128,
+def gptq_quantize(w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128,
     damp: float = 0.01, block_size: int = 128, act_order: bool = False,
-    sym: bool = False, mse: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """(codes uint8 [N, K], scales, zeros [N, K // g]) of w [N, K] for H [K, K];
-    mse: every group's range searched (mse_group_params), not min-max."""
+    sym: bool = False, mse: bool = False) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(codes uint8 [N, K], scales, zeros [N, K // g]) of w [N, K] for H [K, K]."""
     n, k = w.shape
     g = check_group_size(k, group_size)
     params = mse_group_params if mse else group_params
@@ -83,7 +80,7 @@ def gptq_quantize(
     return codes.to(torch.uint8), scales.float(), zeros.float()
 
 
-# %% chapters/18_quantization.md:620
+# %% chapters/18_quantization.md:618
 @torch.no_grad()
 def gptq_reference(
     w: Tensor, hessian: Tensor, bits: int = 4, group_size: int = 128,

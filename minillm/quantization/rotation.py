@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_quantization.md:894
+# %% chapters/18_quantization.md:892
 """Rotating the residual stream before quantizing (chapter 18): the norms' weights
 folded into the projections that read them, then one random orthogonal Q applied to
 every hidden state of the residual stream, folded into the weights (QuaRot's and
@@ -21,7 +21,7 @@ def _is_prime(p: int) -> bool:
     return p > 1 and all(p % d for d in range(2, int(p**0.5) + 1))
 
 
-# %% chapters/18_quantization.md:914
+# %% chapters/18_quantization.md:912
 @functools.lru_cache(maxsize=None)
 def hadamard(n: int) -> Tensor | None:
     """A Hadamard matrix of order n (entries +-1, H H^T = n I), float64, or None
@@ -46,7 +46,7 @@ def hadamard(n: int) -> Tensor | None:
     return None
 
 
-# %% chapters/18_quantization.md:953
+# %% chapters/18_quantization.md:951
 def random_orthogonal(d: int, seed: int = 0) -> Tensor:
     """A random d x d orthogonal matrix, float64: QR of a Gaussian, the signs of R's
     diagonal moved into Q (without that, QR's output is not uniformly random)."""
@@ -81,7 +81,7 @@ def stream_projections(layer: nn.Module):
     return readers, [attn.o_proj, mlp.down_proj]
 
 
-# %% chapters/18_quantization.md:993
+# %% chapters/18_quantization.md:991
 def _set(p: Tensor, value: Tensor) -> None:
     p.copy_(value.to(p.dtype))
 

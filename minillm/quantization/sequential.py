@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/18_quantization.md:743
+# %% chapters/18_quantization.md:741
 """Sequential GPTQ (chapter 18): each decoder layer's Hessians from the inputs that
 the already quantized layers before it produce, as GPTQ's reference code and
 AutoGPTQ calibrate."""
@@ -19,7 +19,7 @@ from minillm.quantization.rtn import dequantize_groups
 Codes = tuple[Tensor, Tensor, Tensor]  # codes [N, K], scales, zeros [N, K // g]
 
 
-# %% chapters/18_quantization.md:761
+# %% chapters/18_quantization.md:759
 @torch.no_grad()
 def gptq_sequential(
     model: nn.Module, windows: Tensor, bits: int = 4, group_size: int = 128,

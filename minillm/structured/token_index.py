@@ -115,6 +115,11 @@ class TokenIndex:
             prev = tok
         for d in range(1, len(path) + 1):
             cols[d]["hi"][path[d - 1]] = len(tokens)
+        return TokenIndex._levels(cols)
+
+    # %% chapters/22_structured_output.md:1451
+    @staticmethod
+    def _levels(cols: list[dict]) -> list[Level]:
         levels = [
             Level(
                 *(
@@ -139,15 +144,24 @@ class TokenIndex:
             level.ends = np.flatnonzero(level.count > 0)  # nodes where tokens end
         return levels
 
-    # %% chapters/22_structured_output.md:1474
-    def walk(self, table: np.ndarray, start: int, is_event: np.ndarray | None = None):
-        """The tokens whose bytes a DFA walks from `start` without leaving its table.
+    # %% chapters/22_structured_output.md:1491
+    @staticmethod
+    def _children(level: Level, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(idx, par): the children of level's nodes in the next level, and the
+        position in nodes of each child's parent."""
+        lo, hi = level.child_lo[nodes], level.child_hi[nodes]
+        if len(nodes) == 1:  # common deep down: one live node
+            return np.arange(lo[0], hi[0]), np.zeros(hi[0] - lo[0], np.int64)
+        counts = hi - lo
+        par = np.repeat(np.arange(len(nodes)), counts)
+        offsets = np.repeat(np.cumsum(counts) - counts, counts)
+        return lo[par] + np.arange(len(par)) - offsets, par
 
-        One level of the trie at a time: a byte with no move kills the node and
-        every token below it. Returns sorted-position ranges (lo, hi) of the
-        accepted tokens, and of the uncertain ones: tokens whose walk died after
-        an event (a byte that may enter or leave a rule of a pushdown grammar),
-        which only the full stack can decide."""
+    # %% chapters/22_structured_output.md:1507
+    def walk(self, table: np.ndarray, start: int, is_event: np.ndarray | None = None):
+        """The tokens whose bytes a DFA walks from `start` without leaving its table:
+        sorted-position ranges (lo, hi) of the accepted tokens and of the uncertain
+        ones, whose walk died after an event (which only the full stack decides)."""
         sink = table.shape[0] - 1
         flat = table.ravel()
         nodes = np.flatnonzero(table[start, self.levels[0].byte] != sink)  # live nodes
@@ -168,30 +182,20 @@ class TokenIndex:
                     flat, sink, d, nodes, states, events, is_event, accepted, uncertain
                 )
                 break
-            lo, hi = level.child_lo[nodes], level.child_hi[nodes]
-            if len(nodes) == 1:  # common deep down: one live node
-                idx, par = np.arange(lo[0], hi[0]), np.zeros(hi[0] - lo[0], np.int64)
-            else:
-                counts = hi - lo
-                par = np.repeat(np.arange(len(nodes)), counts)
-                offsets = np.repeat(np.cumsum(counts) - counts, counts)
-                idx = lo[par] + np.arange(len(par)) - offsets
+            idx, par = self._children(level, nodes)
             d += 1
             byte = self.levels[d].byte[idx]
             parent_state = states[par]
             new = flat[parent_state * 256 + byte]
-            dead = new == sink
+            dead, ev = new == sink, events[par]
             if is_event is not None:
-                ev = events[par] | is_event.ravel()[parent_state * 256 + byte]
+                ev = ev | is_event.ravel()[parent_state * 256 + byte]
                 gone = idx[dead & ev]
                 uncertain.append((self.levels[d].lo[gone], self.levels[d].hi[gone]))
-                events = ev[~dead]
-            nodes, states = idx[~dead], new[~dead]
-            if is_event is None:
-                events = np.zeros(len(nodes), bool)
+            nodes, states, events = idx[~dead], new[~dead], ev[~dead]
         return accepted, uncertain
 
-    # %% chapters/22_structured_output.md:1537
+    # %% chapters/22_structured_output.md:1556
     def _walk_dense(
         self, flat, sink, d, nodes, states, events, is_event, accepted, uncertain
     ):
@@ -217,7 +221,7 @@ class TokenIndex:
             if not (st != sink).any():
                 break
 
-    # %% chapters/22_structured_output.md:1566
+    # %% chapters/22_structured_output.md:1585
     def token_ids(self, ranges, with_states: bool = False):
         """Token ids in a list of sorted-position ranges (lo, hi[, state]) arrays;
         with_states: also each token's final state (ranges from `walk`)."""
