@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/29_vllm_comparison.md:768
+# %% chapters/29_vllm_comparison.md:765
 """A small load generator for OpenAI-compatible servers: time to first token and
 between tokens at a fixed concurrency, seen from the client (chapter 29). The same
 code drives minillm's server and vLLM's, as `vllm bench serve` drives vLLM's."""
@@ -42,7 +42,7 @@ class RequestTiming:
         return (self.end - self.chunk_times[0]) / max(self.completion_tokens - 1, 1)
 
 
-# %% chapters/29_vllm_comparison.md:817
+# %% chapters/29_vllm_comparison.md:814
 def stream_one(client, model: str, prompt, max_tokens: int) -> RequestTiming:
     """One streamed completion, timed. ignore_eos (vLLM's extra field, ours too):
     every request generates exactly max_tokens."""
@@ -65,7 +65,7 @@ def stream_one(client, model: str, prompt, max_tokens: int) -> RequestTiming:
     return timing
 
 
-# %% chapters/29_vllm_comparison.md:846
+# %% chapters/29_vllm_comparison.md:843
 def percentiles(values: list[float | None], scale: float = 1e3) -> dict[str, float]:
     """Mean, median, p90 and p99 of values (seconds), in milliseconds. A None (a
     stream without a token) is left out; with no values left, every figure is NaN."""
@@ -86,7 +86,7 @@ def percentiles(values: list[float | None], scale: float = 1e3) -> dict[str, flo
     }
 
 
-# %% chapters/29_vllm_comparison.md:868
+# %% chapters/29_vllm_comparison.md:865
 def run_load(
     base_url: str, model: str, prompts: list, max_tokens: int, concurrency: int
 ) -> dict:
