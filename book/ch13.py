@@ -1,6 +1,6 @@
-"""Chapter 13's and 13's helpers that are not the lesson: line references into the
-chapters' kernels, a random paged batch for the checkpoints, and the figures (the
-decode grid, the skinny product's programs, and the Measured sections' stored runs).
+"""Chapter 13's and 14's helpers that are not the lesson: a random paged batch for the
+checkpoints, and the figures (the decode grid, the skinny product's programs, and the
+Measured sections' stored runs).
 
 The chapter (chapters/13_triton_decode.md) and its lab notes
 (chapters/lab_notes/13_triton_decode_lab.md) import them; the kernels are in
@@ -10,38 +10,9 @@ minillm/kernels/.
 from __future__ import annotations
 
 import random
-import re
 
 import matplotlib.pyplot as plt
 import torch
-
-from book import ROOT, glue
-
-CHAPTER = ROOT / "chapters" / "13_triton_decode.md"
-
-
-def glue_parts(prefix: str, defines: str) -> None:
-    """Glue prefix_k = "lines a–b" for each part `# (k) ...` of the chapter's code cell
-    that defines `defines`, its lines numbered from 1 as the book shows them, so that an
-    edit of the kernel cannot leave the walk-through's line numbers stale.
-    """
-    chapter = next(p for p in sorted(CHAPTER.parent.glob("*.md"))
-                   if f"\ndef {defines}(" in p.read_text())  # fmt: skip
-    lines = chapter.read_text().splitlines()
-    at = lines.index(f"def {defines}(")
-    opening = max(i for i in range(at) if lines[i].startswith("```{code-cell}"))
-    first = opening + 1
-    if lines[first] == "---":  # the cell's options, not shown as code
-        first = lines.index("---", first + 1) + 1
-    cell = lines[first : lines.index("```", at)]
-    marks = [
-        (i, int(m.group(1)))
-        for i, line in enumerate(cell)
-        if (m := re.match(r"\s*# \((\d+)\) ", line))
-    ]
-    assert [k for _, k in marks] == list(range(1, len(marks) + 1)), marks
-    for (i, k), (j, _) in zip(marks, marks[1:] + [(len(cell), None)]):
-        glue(f"{prefix}_{k}", f"lines {i + 1}–{j}", display=False)
 
 
 def random_batch(

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/10_offline_api.md:827
+# %% chapters/10_offline_api.md:828
 """Beam search over the engine's one-token requests, as vLLM's `LLM.beam_search`
 (chapter 10, "Beam search"; vllm/entrypoints/generate/beam_search/)."""
 
@@ -42,7 +42,7 @@ class BeamSearchInstance:
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
 
-# %% chapters/10_offline_api.md:870
+# %% chapters/10_offline_api.md:871
 def beam_score(seq: BeamSearchSequence, eos_token_id, length_penalty: float) -> float:
     """vLLM's get_beam_search_score: cum_logprob over length ** length_penalty, the
     length counting the prompt and not a final end-of-sequence token."""
@@ -50,7 +50,7 @@ def beam_score(seq: BeamSearchSequence, eos_token_id, length_penalty: float) -> 
     return seq.cum_logprob / max(length, 1) ** length_penalty
 
 
-# %% chapters/10_offline_api.md:884
+# %% chapters/10_offline_api.md:885
 def extend_beams(
     instance: BeamSearchInstance,
     step_logprobs: list[dict],
@@ -74,7 +74,7 @@ def extend_beams(
     instance.beams = live[::-1][: params.beam_width]
 
 
-# %% chapters/10_offline_api.md:913
+# %% chapters/10_offline_api.md:914
 def run_beam_search(
     prompts: list[dict],
     params: BeamSearchParams,

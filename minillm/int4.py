@@ -79,6 +79,7 @@ class Int4Weight:
     def shape(self) -> tuple[int, int]:  # (N, K), as the dense weight's
         return self.qweight.shape[1], self.qweight.shape[0] * PACK
 
+    # %% chapters/17_int4_gemm.md:279
     @classmethod
     def from_codes(
         cls, codes: Tensor, scales: Tensor, zeros: Tensor, group_size: int
@@ -104,7 +105,7 @@ class Int4Weight:
             group_size,
         )
 
-    # %% chapters/17_int4_gemm.md:304
+    # %% chapters/17_int4_gemm.md:311
     def to_codes(self) -> tuple[Tensor, Tensor, Tensor]:
         """(codes (N, K) uint8, scales (N, K // g), zeros (N, K // g))."""
         return unpack_int4(self.qweight), self.scales.T, self.zeros.T
@@ -118,7 +119,7 @@ class Int4Weight:
         return ((codes.float() - zeros) * scales).to(dtype)
 
 
-# %% chapters/17_int4_gemm.md:376
+# %% chapters/17_int4_gemm.md:383
 def quantize_rtn(weight: Tensor, group_size: int = 128) -> Int4Weight:
     """Round-to-nearest 4-bit codes for weight (N, K), a scale and zero per group of
     group_size input channels; scales in weight's dtype.
@@ -149,7 +150,7 @@ def int4_linear_ref(x: Tensor, weight: Int4Weight, bias: Tensor | None = None):
     return F.linear(x, weight.dequantize(x.dtype), bias)
 
 
-# %% chapters/17_int4_gemm.md:449
+# %% chapters/17_int4_gemm.md:456
 SHUFFLE = 128  # channels per block of the kernel's layout: one step of its loop
 
 
@@ -170,7 +171,7 @@ def shuffle_int4(words: Tensor, inverse: bool = False) -> Tensor:
     return pack_int4(codes.reshape(N, KP * PACK).contiguous())
 
 
-# %% chapters/17_int4_gemm.md:471
+# %% chapters/17_int4_gemm.md:478
 class Int4Linear(nn.Module):
     """x @ W.T (+ bias) for a 4-bit W: the Triton kernel on CUDA, the reference
     elsewhere. qweight is in the kernel's layout (shuffle_int4) when K allows.
@@ -195,7 +196,7 @@ class Int4Linear(nn.Module):
     def from_weight(cls, weight: Int4Weight, bias: Tensor | None = None):
         return cls(weight, bias)
 
-    # %% chapters/17_int4_gemm.md:508
+    # %% chapters/17_int4_gemm.md:515
     @property
     def weight_int4(self) -> Int4Weight:  # pack_int4's layout, as it came in
         q = self.qweight
@@ -221,7 +222,7 @@ class Int4Linear(nn.Module):
         )
 
 
-# %% chapters/17_int4_gemm.md:545
+# %% chapters/17_int4_gemm.md:552
 PROJECTIONS = (
     *("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"),
     *("gate_proj", "up_proj", "gate_up_proj", "down_proj"),
@@ -247,7 +248,7 @@ def replace_linears(
     return replaced
 
 
-# %% chapters/17_int4_gemm.md:583
+# %% chapters/17_int4_gemm.md:590
 @engine_options
 @dataclass(frozen=True)
 class Int4Options:

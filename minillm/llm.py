@@ -245,7 +245,7 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # %% chapters/10_offline_api.md:950
+    # %% chapters/10_offline_api.md:951
     def beam_search(
         self,
         prompts: list[str | list[int] | dict],
@@ -281,7 +281,7 @@ class LLM:
                 seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=skip)
         return outputs
 
-    # %% chapters/10_offline_api.md:992
+    # %% chapters/10_offline_api.md:993
     def _beam_prompts(self, prompts: list, params: BeamSearchParams) -> list[dict]:
         """The prompts as TokensPrompt dicts, or ValueError."""
         if params.structured_outputs is not None:

@@ -32,8 +32,8 @@ def _decode_window_kernel(
     HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    """Chapter 13's decode kernel (its plain launch), where part (1) splits only the
-    last `window` tokens of the sequence: nothing before them is read."""
+    """Chapter 13's decode kernel (its plain launch), where the split (its
+    _decode_split) covers only the last `window` tokens: nothing before them is read."""
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     first = tl.maximum(seq_len - window, 0)  # the window's first token

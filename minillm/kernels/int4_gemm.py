@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/17_int4_gemm.md:828
+# %% chapters/17_int4_gemm.md:835
 """A fused W4A16 matrix product in Triton (chapter 17, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/17_int4_gemm.md:866
+# %% chapters/17_int4_gemm.md:873
 class Int4Weight(Protocol):
     """What the kernels read of a minillm.int4.Int4Weight (which imports this module
     lazily, so this one cannot import it): qweight (K // 8, N) int32, scales and zeros
@@ -52,7 +52,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/17_int4_gemm.md:899
+# %% chapters/17_int4_gemm.md:906
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr, SHUFFLED: tl.constexpr = False):  # fmt: skip
@@ -84,7 +84,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/17_int4_gemm.md:953
+# %% chapters/17_int4_gemm.md:960
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -103,7 +103,32 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/17_int4_gemm.md:981
+# %% chapters/17_int4_gemm.md:990
+@triton.jit
+def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
+           pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           SPLIT: tl.constexpr):  # fmt: skip
+    """y = acc; with split-K, the last slice of the tile to arrive adds them up."""
+    y_ptrs = y_ptr + m[:, None] * stride_ym + n[None, :]
+    y_mask = m_ok[:, None] & n_ok[None, :]
+    if not SPLIT:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    else:
+        part_ptrs = part_ptr + m[:, None] * N + n[None, :]
+        tl.store(part_ptrs + pid_k * M * N, acc, mask=y_mask)
+        tl.debug_barrier()  # every thread's store before the announcement
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(0, SPLIT_K):
+                total += tl.load(part_ptrs + s * M * N, mask=y_mask, other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+            tl.store(count_ptr + tile, 0)
+
+
+# %% chapters/17_int4_gemm.md:1018
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -133,26 +158,11 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                 acc += tl.dot(x, w, input_precision="ieee")
             else:
                 acc += tl.dot(x, w)
-    y_ptrs = y_ptr + m[:, None] * stride_ym + n[None, :]
-    y_mask = m_ok[:, None] & n_ok[None, :]
-    if not SPLIT:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
-    else:  # the last program of this tile to arrive adds the slices up
-        part = m[:, None] * N + n[None, :]
-        tl.store(part_ptr + pid_k * M * N + part, acc, mask=y_mask)
-        tl.debug_barrier()  # every thread's store before the announcement
-        tile = pid_m * tl.num_programs(0) + pid_n
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for s in range(0, SPLIT_K):
-                total += tl.load(part_ptr + s * M * N + part, mask=y_mask,
-                                 other=0.0, cache_modifier=".cg")  # fmt: skip
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
-            tl.store(count_ptr + tile, 0)
+    _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
+           pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
 
 
-# %% chapters/17_int4_gemm.md:1044
+# %% chapters/17_int4_gemm.md:1066
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -180,7 +190,7 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/17_int4_gemm.md:1077
+# %% chapters/17_int4_gemm.md:1099
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts, zero at rest
 
 
@@ -198,11 +208,12 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/17_int4_gemm.md:1096
+# %% chapters/17_int4_gemm.md:1121
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
 
+# %% chapters/17_int4_gemm.md:1127
 def int4_matmul(x: Tensor, w: Int4Weight, shuffled: bool = False, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T, accumulated in float32; knobs override
     default_config (block_m, block_n, block_k, gather, fold, split_k, num_warps, ...).
@@ -241,7 +252,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, shuffled: bool = False, **knobs) -> Te
     return y
 
 
-# %% chapters/17_int4_gemm.md:1172
+# %% chapters/17_int4_gemm.md:1199
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -269,11 +280,35 @@ def dequantize_int4(w: Int4Weight, shuffled: bool = False) -> Tensor:
     return out
 
 
-# %% chapters/17_int4_gemm.md:1247
+# %% chapters/17_int4_gemm.md:1274
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured: the lab notes' H200 run)
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
 
+# %% chapters/17_int4_gemm.md:1283
+@triton.jit
+def _words(qw_ptr, k0, i, n, n_ok, N):
+    """Word rows k0 // 8 + i of the packed codes, at columns n: (len(i), BLOCK_N)."""
+    return tl.load(qw_ptr + (k0 // 8 + i)[:, None] * N + n[None, :],
+                   mask=n_ok[None, :], other=0)  # fmt: skip
+
+
+# %% chapters/17_int4_gemm.md:1296
+@triton.jit
+def _gemv_step(words, bias, x_ptr, m, stride_xm, k0, i, BLOCK_K: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """sum over j of x[k0 + 8i + j] (code - zero), (BLOCK_K // 8, BLOCK_N) in
+    float32; bias is 2**23 + zero."""
+    step = tl.zeros([BLOCK_K // 8, BLOCK_N], tl.float32)
+    for j in tl.static_range(8):  # nibble j of every word: k = k0 + 8i + j
+        bits = ((words >> (4 * j)) & 0xF) | FLOAT_2_23  # 2**23 + code
+        w = bits.to(tl.float32, bitcast=True) - bias[None, :]  # code - zero
+        x = tl.load(x_ptr + m * stride_xm + k0 + 8 * i + j).to(tl.float32)
+        step += x[:, None] * w  # (BLOCK_K/8, BLOCK_N)
+    return step
+
+
+# %% chapters/17_int4_gemm.md:1316
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -287,18 +322,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        words = tl.load(qw_ptr + (k0 // 8 + i)[:, None] * N + n[None, :],
-                        mask=n_ok[None, :], other=0)  # fmt: skip
+        words = _words(qw_ptr, k0, i, n, n_ok, N)
         g = k0 // GROUP  # one group for the whole step
         scale = tl.load(s_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
         zero = tl.load(z_ptr + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
         bias = zero + 8388608.0  # 2**23 + zero
-        step = tl.zeros([BLOCK_K // 8, BLOCK_N], tl.float32)
-        for j in tl.static_range(8):  # nibble j of every word: k = k0 + 8i + j
-            bits = ((words >> (4 * j)) & 0xF) | FLOAT_2_23  # 2**23 + code
-            w = bits.to(tl.float32, bitcast=True) - bias[None, :]  # code - zero
-            x = tl.load(x_ptr + m * stride_xm + k0 + 8 * i + j).to(tl.float32)
-            step += x[:, None] * w  # (BLOCK_K/8, BLOCK_N)
+        step = _gemv_step(words, bias, x_ptr, m, stride_xm, k0, i, BLOCK_K, BLOCK_N)
         acc += tl.sum(step, axis=0) * scale  # in-thread sum; one scale per step
     y_ptrs = y_ptr + m * stride_ym + n
     if not SPLIT:
@@ -318,7 +347,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/17_int4_gemm.md:1309
+# %% chapters/17_int4_gemm.md:1368
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -331,7 +360,7 @@ def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
-# %% chapters/17_int4_gemm.md:1327
+# %% chapters/17_int4_gemm.md:1386
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
     tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
@@ -366,7 +395,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/17_int4_gemm.md:1431
+# %% chapters/17_int4_gemm.md:1489
 @triton.jit
 def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
                    MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -395,6 +424,7 @@ def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
     return out
 
 
+# %% chapters/17_int4_gemm.md:1524
 @triton.jit
 def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
           OFFSET: tl.constexpr):  # fmt: skip
@@ -410,7 +440,7 @@ def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
     return acc + (part - x_sum * (zero + OFFSET)[None, :]) * scale[None, :]
 
 
-# %% chapters/17_int4_gemm.md:1479
+# %% chapters/17_int4_gemm.md:1544
 @triton.jit
 def _part_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     if DOT:
@@ -443,7 +473,17 @@ def _dequantized_slice(words, j: tl.constexpr, s_ptr, z_ptr, g, n, n_ok, N, dtyp
     return ((codes - zero[None, :]) * scale[None, :]).to(dtype)
 
 
-# %% chapters/17_int4_gemm.md:1529
+# %% chapters/17_int4_gemm.md:1581
+@triton.jit
+def _x_slice(x_ptr, m, m_ok, k0, i, j: tl.constexpr, stride_xm,
+             SHUFFLED: tl.constexpr):  # fmt: skip
+    """(BLOCK_M, 16): x's rows m at the channels k of nibble j of word rows i."""
+    k = k0 + 16 * j + i if SHUFFLED else k0 + 8 * i + j
+    return tl.load(x_ptr + m[:, None] * stride_xm + k[None, :],
+                   mask=m_ok[:, None], other=0.0)  # fmt: skip
+
+
+# %% chapters/17_int4_gemm.md:1608
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                   M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -460,14 +500,11 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     XS: tl.constexpr = BLOCK_N if DOT else 1  # x_sum's width: see _x_sum
     for k0 in tl.range(k_start, k_end, 128, num_stages=NUM_STAGES):
-        words = tl.load(qw_ptr + (k0 // 8 + i)[:, None] * N + n[None, :],
-                        mask=n_ok[None, :], other=0)  # fmt: skip
+        words = _words(qw_ptr, k0, i, n, n_ok, N)
         part = _part_zeros(BLOCK_M, BLOCK_N, DOT)
         x_sum = tl.zeros([BLOCK_M, XS], tl.float32)
-        for j in tl.static_range(8):  # nibble j of word row i is channel k:
-            k = k0 + 16 * j + i if SHUFFLED else k0 + 8 * i + j
-            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :],
-                        mask=m_ok[:, None], other=0.0)  # fmt: skip
+        for j in tl.static_range(8):
+            x = _x_slice(x_ptr, m, m_ok, k0, i, j, stride_xm, SHUFFLED)
             g = (k0 + 16 * j) // GROUP  # the slice's group (one per slice)
             if not FOLD:  # tl.dot on (code - zero) * scale: for big tiles of rows
                 w = _dequantized_slice(words, j, s_ptr, z_ptr, g, n, n_ok, N, x.dtype)
@@ -487,32 +524,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
            pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
 
 
-# %% chapters/17_int4_gemm.md:1578
-@triton.jit
-def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
-           pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-           SPLIT: tl.constexpr):  # fmt: skip
-    """y = acc; with split-K, the last slice of the tile to arrive adds them up."""
-    y_ptrs = y_ptr + m[:, None] * stride_ym + n[None, :]
-    y_mask = m_ok[:, None] & n_ok[None, :]
-    if not SPLIT:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
-    else:
-        part_ptrs = part_ptr + m[:, None] * N + n[None, :]
-        tl.store(part_ptrs + pid_k * M * N, acc, mask=y_mask)
-        tl.debug_barrier()  # every thread's store before the announcement
-        tile = pid_m * tl.num_programs(0) + pid_n
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for s in range(0, SPLIT_K):
-                total += tl.load(part_ptrs + s * M * N, mask=y_mask, other=0.0,
-                                 cache_modifier=".cg")  # fmt: skip
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
-            tl.store(count_ptr + tile, 0)
-
-
-# %% chapters/17_int4_gemm.md:1612
+# %% chapters/17_int4_gemm.md:1660
 def w4a16_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     """w4a16_matmul's knobs for an (M, N, K) product: the CUDA cores for one or two
     rows (from a first H100 sweep), tl.dot from three (tiles chosen from the
@@ -538,7 +550,7 @@ def w4a16_split(M: int, N: int, K: int, block_m: int, block_n: int, sms: int) ->
     return split
 
 
-# %% chapters/17_int4_gemm.md:1639
+# %% chapters/17_int4_gemm.md:1687
 def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Tensor:
     """x (M, K) @ W.T for w's qweight in the kernel's layout (shuffle_int4), or in
     pack_int4's with shuffled=False (groups of a multiple of 128 only); knobs
@@ -580,7 +592,7 @@ def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Te
     return y
 
 
-# %% chapters/17_int4_gemm.md:1720
+# %% chapters/17_int4_gemm.md:1768
 # the most rows w4a16_matmul takes (the H100 run in "Measured"): from 32 rows on its
 # large tiles ran at a third of bf16's speed; int4_matmul and cuBLAS take those
 W4A16_MAX_M = 16
@@ -614,7 +626,7 @@ def _(x, qweight, scales, zeros, group_size, shuffled=False):  # the output's sh
     return x.new_empty(x.shape[0], qweight.shape[1])
 
 
-# %% chapters/17_int4_gemm.md:1755
+# %% chapters/17_int4_gemm.md:1803
 def int4_linear(
     x: Tensor, w: Int4Weight, bias: Tensor | None = None, shuffled: bool = False
 ) -> Tensor:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_triton_decode.md:1168
+# %% chapters/13_triton_decode.md:1235
 """The Triton attention backend for the paged KV cache (chapter 13, "Paged attention in
 Triton").
 
@@ -27,7 +27,7 @@ from minillm.model import AttentionMetadata
 from minillm.registry import ATTENTION_BACKENDS
 
 
-# %% chapters/13_triton_decode.md:1194
+# %% chapters/13_triton_decode.md:1261
 # decode batches of at least this many sequences start the longest first (0: never),
 # with these knobs of paged_decode
 ORDER_DECODES_FROM = 65
@@ -69,7 +69,7 @@ def triton_paged_attention(
     return paged_prefill(q, key_cache, value_cache, md, **scales)
 
 
-# %% chapters/13_triton_decode.md:1483
+# %% chapters/13_triton_decode.md:1550
 @ATTENTION_BACKENDS.register("triton", preferred_on=("cuda",))
 def triton_attention():
     """This chapter's kernels: paged attention and the one-kernel cache write."""

@@ -23,48 +23,13 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/13_triton_decode.md:215
-# the block table's width changes every step
-@triton.jit(do_not_specialize=["stride_bt"])
-def _decode_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    acc_ptr,
-    m_ptr,
-    l_ptr,
-    order_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    scale,
-    stride_qt,
-    stride_qh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_bt,
-    NUM_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    ROWS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLIT_TOKENS: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    IEEE: tl.constexpr,
-    PDL: tl.constexpr = 0,
-    ORDERED: tl.constexpr = False,
-    SCALED: tl.constexpr = False,
-):
-    # (1) the program's sequence, KV head and split: which tokens it reads
-    _launched_early(PDL)
+# %% chapters/13_triton_decode.md:223
+@triton.jit
+def _decode_split(seq_lens_ptr, order_ptr, BLOCK_N: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
+                  ORDERED: tl.constexpr):  # fmt: skip
+    """(seq, kv_head, split, start, end): the program's sequence, KV head and split,
+    and the tokens [start, end) it reads."""
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if ORDERED:  # grid (KV head, split, rank): the longest sequences start first
         kv_head, split = tl.program_id(0), tl.program_id(1)
@@ -77,12 +42,27 @@ def _decode_kernel(
         split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    # (2) the query heads of the group, and the running max, sum and output
-    # the query heads that share this KV head, padded to ROWS >= 16
+    return seq, kv_head, split, start, end
+
+
+# %% chapters/13_triton_decode.md:250
+@triton.jit
+def _group_rows(kv_head, GROUP: tl.constexpr, ROWS: tl.constexpr,
+                HEAD_DIM: tl.constexpr, D_P2: tl.constexpr):  # fmt: skip
+    """(heads, d, g_ok, d_ok): the query heads that share this KV head, padded to
+    ROWS >= 16, and the head dimension's indices; which of each are real."""
     g = tl.arange(0, ROWS)
     heads = kv_head * GROUP + g
     d = tl.arange(0, D_P2)
-    g_ok, d_ok = g < GROUP, d < HEAD_DIM
+    return heads, d, g < GROUP, d < HEAD_DIM
+
+
+@triton.jit
+def _query_group(q_ptr, seq, kv_head, stride_qt, stride_qh, GROUP: tl.constexpr,
+                 ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 D_P2: tl.constexpr):  # fmt: skip
+    """(q, m_i, l_i, acc): the group's query rows and the empty softmax."""
+    heads, d, g_ok, d_ok = _group_rows(kv_head, GROUP, ROWS, HEAD_DIM, D_P2)
     q = tl.load(
         q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
         # (ROWS, D); padding rows are zero
@@ -92,56 +72,71 @@ def _decode_kernel(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D_P2], tl.float32)
-    if SCALED:  # an FP8 cache holds K / k_scale: the scores take the factor back
-        scale = scale * tl.load(k_scale_ptr)
-    # (3) a tile of BLOCK_N tokens: their keys, found through the block table
-    for t0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
-        t = t0 + tl.arange(0, BLOCK_N)  # token positions of this tile
-        t_ok = t < end
-        # (N,)
-        block = tl.load(
-            block_tables_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=t_ok, other=0
-        )
-        slot = t % BLOCK_SIZE
-        kv_mask = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(
-            k_ptr
-            + block[:, None] * stride_kb
-            + slot[:, None] * stride_ks
-            + kv_head * stride_kh
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(q.dtype)  # (N, D); an FP8 cache's keys are converted here
-        # (4) scores on the tensor cores, and the online-softmax update
-        # float32 inputs: exact products, not TF32, so tests can compare at 1e-5
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(t_ok[None, :], s * scale, float("-inf"))  # (ROWS, N)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # rescales what was accumulated under the old maximum
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])  # (ROWS, N)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_ptr
-            + block[:, None] * stride_vb
-            + slot[:, None] * stride_vs
-            + kv_head * stride_vh
-            + d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(q.dtype)  # (N, D)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(
-                p.to(v.dtype), v, input_precision="ieee"
-            )
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    # (5) the partial result of this split, to the workspace (V's scale applied)
+    return q, m_i, l_i, acc
+
+
+# %% chapters/13_triton_decode.md:286
+@triton.jit
+def _paged_rows(ptr, block, slot, kv_head, stride_b, stride_s, stride_h, d, mask):
+    """(N, D): token i's key or value, at slot[i] of block[i], for kv_head."""
+    return tl.load(
+        ptr
+        + block[:, None] * stride_b
+        + slot[:, None] * stride_s
+        + kv_head * stride_h
+        + d[None, :],
+        mask=mask,
+        other=0.0,
+    )
+
+
+# %% chapters/13_triton_decode.md:310
+@triton.jit
+def _decode_tile(acc, m_i, l_i, q, t0, end, seq, kv_head, scale, k_ptr, v_ptr,
+                 block_tables_ptr, stride_kb, stride_ks, stride_kh, stride_vb,
+                 stride_vs, stride_vh, stride_bt, HEAD_DIM: tl.constexpr,
+                 D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """(acc, m_i, l_i) after the keys and values of tokens t0 .. t0 + BLOCK_N."""
+    d = tl.arange(0, D_P2)
+    t = t0 + tl.arange(0, BLOCK_N)  # token positions of this tile
+    t_ok = t < end
+    # (N,)
+    block = tl.load(block_tables_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=t_ok,
+                    other=0)  # fmt: skip
+    slot = t % BLOCK_SIZE
+    kv_mask = t_ok[:, None] & (d < HEAD_DIM)[None, :]
+    # (N, D); an FP8 cache's keys and values are converted here
+    k = _paged_rows(k_ptr, block, slot, kv_head, stride_kb, stride_ks, stride_kh, d,
+                    kv_mask).to(q.dtype)  # fmt: skip
+    # float32 inputs: exact products, not TF32, so tests can compare at 1e-5
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(t_ok[None, :], s * scale, float("-inf"))  # (ROWS, N)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # rescales what was accumulated under the old maximum
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])  # (ROWS, N)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _paged_rows(v_ptr, block, slot, kv_head, stride_vb, stride_vs, stride_vh, d,
+                    kv_mask).to(q.dtype)  # fmt: skip
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+# %% chapters/13_triton_decode.md:354
+@triton.jit
+def _store_partial(acc, m_i, l_i, acc_ptr, m_ptr, l_ptr, v_scale_ptr, seq, kv_head,
+                   split, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+                   NUM_SPLITS: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
+    """This split's partial result, to rows (seq, head, split) of the workspace."""
+    heads, d, g_ok, d_ok = _group_rows(kv_head, GROUP, ROWS, HEAD_DIM, D_P2)
     if SCALED:
         acc = acc * tl.load(v_scale_ptr)
     # workspace rows: (seq, head, split)
@@ -155,7 +150,44 @@ def _decode_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
 
 
-# %% chapters/13_triton_decode.md:401
+# %% chapters/13_triton_decode.md:381
+# the block table's width changes every step
+@triton.jit(do_not_specialize=["stride_bt"])
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, acc_ptr, m_ptr, l_ptr,
+    order_ptr, k_scale_ptr, v_scale_ptr, scale,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+    stride_vh, stride_bt,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
+    NUM_STAGES: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = 0,
+    ORDERED: tl.constexpr = False, SCALED: tl.constexpr = False,
+):  # fmt: skip
+    _launched_early(PDL)
+    seq, kv_head, split, start, end = _decode_split(
+        seq_lens_ptr, order_ptr, BLOCK_N, NUM_SPLITS, SPLIT_TOKENS, ORDERED
+    )
+    q, m_i, l_i, acc = _query_group(
+        q_ptr, seq, kv_head, stride_qt, stride_qh, GROUP, ROWS, HEAD_DIM, D_P2
+    )
+    if SCALED:  # an FP8 cache holds K / k_scale: the scores take the factor back
+        scale = scale * tl.load(k_scale_ptr)
+    # fmt: off
+    for t0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, t0, end, seq, kv_head, scale, k_ptr, v_ptr,
+            block_tables_ptr, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+            stride_vh, stride_bt, HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, IEEE,
+        )
+    _store_partial(
+        acc, m_i, l_i, acc_ptr, m_ptr, l_ptr, v_scale_ptr, seq, kv_head, split,
+        NUM_HEADS, GROUP, ROWS, HEAD_DIM, D_P2, NUM_SPLITS, SCALED,
+    )
+    # fmt: on
+
+
+# %% chapters/13_triton_decode.md:432
 @triton.jit
 def _reduce_kernel(
     acc_ptr,
@@ -196,7 +228,7 @@ def _reduce_kernel(
     )
 
 
-# %% chapters/13_triton_decode.md:454
+# %% chapters/13_triton_decode.md:485
 # H100 / H200; only sizes the split count, correctness does not depend on it
 NUM_SMS = 132
 # 1: broadcast multiply-and-sum on the CUDA cores; 2: tl.dot, group padded to 16 rows
@@ -232,7 +264,7 @@ def decode_num_splits(
     )
 
 
-# %% chapters/13_triton_decode.md:512
+# %% chapters/13_triton_decode.md:543
 @functools.lru_cache(maxsize=None)
 def can_launch_early(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA GPU of compute capability 9 or more."""
@@ -261,7 +293,7 @@ def _launched_early(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# %% chapters/13_triton_decode.md:548
+# %% chapters/13_triton_decode.md:579
 def decode_workspace(q: Tensor, num_splits: int) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1's outputs, float32: acc (num_seqs, n_heads, num_splits, D) and the
     running max m and sum l (num_seqs, n_heads, num_splits)."""
@@ -272,7 +304,7 @@ def decode_workspace(q: Tensor, num_splits: int) -> tuple[Tensor, Tensor, Tensor
     return acc, m, torch.empty_like(m)
 
 
-# %% chapters/13_triton_decode.md:560
+# %% chapters/13_triton_decode.md:591
 def decode_partials(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
     seq_lens: Tensor, num_splits: int, block_n: int, num_warps: int, num_stages: int,
@@ -312,7 +344,7 @@ def decode_partials(
     return acc, m, l
 
 
-# %% chapters/13_triton_decode.md:604
+# %% chapters/13_triton_decode.md:635
 def reduce_splits(
     acc: Tensor, m: Tensor, l: Tensor, out: Tensor, pdl: int = 0
 ) -> Tensor:
@@ -330,7 +362,7 @@ def reduce_splits(
     return out
 
 
-# %% chapters/13_triton_decode.md:625
+# %% chapters/13_triton_decode.md:656
 def paged_decode(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
     seq_lens: Tensor, max_seq_len: int, num_splits: int | None = None,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_triton_decode.md:734
+# %% chapters/13_triton_decode.md:765
 """Triton prefill attention over the paged KV cache: any number of query tokens per
 sequence (chapter 13, "Paged attention in Triton").
 
@@ -28,7 +28,7 @@ from minillm.model import AttentionMetadata
 LOG2_E = math.log2(math.e)
 
 
-# %% chapters/13_triton_decode.md:767
+# %% chapters/13_triton_decode.md:798
 @triton.jit
 def _load_kv(
     base, block, slot, stride_b, stride_s, t_ok,
@@ -46,7 +46,7 @@ def _load_kv(
     return x
 
 
-# %% chapters/13_triton_decode.md:793
+# %% chapters/13_triton_decode.md:824
 @triton.jit
 def _key_tiles(
     acc, m_i, l_i, q, pos, k_base, v_base, bt_row,
@@ -84,21 +84,11 @@ def _key_tiles(
     return acc, m_i, l_i
 
 
-# %% chapters/13_triton_decode.md:835
-# the block table's width changes every step
-@triton.jit(do_not_specialize=["stride_bt"])
-def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr,
-    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, tile_seq_ptr, tile_start_ptr,
-    k_scale_ptr, v_scale_ptr, qk_scale,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-    stride_vh, stride_bt, stride_ot, stride_oh,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-    DIAG_N: tl.constexpr = 0, SCALED: tl.constexpr = False,
-):  # fmt: skip
-    # (1) the program's tile; neighbouring programs share a tile, not a KV head
+# %% chapters/13_triton_decode.md:870
+@triton.jit
+def _prefill_tile(tile_seq_ptr, tile_start_ptr, query_start_loc_ptr, seq_lens_ptr,
+                  NUM_KV_HEADS: tl.constexpr):  # fmt: skip
+    """(kv_head, seq, q_first, q_begin, q_len, seq_len, context) of the program."""
     tile = tl.program_id(0) // NUM_KV_HEADS
     kv_head = tl.program_id(0) % NUM_KV_HEADS
     seq = tl.load(tile_seq_ptr + tile)
@@ -107,7 +97,18 @@ def _prefill_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + seq)
     context = seq_len - q_len  # tokens cached before this chunk
-    # (2) the rows: BLOCK_M query tokens times the group's heads
+    return kv_head, seq, q_first, q_begin, q_len, seq_len, context
+
+
+# %% chapters/13_triton_decode.md:892
+@triton.jit
+def _query_rows(
+    q_ptr, q_begin, q_first, q_len, context, kv_head, stride_qt, stride_qh,
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """(q, pos, token, head, q_mask, m_i, l_i, acc): the tile's query rows, each
+    row's position, token and head, which are real, and the empty softmax."""
     r = tl.arange(0, BLOCK_M * GROUP_P2)
     i, g = r // GROUP_P2, r % GROUP_P2
     # a tile may start before its chunk (see the tile map): those rows are padding
@@ -122,27 +123,27 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M * GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
     acc = tl.zeros([BLOCK_M * GROUP_P2, D_P2], tl.float32)
-    # (3) keys every row sees need no mask; the diagonal's do
+    return q, pos, token, head, q_mask, m_i, l_i, acc
+
+
+# %% chapters/13_triton_decode.md:926
+@triton.jit
+def _key_range(q_first, q_len, seq_len, context, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """(full, last): keys [0, full) need no mask, keys [full, last) the causal one."""
     real = q_first < q_len  # a spare tile (see the tile map) has no keys
     seen = tl.maximum(context + q_first + 1, 0)  # keys the tile's first row sees
     full = tl.where(real, seen // BLOCK_N * BLOCK_N, 0)
     last = tl.where(real, tl.minimum(seq_len, context + q_first + BLOCK_M), 0)
-    k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
-    bt_row = block_tables_ptr + seq * stride_bt
-    if SCALED:  # an FP8 cache (chapter 20): K's scale goes into the scores
-        qk_scale = qk_scale * tl.load(k_scale_ptr)
-    # (4) the two loops: full tiles, then the diagonal
-    acc, m_i, l_i = _key_tiles(
-        acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
-        stride_vb, stride_vs, qk_scale, 0, full,
-        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, False, IEEE,
-    )  # fmt: skip
-    acc, m_i, l_i = _key_tiles(
-        acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
-        stride_vb, stride_vs, qk_scale, full, last,
-        HEAD_DIM, D_P2, BLOCK_SIZE, DIAG_N or BLOCK_N, True, IEEE,
-    )  # fmt: skip
-    # (5) normalise and store the real rows (a spare tile's l_i is 0)
+    return full, last
+
+
+# %% chapters/13_triton_decode.md:943
+@triton.jit
+def _store_rows(out_ptr, acc, l_i, v_scale_ptr, token, head, q_mask, stride_ot,
+                stride_oh, D_P2: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
+    """out's real rows: acc / l_i (a spare tile's l_i is 0), times V's scale."""
+    d = tl.arange(0, D_P2)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if SCALED:  # and V's into the output
         out = out * tl.load(v_scale_ptr)
@@ -154,7 +155,48 @@ def _prefill_kernel(
     )
 
 
-# %% chapters/13_triton_decode.md:956
+# %% chapters/13_triton_decode.md:967
+# the block table's width changes every step
+@triton.jit(do_not_specialize=["stride_bt"])
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, tile_seq_ptr, tile_start_ptr,
+    k_scale_ptr, v_scale_ptr, qk_scale,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+    stride_vh, stride_bt, stride_ot, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    DIAG_N: tl.constexpr = 0, SCALED: tl.constexpr = False,
+):  # fmt: skip
+    # fmt: off
+    kv_head, seq, q_first, q_begin, q_len, seq_len, context = _prefill_tile(
+        tile_seq_ptr, tile_start_ptr, query_start_loc_ptr, seq_lens_ptr, NUM_KV_HEADS)
+    q, pos, token, head, q_mask, m_i, l_i, acc = _query_rows(
+        q_ptr, q_begin, q_first, q_len, context, kv_head, stride_qt, stride_qh,
+        GROUP, GROUP_P2, HEAD_DIM, D_P2, BLOCK_M)
+    full, last = _key_range(q_first, q_len, seq_len, context, BLOCK_M, BLOCK_N)
+    k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
+    bt_row = block_tables_ptr + seq * stride_bt
+    if SCALED:  # an FP8 cache (chapter 20): K's scale goes into the scores
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+    # the two loops: full tiles, then the diagonal
+    acc, m_i, l_i = _key_tiles(
+        acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
+        stride_vb, stride_vs, qk_scale, 0, full,
+        HEAD_DIM, D_P2, BLOCK_SIZE, BLOCK_N, False, IEEE,
+    )
+    acc, m_i, l_i = _key_tiles(
+        acc, m_i, l_i, q, pos, k_base, v_base, bt_row, stride_kb, stride_ks,
+        stride_vb, stride_vs, qk_scale, full, last,
+        HEAD_DIM, D_P2, BLOCK_SIZE, DIAG_N or BLOCK_N, True, IEEE,
+    )
+    _store_rows(out_ptr, acc, l_i, v_scale_ptr, token, head, q_mask, stride_ot,
+                stride_oh, D_P2, SCALED)
+    # fmt: on
+
+
+# %% chapters/13_triton_decode.md:1023
 def prefill_tile_map(
     md: AttentionMetadata,
     block_m: int,
@@ -196,7 +238,7 @@ def prefill_tile_map(
     return cached[block_m, longest_first, align_end]
 
 
-# %% chapters/13_triton_decode.md:1008
+# %% chapters/13_triton_decode.md:1075
 def longest_tiles_first(
     md: AttentionMetadata, q_lens: Tensor, tile_seq: Tensor, tile_start: Tensor,
     block_m: int,
@@ -213,7 +255,7 @@ def longest_tiles_first(
     return tile_seq[order], tile_start[order]
 
 
-# %% chapters/13_triton_decode.md:1029
+# %% chapters/13_triton_decode.md:1096
 # tile knobs by the element size of q: chosen from the sweeps (see the text);
 # maxnreg caps each thread's registers (None: Triton's choice)
 PREFILL_KNOBS = {
@@ -232,7 +274,7 @@ def prefill_block_m(max_query_len: int, group_p2: int, rows: int) -> int:
     return max(1, 16 // group_p2, tokens)
 
 
-# %% chapters/13_triton_decode.md:1052
+# %% chapters/13_triton_decode.md:1119
 def prefill_knobs(
     q: Tensor, max_query_len: int, group_p2: int, block_m: int | None,
     block_n: int | None, diag_n: int | None, align_end: bool | None,
@@ -256,7 +298,7 @@ def prefill_knobs(
     return knobs, block_m, block_n, diag_n, align_end, extra
 
 
-# %% chapters/13_triton_decode.md:1080
+# %% chapters/13_triton_decode.md:1147
 def paged_prefill(
     q: Tensor, key_cache: Tensor, value_cache: Tensor, attn_metadata: AttentionMetadata,
     block_m: int | None = None, block_n: int | None = None,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/13_triton_decode.md:1323
+# %% chapters/13_triton_decode.md:1390
 """Chapter 3's reshape_and_cache in one Triton kernel launch (chapter 13, "Writing the
 cache in one launch").
 
@@ -22,7 +22,7 @@ from torch import Tensor
 from minillm.kernels.paged_decode import _launched_early, default_launch
 
 
-# %% chapters/13_triton_decode.md:1344
+# %% chapters/13_triton_decode.md:1411
 @triton.jit
 def _write_kv_kernel(
     k_ptr,
@@ -57,7 +57,7 @@ def _write_kv_kernel(
     tl.store(value_cache_ptr + slot * ROW + i, v, mask=ok)
 
 
-# %% chapters/13_triton_decode.md:1386
+# %% chapters/13_triton_decode.md:1453
 def check_cache_write(
     key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor
 ) -> None:
@@ -75,7 +75,7 @@ def check_cache_write(
         )
 
 
-# %% chapters/13_triton_decode.md:1405
+# %% chapters/13_triton_decode.md:1472
 def triton_reshape_and_cache(
     key: Tensor,
     value: Tensor,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/14_skinny_gemm.md:150
+# %% chapters/14_skinny_gemm.md:149
 """A Triton matrix product for the few rows of a decode step (chapter 13, "Matrix
 products for a handful of rows").
 
@@ -30,7 +30,7 @@ from minillm.kernels.paged_decode import default_launch
 MAX_M = 16  # the most rows the kernel takes; linear() sends more to cuBLAS
 
 
-# %% chapters/14_skinny_gemm.md:195
+# %% chapters/14_skinny_gemm.md:194
 @triton.jit
 def _load_x(x_ptr, offs, mask, K, GATED: tl.constexpr, NORM: tl.constexpr, r_ptr,
             g, rstd):  # fmt: skip
@@ -51,7 +51,7 @@ def _load_x(x_ptr, offs, mask, K, GATED: tl.constexpr, NORM: tl.constexpr, r_ptr
     return x
 
 
-# %% chapters/14_skinny_gemm.md:217
+# %% chapters/14_skinny_gemm.md:216
 @triton.jit
 def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.constexpr,
          K_P2: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
@@ -75,7 +75,7 @@ def _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps, store, BLOCK_M: tl.conste
     return rstd
 
 
-# %% chapters/14_skinny_gemm.md:248
+# %% chapters/14_skinny_gemm.md:247
 @triton.jit
 def _load_w(w_ptr, n, n_ok, kk, K, stride_wn):
     """W's rows n at columns kk: (BLOCK_N, BLOCK_K), runs of contiguous bytes."""
@@ -115,83 +115,30 @@ def _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, kk, M, K, stride_xm,
     return acc
 
 
-# %% chapters/14_skinny_gemm.md:291
-# one compiled kernel for every M and split count
-@triton.jit(do_not_specialize=["M", "SPLIT_K"])
-def _skinny_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    part_ptr,
-    count_ptr,
-    r_ptr,
-    g_ptr,
-    s_ptr,
-    M,
-    N,
-    K,
-    K_PER_SPLIT,
-    SPLIT_K,
-    eps,
-    stride_xm,
-    stride_wn,
-    stride_ym,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    SPLIT: tl.constexpr,
-    IEEE: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    GATED: tl.constexpr,
-    NORM: tl.constexpr = 0,
-    K_P2: tl.constexpr = 16,
-    PDL: tl.constexpr = 0,
-):
-    # (1) the program's band of W's rows and its slice of K
-    # a band of BLOCK_N weight rows; a slice of K
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.arange(0, BLOCK_M)
-    k = tl.arange(0, BLOCK_K)
-    n_ok, m_ok = n < N, m < M
-    k_start = pid_k * K_PER_SPLIT
-    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    # y^T for this band: acc[n, m] = sum_k W[n, k] x[m, k]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    k_loop = k_start
-    # fmt: off
-    if PDL:
-        # (2) launched early: W's first tile is read while the previous kernel,
-        # which makes x, finishes; then wait for it, and let the next one launch
-        if PDL == 2:
-            tl.extra.cuda.gdc_launch_dependents()
-        w = _load_w(w_ptr, n, n_ok, k_start + k, K, stride_wn)
-        tl.extra.cuda.gdc_wait()
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()
-    # (3) with NORM, each row's 1/rms; the first program stores the sums
-    rstd = tl.zeros([BLOCK_M], tl.float32)
-    if NORM > 0:
-        rstd = _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps,
-                    (pid_n == 0) & (pid_k == 0), BLOCK_M, K_P2, NORM)
-    if PDL:
-        acc = _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, k_start + k, M,
-                       K, stride_xm, BLOCK_M, USE_DOT, IEEE, GATED, NORM)
-        k_loop += BLOCK_K
-    # (4) the stream: BLOCK_N runs of BLOCK_K contiguous weights per step
-    for k0 in tl.range(k_loop, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        w = _load_w(w_ptr, n, n_ok, k0 + k, K, stride_wn)
-        acc = _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, k0 + k, M, K,
-                       stride_xm, BLOCK_M, USE_DOT, IEEE, GATED, NORM)
-    # fmt: on
-    # (5) without a split, the program's sums are y
+# %% chapters/14_skinny_gemm.md:295
+@triton.jit
+def _first_w_early(w_ptr, n, n_ok, kk, K, stride_wn, PDL: tl.constexpr):
+    """W's first tile, its loads issued before the wait for the kernel that makes x."""
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    w = _load_w(w_ptr, n, n_ok, kk, K, stride_wn)
+    tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+    return w
+
+
+# %% chapters/14_skinny_gemm.md:318
+@triton.jit
+def _store_band(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_n,
+                pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """y's band from acc (y^T); with a split, the last program to arrive adds up."""
     y_ptrs = y_ptr + m[None, :] * stride_ym + n[:, None]
     y_mask = n_ok[:, None] & m_ok[None, :]
     if not SPLIT:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
     else:
-        # (6) with a split, the last program of the band to arrive adds them up
         # Store this slice's partial sum, then announce it. The CTA barrier orders
         # every thread's stores before the atomic; acq_rel at GPU scope makes them
         # visible to the program that sees the count reach SPLIT_K - 1, which adds
@@ -214,7 +161,49 @@ def _skinny_kernel(
             tl.store(count_ptr + pid_n, 0)
 
 
-# %% chapters/14_skinny_gemm.md:444
+# %% chapters/14_skinny_gemm.md:361
+# one compiled kernel for every M and split count
+@triton.jit(do_not_specialize=["M", "SPLIT_K"])
+def _skinny_kernel(
+    x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, r_ptr, g_ptr, s_ptr, M, N, K,
+    K_PER_SPLIT, SPLIT_K, eps, stride_xm, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+    NUM_STAGES: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr = 0,
+    K_P2: tl.constexpr = 16, PDL: tl.constexpr = 0,
+):  # fmt: skip
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    k = tl.arange(0, BLOCK_K)
+    n_ok, m_ok = n < N, m < M
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    # y^T for this band: acc[n, m] = sum_k W[n, k] x[m, k]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    k_loop = k_start
+    # fmt: off
+    if PDL:  # launched early: W's first tile is in flight before the wait for x
+        w = _first_w_early(w_ptr, n, n_ok, k_start + k, K, stride_wn, PDL)
+    rstd = tl.zeros([BLOCK_M], tl.float32)
+    if NORM > 0:  # each row's 1/rms; the first program stores the sums
+        rstd = _rms(x_ptr, r_ptr, s_ptr, m, M, K, stride_xm, eps,
+                    (pid_n == 0) & (pid_k == 0), BLOCK_M, K_P2, NORM)
+    if PDL:
+        acc = _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, k_start + k, M,
+                       K, stride_xm, BLOCK_M, USE_DOT, IEEE, GATED, NORM)
+        k_loop += BLOCK_K
+    # the stream: BLOCK_N runs of BLOCK_K contiguous weights per step
+    for k0 in tl.range(k_loop, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        w = _load_w(w_ptr, n, n_ok, k0 + k, K, stride_wn)
+        acc = _product(acc, w, x_ptr, r_ptr, g_ptr, rstd, m, m_ok, k0 + k, M, K,
+                       stride_xm, BLOCK_M, USE_DOT, IEEE, GATED, NORM)
+    _store_band(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_n,
+                pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)
+    # fmt: on
+
+
+# %% chapters/14_skinny_gemm.md:420
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     return (
@@ -253,7 +242,7 @@ def default_config(
     return cfg
 
 
-# %% chapters/14_skinny_gemm.md:489
+# %% chapters/14_skinny_gemm.md:465
 # split-K arrival counts per device, zero between launches
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -272,7 +261,7 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/14_skinny_gemm.md:517
+# %% chapters/14_skinny_gemm.md:493
 def check_skinny(x: Tensor, weight: Tensor, gated: bool, norm: tuple) -> None:
     """skinny_linear's contract: x (1..MAX_M, K) (gated: 2K), weight (N, K), one
     dtype; gated or normed, not both."""
@@ -311,7 +300,7 @@ def k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
     return steps_per_split, triton.cdiv(k_steps, steps_per_split)
 
 
-# %% chapters/14_skinny_gemm.md:557
+# %% chapters/14_skinny_gemm.md:533
 def skinny_linear(
     x: Tensor, weight: Tensor, gated: bool = False, norm: tuple = (), **knobs
 ) -> Tensor:
@@ -353,7 +342,7 @@ def skinny_linear(
     return y
 
 
-# %% chapters/14_skinny_gemm.md:608
+# %% chapters/14_skinny_gemm.md:584
 @torch.library.custom_op("minillm::linear", mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor) -> Tensor:
     if x.is_cuda and 1 <= x.shape[0] <= MAX_M and x.dtype == weight.dtype:
@@ -381,7 +370,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if bias is None else y + bias
 
 
-# %% chapters/14_skinny_gemm.md:641
+# %% chapters/14_skinny_gemm.md:617
 def silu_mul(x: Tensor) -> Tensor:
     """silu(gate) * up of a merged gate-up output x (..., 2K), as chapter 1's MLP."""
     gate, up = x.chunk(2, dim=-1)
@@ -411,7 +400,7 @@ def silu_and_linear(x: Tensor, weight: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# %% chapters/14_skinny_gemm.md:677
+# %% chapters/14_skinny_gemm.md:653
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Chapter 1's RMSNorm of x, with the norm's weight and eps."""
     x32 = x.float()
