@@ -2,13 +2,12 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:860
+# %% chapters/16_async_scheduling.md:826
 """Async scheduling (chapter 16, "Overlapping the CPU and the GPU"): the engine's step
 with the CPU one step ahead of the device.
 
 vLLM: vllm/v1/core/sched/async_scheduler.py and the async output path of
-vllm/v1/worker/gpu_model_runner.py.
-"""
+vllm/v1/worker/gpu_model_runner.py."""
 
 from __future__ import annotations
 
@@ -39,11 +38,9 @@ class InFlight:
     logprobs: LogprobsTensors | None = None
 
 
-# %% chapters/16_async_scheduling.md:1112
+# %% chapters/16_async_scheduling.md:1072
 class AsyncStepper:
-    """LLMEngine.step with the CPU one step ahead of the device (vLLM's async
-    scheduling).
-    """
+    """LLMEngine.step with the CPU one step ahead of the device (async scheduling)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -70,7 +67,7 @@ class AsyncStepper:
             outputs += self._run_in_step(output)
         return outputs
 
-    # %% chapters/16_async_scheduling.md:1148
+    # %% chapters/16_async_scheduling.md:1106
     def _run_in_step(self, output: SchedulerOutput) -> list:
         engine = self.engine
         for request in [r for r in output.scheduled_requests if r.is_finished]:
@@ -84,11 +81,10 @@ class AsyncStepper:
         self.num_in_step += 1
         return engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1169
+    # %% chapters/16_async_scheduling.md:1127
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
-        placeholders.
-        """
+        placeholders."""
         if step.ready is not None:
             step.ready.synchronize()
         updated, sampled, logprobs = [], {}, {}
@@ -110,7 +106,7 @@ class AsyncStepper:
         result = ModelRunnerOutput(sampled, logprobs)
         return self.engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1202
+    # %% chapters/16_async_scheduling.md:1159
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})
@@ -124,7 +120,7 @@ class AsyncStepper:
                 request.num_output_placeholders += 1
 
 
-# %% chapters/16_async_scheduling.md:1221
+# %% chapters/16_async_scheduling.md:1178
 def use_async_stepper(engine) -> None:
     """Chapter 8's engine hook: the stepper, if the engine's runner steps ahead."""
     if getattr(engine.model_runner, "async_scheduling", False):

@@ -2,16 +2,14 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:81
+# %% chapters/16_async_scheduling.md:77
 """The GPU model runner (chapter 16, "The runner on the persistent batch").
 
 Chapter 9's ModelRunner on the persistent batch (input_batch.py), replaying captured
 decode steps (cuda_graph.py) over merged, compiled layers (merged_projections.py,
 compilation.py, decode_linear.py), drawing sampled tokens on the device in one kernel
 (kernels/sample.py), and launching steps ahead of the CPU (async_scheduling.py).
-Registered with chapter 9's engine as persistent_batch=True.
-vLLM: vllm/v1/worker/gpu_model_runner.py.
-"""
+Registered as persistent_batch=True. vLLM: vllm/v1/worker/gpu_model_runner.py."""
 
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ import torch
 from torch import Tensor
 
 
-# %% chapters/16_async_scheduling.md:108
+# %% chapters/16_async_scheduling.md:100
 from minillm.async_scheduling import InFlight
 from minillm.compilation import compile_layers
 from minillm.config import EngineConfig
@@ -52,7 +50,7 @@ from minillm.sampling_params import SAMPLING_EPS, SamplingParams, SamplingType
 from minillm.scheduler import SchedulerOutput
 
 
-# %% chapters/16_async_scheduling.md:141
+# %% chapters/16_async_scheduling.md:133
 def only_draws(params: SamplingParams, batch_processors: bool = False) -> bool:
     """Whether the sampler only cuts and draws for these parameters (after
     batch-level logits processors, if batch_processors)."""
@@ -79,7 +77,7 @@ def is_plain_greedy(params: SamplingParams, batch_processors: bool = False) -> b
     )
 
 
-# %% chapters/16_async_scheduling.md:176
+# %% chapters/16_async_scheduling.md:168
 # run the LM head at every row count at start-up (False: the stalls come back)
 WARM_LM_HEAD = True
 # steady decoding's placeholders filled by one copy ("Overlapping the CPU and the
@@ -98,11 +96,10 @@ def warm_lm_head(model: CausalLM, max_rows: int) -> None:
         model.lm_head(hidden[:rows])
 
 
-# %% chapters/16_async_scheduling.md:196
+# %% chapters/16_async_scheduling.md:188
 class GPUModelRunner(ModelRunner):
     """Chapter 9's runner on a persistent batch, with decode steps replayed from CUDA
-    graphs if asked.
-    """
+    graphs if asked."""
 
     def __init__(
         self,
@@ -137,7 +134,7 @@ class GPUModelRunner(ModelRunner):
             gc.collect()
             gc.freeze()
 
-    # %% chapters/16_async_scheduling.md:240
+    # %% chapters/16_async_scheduling.md:228
     def _init_sampling(self, config: EngineConfig) -> None:
         self.plain_greedy: dict[str, bool] = {}
         self.token_rules: dict[str, bool] = {}
@@ -160,7 +157,7 @@ class GPUModelRunner(ModelRunner):
             )
             self.graph_runner.capture()
 
-    # %% chapters/16_async_scheduling.md:268
+    # %% chapters/16_async_scheduling.md:256
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         params = request.sampling_params
@@ -191,13 +188,12 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1).tolist(), {}
         return super().sample_tokens(chosen, logits)
 
-    # %% chapters/16_async_scheduling.md:307
+    # %% chapters/16_async_scheduling.md:294
     def forward(
         self, output: SchedulerOutput, patch_input_ids=None
     ) -> tuple[StepInputs, Tensor]:
         """The step's inputs and hidden states; patch_input_ids(ids), if given, edits
-        the ids on the device.
-        """
+        the ids on the device."""
         for request_id in (*output.finished_req_ids, *output.preempted_req_ids):
             self.input_batch.remove(request_id)
         inputs = prepare_inputs(self.input_batch, output)
@@ -229,7 +225,7 @@ class GPUModelRunner(ModelRunner):
     def block_ids(self, request_id: str) -> list[int]:  # the rows hold the tables
         return self.input_batch.block_ids(request_id)
 
-    # %% chapters/16_async_scheduling.md:351
+    # %% chapters/16_async_scheduling.md:337
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         # a step run here samples on the CPU's side: no placeholders follow it
@@ -244,7 +240,7 @@ class GPUModelRunner(ModelRunner):
         last = upload(inputs.query_start_loc[1:] - 1, self.device)
         return self.sample(output, hidden, last.long())
 
-    # %% chapters/16_async_scheduling.md:766
+    # %% chapters/16_async_scheduling.md:741
     def metadata_ahead(
         self, chosen: list[Request], vocab_size: int
     ) -> SamplingMetadata:
@@ -283,7 +279,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/16_async_scheduling.md:904
+    # %% chapters/16_async_scheduling.md:869
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -322,12 +318,11 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/16_async_scheduling.md:964
+    # %% chapters/16_async_scheduling.md:929
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
-        done) unless the device can draw every token (draws_ahead).
-        """
+        done) unless the device can draw every token (draws_ahead)."""
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
@@ -359,7 +354,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/16_async_scheduling.md:1006
+    # %% chapters/16_async_scheduling.md:968
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -387,7 +382,7 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
-    # %% chapters/16_async_scheduling.md:1040
+    # %% chapters/16_async_scheduling.md:1001
     def _tokens_to_host(self, tokens: Tensor, n: int):
         """(host, ready): the n tokens on their way to a pinned buffer, and the
         event that passes when they are there (the tokens and None on a CPU)."""
@@ -413,7 +408,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/16_async_scheduling.md:1072
+    # %% chapters/16_async_scheduling.md:1033
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -446,7 +441,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/16_async_scheduling.md:1493
+    # %% chapters/16_async_scheduling.md:1441
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -467,7 +462,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/16_async_scheduling.md:1521
+    # %% chapters/16_async_scheduling.md:1468
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -499,7 +494,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
-    # %% chapters/16_async_scheduling.md:1558
+    # %% chapters/16_async_scheduling.md:1503
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 7's: True where request may not go.
         Made once per request."""
@@ -510,7 +505,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/16_async_scheduling.md:1874
+    # %% chapters/16_async_scheduling.md:1800
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -536,13 +531,12 @@ class GPUModelRunner(ModelRunner):
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
 
-# %% chapters/16_async_scheduling.md:1809
+# %% chapters/16_async_scheduling.md:1738
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
     """Chapter 16's EngineConfig options; None: on where they pay (a GPU with Triton
-    attention), off elsewhere.
-    """
+    attention), off elsewhere."""
 
     cuda_graphs: bool | None = None  # replay captured decode steps
     torch_compile: bool | None = None  # merged, skinny, compiled layers; None: graphs
@@ -564,7 +558,7 @@ class FastPathOptions:
                 "step's lengths, so it cannot be captured"
             )
 
-    # %% chapters/16_async_scheduling.md:1843
+    # %% chapters/16_async_scheduling.md:1770
     @staticmethod
     def check_parts(config, parts: dict) -> None:
         names = ("cuda_graphs", "torch_compile", "async_scheduling")
@@ -585,5 +579,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/16_async_scheduling.md:1902
+# %% chapters/16_async_scheduling.md:1828
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:1290
+# %% chapters/16_async_scheduling.md:1245
 """What chapter 7's sampler reads from a request's tokens, kept for the steps
 launched ahead (chapter 16, "Penalties and token rules ahead").
 
@@ -11,8 +11,7 @@ and prompt-token mask that chapter 7's penalties read
 (`minillm.logits_processors.apply_penalties_to_counts`), on the device: built from the
 request's lists when it (re)enters a row, then added to on the device by every step
 launched ahead. vLLM: vllm/v1/worker/gpu/sample/penalties.py (PenaltiesState) and
-post_update in vllm/v1/worker/gpu/input_batch.py.
-"""
+post_update in vllm/v1/worker/gpu/input_batch.py."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 
 
-# %% chapters/16_async_scheduling.md:1319
+# %% chapters/16_async_scheduling.md:1273
 def uses_penalties(params: SamplingParams) -> bool:
     """Whether chapter 7 applies a repetition, frequency or presence penalty."""
     return (
@@ -47,14 +46,13 @@ def has_token_rules(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/16_async_scheduling.md:1344
+# %% chapters/16_async_scheduling.md:1295
 class PenaltiesState:
     """Per row of the persistent batch, on the device: the output-token counts and
     the prompt-token mask of a request (vLLM's PenaltiesState).
 
     Invariant: row r holds the counts of the first num_counted[r] output tokens of
-    owner[r] (at its num_preemptions generation[r]); update counts the rest.
-    """
+    owner[r] (at its num_preemptions generation[r]); update counts the rest."""
 
     def __init__(
         self, max_num_reqs: int, device: torch.device, max_model_len: int | None = None
@@ -70,7 +68,7 @@ class PenaltiesState:
         self.num_counted = [0] * max_num_reqs
         self.num_rebuilt = 0  # rows built from a request's lists
 
-    # %% chapters/16_async_scheduling.md:1375
+    # %% chapters/16_async_scheduling.md:1324
     def update(
         self, rows: list[int], requests: list[Request], vocab_size: int, previous
     ):
@@ -109,7 +107,7 @@ class PenaltiesState:
         if flight_rows:
             self._count(flight_rows, previous.tokens[upload(flight_src, self.device)])
 
-    # %% chapters/16_async_scheduling.md:1421
+    # %% chapters/16_async_scheduling.md:1370
     def _allocate(self, vocab_size: int) -> None:
         shape = (len(self.owner), vocab_size)
         self.output_counts = torch.zeros(
@@ -134,7 +132,7 @@ class PenaltiesState:
         index = (upload(rows, self.device), token_ids)
         self.output_counts.index_put_(index, ones, accumulate=True)
 
-    # %% chapters/16_async_scheduling.md:1452
+    # %% chapters/16_async_scheduling.md:1401
     def apply(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:
@@ -164,7 +162,7 @@ class PenaltiesState:
         )
         return logits
 
-    # %% chapters/16_async_scheduling.md:1748
+    # %% chapters/16_async_scheduling.md:1683
     def apply_kernel(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:

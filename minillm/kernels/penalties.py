@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:1636
+# %% chapters/16_async_scheduling.md:1573
 """Chapter 7's penalties as one Triton kernel for the steps launched ahead
 (chapter 16, "Penalties in one kernel").
 
@@ -11,8 +11,7 @@ float32 logits equal, bit for bit, to chapter 7's `apply_penalties_to_counts`
 (minillm/logits_processors.py) on the rows that have a state row, and to the
 converted logits elsewhere. vLLM: _penalties_kernel in
 vllm/v1/worker/gpu/sample/penalties.py. On a machine without a GPU, set
-TRITON_INTERPRET=1 before importing this module.
-"""
+TRITON_INTERPRET=1 before importing this module."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 BLOCK = 4096  # tokens per program
 
 
-# %% chapters/16_async_scheduling.md:1669
+# %% chapters/16_async_scheduling.md:1605
 @triton.jit
 def _penalties_kernel(
     logits_ptr, out_ptr, state_rows_ptr, counts_ptr, seen_ptr, penalties_ptr,
@@ -62,7 +61,7 @@ def _penalties_kernel(
     tl.store(out_ptr + row * out_stride + offs, x, mask=offs < V)
 
 
-# %% chapters/16_async_scheduling.md:1707
+# %% chapters/16_async_scheduling.md:1642
 def apply_penalties(
     logits: Tensor,
     state_rows: Tensor,

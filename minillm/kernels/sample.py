@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:404
+# %% chapters/16_async_scheduling.md:386
 """Chapter 7's sampler as one Triton kernel for the fast path (chapter 16,
 "Sampling on the device").
 
@@ -11,8 +11,7 @@ tokens chapter 7's `Sampler` draws for the same rows: temperature, min-p, top-k 
 top-p by binary searches over the logits' order keys (no sort), then the exponential
 race with chapter 7's counter-based noise (`minillm.sampler.exponential_noise`).
 FlashInfer's sampling kernels (flashinfer/sampling.py) cut by rejection instead. On
-a machine without a GPU, set TRITON_INTERPRET=1 before importing this module.
-"""
+a machine without a GPU, set TRITON_INTERPRET=1 before importing this module."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 BLOCK = 8192  # tokens of a row per loop step: 16 a thread, with 16 warps
 
 
-# %% chapters/16_async_scheduling.md:435
+# %% chapters/16_async_scheduling.md:416
 @triton.jit
 def _exp(x, PRECISE: tl.constexpr):
     if PRECISE:  # correctly rounded, as PyTorch's; tl.exp is an approximation
@@ -68,7 +67,7 @@ def _noise(seed, pos, tokens, PRECISE: tl.constexpr):
     return -_log(uniform, PRECISE)
 
 
-# %% chapters/16_async_scheduling.md:476
+# %% chapters/16_async_scheduling.md:457
 @triton.jit
 def _load(row_ptr, offs, n, t, RAW_KEYS: tl.constexpr, PRECISE: tl.constexpr):
     """A block of the row: its logits / t (float32) and their order keys."""
@@ -99,7 +98,7 @@ def _live(
     return e, live
 
 
-# %% chapters/16_async_scheduling.md:513
+# %% chapters/16_async_scheduling.md:493
 @triton.jit
 def _row_stats(
     row_ptr, V, t, RAW_KEYS: tl.constexpr, BLOCK: tl.constexpr, PRECISE: tl.constexpr
@@ -133,7 +132,7 @@ def _row_stats(
     )
 
 
-# %% chapters/16_async_scheduling.md:553
+# %% chapters/16_async_scheduling.md:533
 @triton.jit
 def _top_k_key(
     row_ptr, n, t, m, z, min_p, k, low, hi, RAW_KEYS: tl.constexpr,
@@ -155,7 +154,7 @@ def _top_k_key(
     return low
 
 
-# %% chapters/16_async_scheduling.md:576
+# %% chapters/16_async_scheduling.md:556
 @triton.jit
 def _top_p_key(
     row_ptr, n, t, m, z, min_p, p, low, hi, RAW_KEYS: tl.constexpr,
@@ -187,7 +186,7 @@ def _top_p_key(
     return low
 
 
-# %% chapters/16_async_scheduling.md:617
+# %% chapters/16_async_scheduling.md:596
 @triton.jit
 def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
            HAS_MIN_P: tl.constexpr):  # fmt: skip
@@ -210,7 +209,7 @@ def _above(row_ptr, offs, n, t, m, z, min_p, low, mid, RAW_KEYS: tl.constexpr,
     return tl.where(up, e, 0.0)
 
 
-# %% chapters/16_async_scheduling.md:644
+# %% chapters/16_async_scheduling.md:623
 @triton.jit
 def _race(
     row_ptr, n, t, m, z, min_p, low, seed, pos, RAW_KEYS: tl.constexpr,
@@ -230,7 +229,7 @@ def _race(
     return tl.min(tl.where(top == tl.max(top, 0), token, 2147483647), 0)
 
 
-# %% chapters/16_async_scheduling.md:667
+# %% chapters/16_async_scheduling.md:644
 @triton.jit
 def _sample_kernel(
     logits_ptr, stride, V, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_ptr,
@@ -263,7 +262,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, tl.where(greedy, best, winner).to(tl.int64))
 
 
-# %% chapters/16_async_scheduling.md:704
+# %% chapters/16_async_scheduling.md:681
 def sample(
     logits: Tensor,
     temperature: Tensor,
