@@ -30,6 +30,7 @@ def llm():
     return LLM(device="cpu", dtype=torch.float32)
 
 
+@torch.inference_mode()  # the engine's compiled layers on a GPU have no backward
 def naive_beam_search(model, prompt, width, max_tokens, eos, length_penalty=1.0):
     """[(tokens, cum_logprob)], best first: every beam recomputed from its first
     token by the plain model, in float32, every step."""
