@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/17_int4_gemm.md:835
+# %% chapters/17_int4_gemm.md:756
 """A fused W4A16 matrix product in Triton (chapter 17, "The kernel").
 
 `int4_matmul(x, w)` is `x @ w.dequantize().T` for an Int4Weight w: each program streams
@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-# %% chapters/17_int4_gemm.md:873
+# %% chapters/17_int4_gemm.md:794
 class Int4Weight(Protocol):
     """What the kernels read of a minillm.int4.Int4Weight (which imports this module
     lazily, so this one cannot import it): qweight (K // 8, N) int32, scales and zeros
@@ -52,7 +52,7 @@ def _nk(w: Int4Weight) -> tuple[int, int]:
     return w.qweight.shape[1], w.qweight.shape[0] * 8  # (N, K)
 
 
-# %% chapters/17_int4_gemm.md:906
+# %% chapters/17_int4_gemm.md:827
 @triton.jit
 def _codes(qw_ptr, k0, n, n_ok, N, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            GATHER: tl.constexpr, SHUFFLED: tl.constexpr = False):  # fmt: skip
@@ -84,7 +84,7 @@ def _weights(codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (codes.to(dtype) - zero[None, :]) * scale[None, :]
 
 
-# %% chapters/17_int4_gemm.md:960
+# %% chapters/17_int4_gemm.md:881
 @triton.jit
 def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
             MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -103,7 +103,7 @@ def _folded(x, codes, s_ptr, z_ptr, k0, n, n_ok, N, GROUP: tl.constexpr,
     return (part - x_sum[:, None] * (zero + offset)[None, :]) * scale[None, :]
 
 
-# %% chapters/17_int4_gemm.md:990
+# %% chapters/17_int4_gemm.md:911
 @triton.jit
 def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n,
            pid_k, SPLIT_K, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -128,7 +128,7 @@ def _store(acc, y_ptr, part_ptr, count_ptr, m, n, m_ok, n_ok, M, N, pid_m, pid_n
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/17_int4_gemm.md:1018
+# %% chapters/17_int4_gemm.md:939
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -162,7 +162,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
            pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
 
 
-# %% chapters/17_int4_gemm.md:1066
+# %% chapters/17_int4_gemm.md:987
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -190,7 +190,7 @@ def default_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return cfg
 
 
-# %% chapters/17_int4_gemm.md:1099
+# %% chapters/17_int4_gemm.md:1020
 _COUNTERS: dict[torch.device, Tensor] = {}  # split-K arrival counts, zero at rest
 
 
@@ -208,12 +208,12 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return buf
 
 
-# %% chapters/17_int4_gemm.md:1121
+# %% chapters/17_int4_gemm.md:1042
 # the bits that make a 16-bit float of (offset + code): bf16 128 + c, fp16 1024 + c
 MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}
 
 
-# %% chapters/17_int4_gemm.md:1127
+# %% chapters/17_int4_gemm.md:1048
 def int4_matmul(x: Tensor, w: Int4Weight, shuffled: bool = False, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T, accumulated in float32; knobs override
     default_config (block_m, block_n, block_k, gather, fold, split_k, num_warps, ...).
@@ -252,7 +252,7 @@ def int4_matmul(x: Tensor, w: Int4Weight, shuffled: bool = False, **knobs) -> Te
     return y
 
 
-# %% chapters/17_int4_gemm.md:1199
+# %% chapters/17_int4_gemm.md:1120
 FUSED_MAX_M = 64  # more rows: dequantize_int4, then cuBLAS (the sweep's crossover)
 
 
@@ -280,12 +280,12 @@ def dequantize_int4(w: Int4Weight, shuffled: bool = False) -> Tensor:
     return out
 
 
-# %% chapters/17_int4_gemm.md:1274
+# %% chapters/17_int4_gemm.md:1195
 GEMV_MAX_M = 1  # rows that take int4_gemv: one (measured: the lab notes' H200 run)
 FLOAT_2_23 = tl.constexpr(0x4B000000)  # float32 bits of 2**23; or in c: 2**23 + c
 
 
-# %% chapters/17_int4_gemm.md:1283
+# %% chapters/17_int4_gemm.md:1204
 @triton.jit
 def _words(qw_ptr, k0, i, n, n_ok, N):
     """Word rows k0 // 8 + i of the packed codes, at columns n: (len(i), BLOCK_N)."""
@@ -293,7 +293,7 @@ def _words(qw_ptr, k0, i, n, n_ok, N):
                    mask=n_ok[None, :], other=0)  # fmt: skip
 
 
-# %% chapters/17_int4_gemm.md:1296
+# %% chapters/17_int4_gemm.md:1217
 @triton.jit
 def _gemv_step(words, bias, x_ptr, m, stride_xm, k0, i, BLOCK_K: tl.constexpr,
                BLOCK_N: tl.constexpr):  # fmt: skip
@@ -308,7 +308,7 @@ def _gemv_step(words, bias, x_ptr, m, stride_xm, k0, i, BLOCK_K: tl.constexpr,
     return step
 
 
-# %% chapters/17_int4_gemm.md:1316
+# %% chapters/17_int4_gemm.md:1237
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                       M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -347,7 +347,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
             tl.store(count_ptr + tile, 0)
 
 
-# %% chapters/17_int4_gemm.md:1368
+# %% chapters/17_int4_gemm.md:1289
 def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     """int4_gemv's knobs for an (M, N, K) product with groups of `group`."""
     wide = N >= 16384  # gate_up_proj-sized outputs: wider programs, more warps
@@ -360,7 +360,7 @@ def gemv_config(M: int, N: int, K: int, group: int, sms: int = 132) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split, num_warps=num_warps)
 
 
-# %% chapters/17_int4_gemm.md:1386
+# %% chapters/17_int4_gemm.md:1307
 def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     """x (M, K) @ w.dequantize(x.dtype).T on the CUDA cores, a program per row and
     tile, in float32; knobs override gemv_config (block_n, block_k, split_k, ...).
@@ -395,7 +395,7 @@ def int4_gemv(x: Tensor, w: Int4Weight, **knobs) -> Tensor:
     return y
 
 
-# %% chapters/17_int4_gemm.md:1489
+# %% chapters/17_int4_gemm.md:1410
 @triton.jit
 def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
                    MAGIC: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
@@ -424,7 +424,7 @@ def _slice_product(x, words, j: tl.constexpr, DOT: tl.constexpr,
     return out
 
 
-# %% chapters/17_int4_gemm.md:1524
+# %% chapters/17_int4_gemm.md:1445
 @triton.jit
 def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
           OFFSET: tl.constexpr):  # fmt: skip
@@ -440,7 +440,7 @@ def _fold(acc, part, x_sum, s_ptr, z_ptr, g, n, n_ok, N, DOT: tl.constexpr,
     return acc + (part - x_sum * (zero + OFFSET)[None, :]) * scale[None, :]
 
 
-# %% chapters/17_int4_gemm.md:1544
+# %% chapters/17_int4_gemm.md:1465
 @triton.jit
 def _part_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     if DOT:
@@ -473,7 +473,7 @@ def _dequantized_slice(words, j: tl.constexpr, s_ptr, z_ptr, g, n, n_ok, N, dtyp
     return ((codes - zero[None, :]) * scale[None, :]).to(dtype)
 
 
-# %% chapters/17_int4_gemm.md:1581
+# %% chapters/17_int4_gemm.md:1502
 @triton.jit
 def _x_slice(x_ptr, m, m_ok, k0, i, j: tl.constexpr, stride_xm,
              SHUFFLED: tl.constexpr):  # fmt: skip
@@ -483,7 +483,7 @@ def _x_slice(x_ptr, m, m_ok, k0, i, j: tl.constexpr, stride_xm,
                    mask=m_ok[:, None], other=0.0)  # fmt: skip
 
 
-# %% chapters/17_int4_gemm.md:1608
+# %% chapters/17_int4_gemm.md:1529
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
                   M, N, K, K_PER_SPLIT, SPLIT_K, stride_xm, stride_ym,
@@ -524,7 +524,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr,
            pid_k, SPLIT_K, stride_ym, BLOCK_M, BLOCK_N, SPLIT)  # fmt: skip
 
 
-# %% chapters/17_int4_gemm.md:1660
+# %% chapters/17_int4_gemm.md:1581
 def w4a16_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     """w4a16_matmul's knobs for an (M, N, K) product: the CUDA cores for one or two
     rows (from a first H100 sweep), tl.dot from three (tiles chosen from the
@@ -550,7 +550,7 @@ def w4a16_split(M: int, N: int, K: int, block_m: int, block_n: int, sms: int) ->
     return split
 
 
-# %% chapters/17_int4_gemm.md:1687
+# %% chapters/17_int4_gemm.md:1608
 def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Tensor:
     """x (M, K) @ W.T for w's qweight in the kernel's layout (shuffle_int4), or in
     pack_int4's with shuffled=False (groups of a multiple of 128 only); knobs
@@ -592,7 +592,7 @@ def w4a16_matmul(x: Tensor, w: Int4Weight, shuffled: bool = True, **knobs) -> Te
     return y
 
 
-# %% chapters/17_int4_gemm.md:1768
+# %% chapters/17_int4_gemm.md:1689
 # the most rows w4a16_matmul takes (the H100 run in "Measured"): from 32 rows on its
 # large tiles ran at a third of bf16's speed; int4_matmul and cuBLAS take those
 W4A16_MAX_M = 16
@@ -626,7 +626,7 @@ def _(x, qweight, scales, zeros, group_size, shuffled=False):  # the output's sh
     return x.new_empty(x.shape[0], qweight.shape[1])
 
 
-# %% chapters/17_int4_gemm.md:1803
+# %% chapters/17_int4_gemm.md:1724
 def int4_linear(
     x: Tensor, w: Int4Weight, bias: Tensor | None = None, shuffled: bool = False
 ) -> Tensor:
