@@ -15,6 +15,7 @@ __all__ = [
     "offline_table",
     "part_run",
     "plot_load",
+    "plot_offline",
     "print_profile",
     "profile_split",
 ]
@@ -117,3 +118,33 @@ def plot_load(record: dict) -> None:
     )
     plt.tight_layout()
     plt.show()
+
+
+def plot_offline(offline: dict, date: str):
+    """The Measured figure: output tokens per second and batch-1 ms per token, each
+    model, minillm beside vLLM (the baseline)."""
+    import matplotlib.pyplot as plt
+
+    models = list(offline)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    panels = (
+        ("output_tokens_per_s", "output tokens / s (higher is better)"),
+        ("batch1_ms_per_token", "batch 1, ms per token (lower is better)"),
+    )
+    for ax, (key, title) in zip(axes, panels):
+        for k, (engine, color) in enumerate(
+            (("vllm", "gray"), ("minillm", "tab:blue"))
+        ):
+            values = [offline[m][engine][key] for m in models]
+            xs = [i + 0.4 * k for i in range(len(models))]
+            ax.bar(
+                xs, values, width=0.4, color=color, label=engine.replace("vllm", "vLLM")
+            )
+        ax.set_xticks([i + 0.2 for i in range(len(models))], models)
+        ax.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(
+        f"Offline, on a CPU, two threads each (stored run, {date})", fontsize=9
+    )
+    fig.tight_layout()
+    return fig
