@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LIST = ROOT / "tools" / "vllm_references.txt"
 SOURCES = (
     "chapters/*.md",
+    "chapters/lab_notes/*.md",
     "book/*.md",
     "README.md",
     "benchmarks/*.py",
