@@ -378,6 +378,13 @@ def main() -> None:
         help="a local HF folder (default: random Qwen3-0.6B shape)",
     )
     parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument(
+        "--workload-seed",
+        type=int,
+        default=0,
+        help="the draw of prompts and lengths (0: the standard one; another seed "
+        "gives a held-out draw of the same mix)",
+    )
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument(
@@ -479,7 +486,9 @@ def main() -> None:
             "benchmarks/throughput.py measures GPU throughput: no CUDA device found"
         )
 
-    prompts, output_lens = workload(args.num_requests, args.min_len, args.max_len)
+    prompts, output_lens = workload(
+        args.num_requests, args.min_len, args.max_len, args.workload_seed
+    )
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.model) if args.model else Path(tmp)
         if not args.model:
@@ -498,7 +507,7 @@ def main() -> None:
                 "distribution": "uniform",
                 "token_ids": "uniform in [0, 10000)",
                 "ignore_eos": True,
-                "seed": 0,
+                "seed": args.workload_seed,
                 "prompt_tokens": sum(map(len, prompts)),
                 "output_tokens": sum(output_lens),
             },
