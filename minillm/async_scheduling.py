@@ -38,7 +38,20 @@ class InFlight:
     logprobs: LogprobsTensors | None = None
 
 
-# %% chapters/16_async_scheduling.md:1072
+# %% chapters/16_async_scheduling.md:869
+def steady(output: SchedulerOutput, before: list[Request], holes: list[int]) -> bool:
+    """Whether holes are rows 0..n-1 of output, each one token of request j of
+    `before` (step N's sampled rows): then row j's token is step N's token j."""
+    n, counts = len(holes), output.num_scheduled_tokens
+    if n > len(before) or holes[-1] != n - 1:  # holes are increasing row numbers
+        return False
+    requests = output.scheduled_requests
+    return all(
+        a is b and counts[a.request_id] == 1 for a, b in zip(requests[:n], before)
+    )
+
+
+# %% chapters/16_async_scheduling.md:1090
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (async scheduling)."""
 
@@ -67,7 +80,7 @@ class AsyncStepper:
             outputs += self._run_in_step(output)
         return outputs
 
-    # %% chapters/16_async_scheduling.md:1106
+    # %% chapters/16_async_scheduling.md:1124
     def _run_in_step(self, output: SchedulerOutput) -> list:
         engine = self.engine
         for request in [r for r in output.scheduled_requests if r.is_finished]:
@@ -81,7 +94,7 @@ class AsyncStepper:
         self.num_in_step += 1
         return engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1127
+    # %% chapters/16_async_scheduling.md:1145
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
         placeholders."""
@@ -106,7 +119,7 @@ class AsyncStepper:
         result = ModelRunnerOutput(sampled, logprobs)
         return self.engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1159
+    # %% chapters/16_async_scheduling.md:1177
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})
@@ -120,7 +133,7 @@ class AsyncStepper:
                 request.num_output_placeholders += 1
 
 
-# %% chapters/16_async_scheduling.md:1178
+# %% chapters/16_async_scheduling.md:1196
 def use_async_stepper(engine) -> None:
     """Chapter 8's engine hook: the stepper, if the engine's runner steps ahead."""
     if getattr(engine.model_runner, "async_scheduling", False):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 
 # %% chapters/16_async_scheduling.md:100
-from minillm.async_scheduling import InFlight
+from minillm.async_scheduling import InFlight, steady
 from minillm.compilation import compile_layers
 from minillm.config import EngineConfig
 from minillm.cuda_graph import CUDAGraphRunner, default_capture_sizes
@@ -279,7 +279,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/16_async_scheduling.md:869
+    # %% chapters/16_async_scheduling.md:888
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -301,16 +301,15 @@ class GPUModelRunner(ModelRunner):
             raise RuntimeError(
                 "a placeholder token without a step in flight to fill it"
             )
+        sampled, n = previous.tokens, len(holes)
+        if PATCH_IN_ORDER and steady(output, previous.sampling, holes):
+            # row j's token goes to slot j: a plain copy, no index tensors
+            return lambda input_ids: input_ids[:n].copy_(sampled[:n])
         requests = output.scheduled_requests
         row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
         lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
         query_end = np.cumsum(lens) - 1  # (num_seqs,) each query's last token
         dst, src = query_end[holes], [row_of[requests[i].request_id] for i in holes]
-        sampled, n = previous.tokens, len(holes)
-        if PATCH_IN_ORDER and src == list(range(n)) and dst[-1] == n - 1:
-            # steady decoding: row j's token goes to slot j, a plain copy (no
-            # index tensors to upload)
-            return lambda input_ids: input_ids[:n].copy_(sampled[:n])
         dst, src = upload(dst.astype(np.int64), self.device), upload(src, self.device)
 
         def patch(input_ids: Tensor) -> None:  # runs on the device, in stream order
@@ -318,7 +317,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/16_async_scheduling.md:929
+    # %% chapters/16_async_scheduling.md:947
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
@@ -354,7 +353,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/16_async_scheduling.md:968
+    # %% chapters/16_async_scheduling.md:986
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -382,7 +381,7 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
-    # %% chapters/16_async_scheduling.md:1001
+    # %% chapters/16_async_scheduling.md:1019
     def _tokens_to_host(self, tokens: Tensor, n: int):
         """(host, ready): the n tokens on their way to a pinned buffer, and the
         event that passes when they are there (the tokens and None on a CPU)."""
@@ -408,7 +407,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/16_async_scheduling.md:1033
+    # %% chapters/16_async_scheduling.md:1051
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -441,7 +440,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/16_async_scheduling.md:1441
+    # %% chapters/16_async_scheduling.md:1459
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -462,7 +461,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/16_async_scheduling.md:1468
+    # %% chapters/16_async_scheduling.md:1486
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -494,7 +493,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
-    # %% chapters/16_async_scheduling.md:1503
+    # %% chapters/16_async_scheduling.md:1521
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 7's: True where request may not go.
         Made once per request."""
@@ -505,7 +504,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/16_async_scheduling.md:1800
+    # %% chapters/16_async_scheduling.md:1818
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -531,7 +530,7 @@ class GPUModelRunner(ModelRunner):
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
 
-# %% chapters/16_async_scheduling.md:1738
+# %% chapters/16_async_scheduling.md:1756
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -558,7 +557,7 @@ class FastPathOptions:
                 "step's lengths, so it cannot be captured"
             )
 
-    # %% chapters/16_async_scheduling.md:1770
+    # %% chapters/16_async_scheduling.md:1788
     @staticmethod
     def check_parts(config, parts: dict) -> None:
         names = ("cuda_graphs", "torch_compile", "async_scheduling")
@@ -579,5 +578,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/16_async_scheduling.md:1828
+# %% chapters/16_async_scheduling.md:1846
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
