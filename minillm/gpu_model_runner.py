@@ -279,7 +279,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/16_async_scheduling.md:888
+    # %% chapters/16_async_scheduling.md:886
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -317,7 +317,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/16_async_scheduling.md:947
+    # %% chapters/16_async_scheduling.md:945
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
@@ -353,7 +353,7 @@ class GPUModelRunner(ModelRunner):
         self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
         return self.previous
 
-    # %% chapters/16_async_scheduling.md:986
+    # %% chapters/16_async_scheduling.md:984
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -381,7 +381,7 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
-    # %% chapters/16_async_scheduling.md:1019
+    # %% chapters/16_async_scheduling.md:1017
     def _tokens_to_host(self, tokens: Tensor, n: int):
         """(host, ready): the n tokens on their way to a pinned buffer, and the
         event that passes when they are there (the tokens and None on a CPU)."""
@@ -407,7 +407,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/16_async_scheduling.md:1051
+    # %% chapters/16_async_scheduling.md:1049
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -440,7 +440,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/16_async_scheduling.md:1459
+    # %% chapters/16_async_scheduling.md:1457
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -461,7 +461,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/16_async_scheduling.md:1486
+    # %% chapters/16_async_scheduling.md:1484
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -493,7 +493,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
-    # %% chapters/16_async_scheduling.md:1521
+    # %% chapters/16_async_scheduling.md:1519
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 7's: True where request may not go.
         Made once per request."""
@@ -504,7 +504,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/16_async_scheduling.md:1818
+    # %% chapters/16_async_scheduling.md:1816
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -530,7 +530,7 @@ class GPUModelRunner(ModelRunner):
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
 
-# %% chapters/16_async_scheduling.md:1756
+# %% chapters/16_async_scheduling.md:1754
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -557,7 +557,7 @@ class FastPathOptions:
                 "step's lengths, so it cannot be captured"
             )
 
-    # %% chapters/16_async_scheduling.md:1788
+    # %% chapters/16_async_scheduling.md:1786
     @staticmethod
     def check_parts(config, parts: dict) -> None:
         names = ("cuda_graphs", "torch_compile", "async_scheduling")
@@ -578,5 +578,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/16_async_scheduling.md:1846
+# %% chapters/16_async_scheduling.md:1844
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)
