@@ -42,7 +42,7 @@ def load(name: str, tmp: Path):
     if name == "tiny":
         from minillm.tiny import tiny_model
 
-        return tiny_model(device="cuda", dtype=torch.float32, progress=False)
+        return tiny_model(device="cuda", dtype=torch.float32, progress=False)[0]
     random_checkpoint(tmp / name, shape=name)
     return load_model(tmp / name, dtype=torch.bfloat16, device="cuda")
 
