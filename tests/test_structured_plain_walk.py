@@ -10,7 +10,6 @@ from minillm.structured.matcher import (
     CompiledGrammar,
     class_chain,
     class_tokens,
-    plain_chain,
     plain_index,
 )
 from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
@@ -38,6 +37,26 @@ SCHEMAS = [
         },
     },
 ]
+
+
+def plain_chain(table: np.ndarray, events, g: int, depth: int) -> np.ndarray | None:
+    """The chain when every plain byte moves alike (the chapter's first version,
+    before classes): (depth + 1,) the states that 0, 1, ..., depth plain bytes
+    lead to from g, or None."""
+    sink = table.shape[0] - 1
+    chain, s = np.full(depth + 1, sink, np.int64), g
+    for n in range(depth + 1):
+        chain[n] = s
+        if s == sink or n == depth:
+            break
+        row = table[s, PLAIN]
+        if (row != row[0]).any() or (events is not None and events[s, PLAIN].any()):
+            return None
+        if row[0] == s:  # a loop: the same state for every length from here
+            chain[n:] = s
+            break
+        s = int(row[0])
+    return chain
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import torch
 
 from minillm.structured.dfa import row_ids
 from minillm.structured.grammar import Grammar
-from minillm.structured.token_index import TokenIndex
+from minillm.structured.token_index import TokenIndex, walk_many
 
 MAX_DEPTH = 200  # deeper nesting is not followed (left recursion would be endless)
 Stacks = tuple[tuple[int, ...], ...]
@@ -106,11 +106,13 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/24_token_masks.md:306
+    # %% chapters/24_token_masks.md:288
     def walk_state(self, g: int, index: TokenIndex | None = None):
         """full_walk(g, index): plain tokens by their lengths along class_chain,
         where it holds, and the other tokens walked apart."""
         index, table, sink = index or self.index, self.grammar.table, self.grammar.SINK
+        if index is self.index and g in self.narrow_walks:  # walked with the others
+            return self.narrow_walks[g]
         found = None
         if (table[g, PLAIN] != sink).sum() >= 8:  # inside a string, perhaps
             found = self.chain(g, len(index.levels))
@@ -119,14 +121,17 @@ class CompiledGrammar:
         ids, lengths, others = plain_index(index)
         ends = found[0][lengths]
         alive = (ends != sink) & class_tokens(index, found[1])
-        other_ids, other_ends, uncertain = scan_walk(others, table, g, self.events)
+        other = self.loop_scans.get(g) if index is self.index else None
+        other_ids, other_ends, uncertain = other or scan_walk(
+            others, table, g, self.events, self.grammar.flat
+        )
         return (
             np.concatenate([ids[alive], other_ids]),
             np.concatenate([ends[alive], other_ends]),
             uncertain,
         )
 
-    # %% chapters/24_token_masks.md:332
+    # %% chapters/24_token_masks.md:319
     @functools.cached_property
     def plain_moves(self) -> tuple[list[int], list[int], np.ndarray]:
         """Per state: where all its plain bytes go (SINK: none live; -1: apart,
@@ -160,7 +165,28 @@ class CompiledGrammar:
         chain[len(out) :] = out[-1]  # the loop's state, or the sink
         return chain, live[g]
 
-    # %% chapters/24_token_masks.md:412
+    # %% chapters/24_token_masks.md:445
+    @functools.cached_property
+    def narrow_walks(self) -> dict[int, tuple[np.ndarray, ...]]:
+        """walk_many over the narrow states: fewer than 8 live plain bytes, or
+        fewer than 32 live bytes (a number's)."""
+        live = self.grammar.table[:-1] != self.grammar.SINK
+        narrow = (live[:, PLAIN].sum(axis=1) < 8) | (live.sum(axis=1) < 32)
+        table, starts = self.grammar.table, np.flatnonzero(narrow)
+        walks = walk_many(self.index, table, starts, self.events)
+        return dict(zip(starts.tolist(), walks))
+
+    @functools.cached_property
+    def loop_scans(self) -> dict[int, tuple[np.ndarray, ...]]:
+        """scan_many over the other tokens from the states whose plain bytes
+        all lead back to themselves (a string's inside, a number's digits)."""
+        moves = np.array(self.plain_moves[0][:-1])
+        loops = np.flatnonzero(moves == np.arange(len(moves)))
+        others, table = plain_index(self.index)[2], self.grammar.table
+        found = scan_many(others, table, loops, self.events, self.grammar.flat)
+        return dict(zip(loops.tolist(), found))
+
+    # %% chapters/24_token_masks.md:469
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -189,7 +215,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/24_token_masks.md:448
+    # %% chapters/24_token_masks.md:505
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -210,7 +236,7 @@ class CompiledGrammar:
         accepting = self.grammar.accepting
         return any(len(s) == 1 and accepting[s[0]] for s in self.closure(stacks))
 
-    # %% chapters/24_token_masks.md:472
+    # %% chapters/24_token_masks.md:529
     def mask(self, stacks: Stacks) -> np.ndarray:
         """(num_words,) uint32: the tokens that may come next (EOS if complete)."""
         words = self.masks.get(stacks)  # one hash of the stacks, not three
@@ -234,7 +260,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/24_token_masks.md:505
+    # %% chapters/24_token_masks.md:562
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -252,7 +278,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/24_token_masks.md:531
+    # %% chapters/24_token_masks.md:588
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -278,7 +304,7 @@ class CompiledGrammar:
             return [True] * (g.num_states + 1)
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
-    # %% chapters/24_token_masks.md:566
+    # %% chapters/24_token_masks.md:623
     def unsure_after(self, closed: Stacks) -> dict[int, Stacks]:
         """{uncertain token that some stack reads: the stacks after it}, each
         advance(closed, its bytes); the tokens in byte order, a shared prefix
@@ -317,7 +343,7 @@ class CompiledGrammar:
         moved = {s[:-1] + (t,) for s in closed if (t := flat[s[-1] * 256 + b]) != sink}
         return self.closure(tuple(sorted(moved))) if moved else None
 
-    # %% chapters/24_token_masks.md:643
+    # %% chapters/24_token_masks.md:700
     def canonical(self, stacks: Stacks) -> Stacks:
         """stacks, or stacks as good for every cache: the one stack's top replaced
         by the representative of its class (stacks itself where it is one)."""
@@ -335,7 +361,7 @@ class CompiledGrammar:
             reps = self.reps[r] = self.representatives(r)
         return reps[g - reps[0][0]] if reps else (g, g)  # reps[0]: the first state
 
-    # %% chapters/24_token_masks.md:664
+    # %% chapters/24_token_masks.md:721
     def representatives(self, r: int) -> list[tuple[int, int]]:
         """Rule r's states' representatives at both depths ([] for a rule with
         calls, or too small to hold two positions alike)."""
@@ -360,7 +386,7 @@ class CompiledGrammar:
         if self.labels is None or not np.array_equal(labels, self.labels):
             self.labels, self.reps = labels, {}
 
-    # %% chapters/24_token_masks.md:718
+    # %% chapters/24_token_masks.md:775
     def near(self, g: int) -> int:
         """A state alike g to the short depth (g itself where none is known)."""
         return self.classes(g)[1]
@@ -382,26 +408,6 @@ class CompiledGrammar:
 PLAIN = np.array(sorted(set(range(0x20, 0x7F)) - {ord('"'), ord("\\")}))
 
 
-def plain_chain(table: np.ndarray, events, g: int, depth: int) -> np.ndarray | None:
-    """(depth + 1,) the states that 0, 1, ..., depth plain bytes lead to from g
-    (SINK once they die); None where some state on the way moves its plain bytes
-    to different states, or may leave the rule on one (an event)."""
-    sink = table.shape[0] - 1
-    chain, s = np.full(depth + 1, sink, np.int64), g
-    for n in range(depth + 1):
-        chain[n] = s
-        if s == sink or n == depth:
-            break
-        row = table[s, PLAIN]
-        if (row != row[0]).any() or (events is not None and events[s, PLAIN].any()):
-            return None
-        if row[0] == s:  # a loop: the same state for every length from here
-            chain[n:] = s
-            break
-        s = int(row[0])
-    return chain
-
-
 def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
     """(plain token ids, their lengths, the other tokens as an index of their
     own), kept on the index: once per tokenizer."""
@@ -419,11 +425,12 @@ def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
     return index.__dict__["plain"]
 
 
-# %% chapters/24_token_masks.md:251
+# %% chapters/24_token_masks.md:232
 def class_chain(table: np.ndarray, events, g: int, depth: int):
-    """plain_chain for the plain bytes that g accepts: (chain, the class as a
-    (len(PLAIN),) bool), or None where a state on the way accepts other plain
-    bytes, moves them to different states, or may leave the rule on one."""
+    """(chain, class): chain[n] the state that n plain bytes of g's class lead
+    to from g (SINK once they die), n <= depth; the class as (len(PLAIN),)
+    bool. None where a state on the way accepts other plain bytes, moves them
+    to different states, or may leave the rule on one (an event)."""
     sink = table.shape[0] - 1
     cls = table[g, PLAIN] != sink
     chain, s = np.full(depth + 1, sink, np.int64), g
@@ -445,7 +452,7 @@ def class_chain(table: np.ndarray, events, g: int, depth: int):
     return chain, cls
 
 
-# %% chapters/24_token_masks.md:278
+# %% chapters/24_token_masks.md:260
 def class_tokens(index: TokenIndex, cls: np.ndarray) -> np.ndarray:
     """(len(plain ids),) bool: the plain tokens whose bytes all lie in cls."""
     classes = index.__dict__.setdefault("classes", {})
@@ -470,27 +477,59 @@ def plain_bits(index: TokenIndex) -> np.ndarray:
     return index.__dict__["plain_bits"]
 
 
-# %% chapters/24_token_masks.md:373
-def scan_walk(index: TokenIndex, table: np.ndarray, g: int, events):
+# %% chapters/24_token_masks.md:360
+def scan_walk(index: TokenIndex, table: np.ndarray, g: int, events, steps=None):
     """index.walk(table, g, events) as (accepted ids, the state each ends in,
-    uncertain ids): every token stepped at once, byte position by position."""
+    uncertain ids): every token stepped at once, byte position by position;
+    steps (table as a list): the last few long tokens one by one (scan_tail)."""
+    return scan_many(index, table, np.array([g]), events, steps)[0]
+
+
+def scan_many(index: TokenIndex, table, starts: np.ndarray, events, steps=None):
+    """[scan_walk(index, table, g, events, steps) for g in starts], stepped
+    together: one row of states per start."""
     ids, byte, count = scan_columns(index)
-    sink = table.shape[0] - 1
-    flat = table.ravel()
-    state = np.full(len(ids), g, np.int64)
-    seen = np.zeros(len(ids), bool)  # an event on the way (after the first byte)
-    unsure = np.zeros(len(ids), bool)
+    sink, flat = table.shape[0] - 1, table.ravel()
+    state = np.repeat(np.asarray(starts, np.int64)[:, None], len(ids), axis=1)
+    seen = np.zeros(state.shape, bool)  # an event on the way (after the first byte)
+    unsure = np.zeros(state.shape, bool)
     for d, k in enumerate(count.tolist()):
-        at = state[:k] * 256 + byte[d, :k]
+        if steps is not None and k <= TAIL:  # few left: array calls cost more
+            for row in zip(state, seen, unsure):
+                scan_tail(index, steps, events, d, (ids[:k], *row))
+            break
+        at = state[:, :k] * 256 + byte[d, :k]
         new = flat[at]
         if events is not None and d > 0:
-            seen[:k] |= events.ravel()[at]
-            unsure[:k] |= (new == sink) & seen[:k] & (state[:k] != sink)
-        state[:k] = new
+            seen[:, :k] |= events.ravel()[at]
+            unsure[:, :k] |= (new == sink) & seen[:, :k] & (state[:, :k] != sink)
+        state[:, :k] = new
         if (new == sink).all():
             break
     ok = state != sink
-    return ids[ok], state[ok], ids[unsure]
+    return [(ids[o], s[o], ids[u]) for o, s, u in zip(ok, state, unsure)]
+
+
+TAIL = 128  # scan_walk: tokens this long or fewer, stepped one by one
+
+
+def scan_tail(index: TokenIndex, steps: list, events, d: int, cols) -> None:
+    """scan_walk's loop from byte position d on, token by token in Python, for
+    the columns (ids, state, seen, unsure) of the tokens still that long."""
+    ids, state, seen, unsure = cols
+    sink, token_bytes = len(steps) // 256 - 1, index.token_bytes
+    ev = None if events is None else events.ravel()
+    for j in np.flatnonzero(state[: len(ids)] != sink).tolist():
+        s, saw = int(state[j]), bool(seen[j])
+        for pos, b in enumerate(token_bytes[ids[j]][d:], d):
+            new = steps[s * 256 + b]
+            if ev is not None and pos > 0:
+                saw = saw or bool(ev[s * 256 + b])
+                unsure[j] |= new == sink and saw
+            s = new
+            if s == sink:
+                break
+        state[j], seen[j] = s, saw
 
 
 def scan_columns(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -508,7 +547,7 @@ def scan_columns(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return index.__dict__["scan"]
 
 
-# %% chapters/24_token_masks.md:620
+# %% chapters/24_token_masks.md:677
 def depth_classes(trans: np.ndarray, labels: np.ndarray, depth: int) -> np.ndarray:
     """(n,) class ids of an automaton's states (trans: (n, byte classes), -1 for
     none; labels: (n, k) ints): equal ids for states that every byte string of
@@ -525,7 +564,7 @@ def depth_classes(trans: np.ndarray, labels: np.ndarray, depth: int) -> np.ndarr
     return cls
 
 
-# %% chapters/24_token_masks.md:698
+# %% chapters/24_token_masks.md:755
 SHORT = 256  # at most this many tokens are longer than the short depth
 
 
@@ -544,7 +583,7 @@ def short_tokens(index: TokenIndex):
     return index.__dict__["short"]
 
 
-# %% chapters/24_token_masks.md:738
+# %% chapters/24_token_masks.md:795
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -558,7 +597,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/24_token_masks.md:753
+# %% chapters/24_token_masks.md:810
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -594,7 +633,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/24_token_masks.md:795
+    # %% chapters/24_token_masks.md:852
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
@@ -628,7 +667,7 @@ class GrammarMatcher:
         return bytes(out)
 
 
-# %% chapters/24_token_masks.md:877
+# %% chapters/24_token_masks.md:934
 def canonical_tokens(index: TokenIndex, data: bytes) -> list[int]:
     """data cut into the vocabulary's longest tokens, left to right."""
     table = index.__dict__.get("token_of")

@@ -243,3 +243,54 @@ class TokenIndex:
         n = len(self.sorted_ids)
         marks = np.bincount(lo, minlength=n + 1) - np.bincount(hi, minlength=n + 1)
         return self.sorted_ids[np.cumsum(marks)[:n] > 0]
+
+
+# %% chapters/22_structured_output.md:1619
+def walk_many(index: TokenIndex, table: np.ndarray, starts: np.ndarray, events):
+    """[(accepted ids, their end states, uncertain ids) of index.walk from s for s
+    in starts]: one walk whose nodes carry their start (src), split at the end."""
+    levels, sink, flat = index.levels, table.shape[0] - 1, table.ravel()
+    first = table[starts][:, levels[0].byte]
+    src, nodes = np.nonzero(first != sink)  # the (start, node) pairs alive
+    states = first[src, nodes].astype(np.int64)
+    seen = np.zeros(len(nodes), bool)  # an event on the way (after the first byte)
+    found, unsure = [], []  # (sorted positions lo, count, end state, src)
+    for d, level in enumerate(levels):
+        ends = level.count[nodes] > 0
+        found.append((level.lo[nodes][ends], level.count[nodes][ends], states[ends]))
+        found[-1] += (src[ends],)
+        if d + 1 == len(levels) or not len(nodes):
+            break
+        idx, par = index._children(level, nodes)
+        at = states[par] * 256 + levels[d + 1].byte[idx]
+        new, src, seen = flat[at], src[par], seen[par]
+        live = new != sink
+        if events is not None:  # died after an event: only the stack decides
+            seen |= events.ravel()[at]
+            gone = idx[~live & seen]
+            lo, hi = levels[d + 1].lo[gone], levels[d + 1].hi[gone]
+            unsure.append((lo, hi - lo, lo, src[~live & seen]))
+        nodes, states, src, seen = idx[live], new[live], src[live], seen[live]
+    ids, ends, by = positions(index, found)
+    walks = by_start(len(starts), by, ids, ends)
+    ids, _, by = positions(index, unsure)
+    return [(*w, u[0]) for w, u in zip(walks, by_start(len(starts), by, ids))]
+
+
+def positions(index: TokenIndex, ranges: list) -> tuple[np.ndarray, ...]:
+    """(token ids, each one's end state, its src) of (lo, count, state, src) ranges
+    of the index's sorted tokens."""
+    if not ranges:
+        return (np.zeros(0, np.int64),) * 3
+    lo, count, state, src = (np.concatenate(c) for c in zip(*ranges))
+    first = np.repeat(lo - np.cumsum(count) + count, count)
+    ids = index.sorted_ids[first + np.arange(len(first))]
+    return ids, np.repeat(state, count), np.repeat(src, count)
+
+
+def by_start(k: int, src: np.ndarray, *columns) -> list[list[np.ndarray]]:
+    """columns' rows grouped by src (0 .. k - 1)."""
+    order = np.argsort(src, kind="stable")
+    cut = np.searchsorted(src[order], np.arange(k + 1)).tolist()
+    columns = [c[order] for c in columns]
+    return [[c[a:b] for c in columns] for a, b in zip(cut, cut[1:])]
