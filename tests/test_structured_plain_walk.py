@@ -2,8 +2,13 @@
 length along the chain of states, the other tokens walked apart, against the whole
 trie walked from each state."""
 
+import random
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_structured_output import schemas
 
 from minillm.structured.matcher import (
     PLAIN,
@@ -13,6 +18,7 @@ from minillm.structured.matcher import (
     plain_index,
 )
 from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
+from minillm.structured.token_index import walk_many
 
 SCHEMAS = [
     {
@@ -116,3 +122,31 @@ def test_class_tokens_are_the_plain_tokens_inside_the_class(compiler):
         got = class_tokens(index, np.array(cls))
         want = [set(index.token_bytes[t]) <= set(chars) for t in ids.tolist()]
         assert got.tolist() == want and any(want)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(schema=schemas, whitespace=st.booleans(), seed=st.integers(0, 2**16))
+def test_states_walked_together_equal_each_walked_alone(
+    compiler, schema, whitespace, seed
+):
+    """walk_many (narrow_walks) and scan_many (loop_scans), against the reference
+    walks one state at a time; and walk_many on any subset of the states."""
+    params = StructuredOutputsParams(json=schema, disable_any_whitespace=not whitespace)
+    index = compiler.index
+    compiled = CompiledGrammar(compiler.compile(params).grammar, index)
+    for g, walk in compiled.narrow_walks.items():
+        assert same_walk(walk, compiled.full_walk(g)), g
+    others = plain_index(index)[2]
+    for g, walk in compiled.loop_scans.items():
+        assert same_walk(walk, compiled.full_walk(g, others)), g
+    rng = random.Random(seed)
+    g_ = compiled.grammar
+    starts = np.array(sorted(rng.sample(range(g_.num_states), min(5, g_.num_states))))
+    for g, walk in zip(
+        starts.tolist(), walk_many(index, g_.table, starts, compiled.events)
+    ):
+        assert same_walk(walk, compiled.full_walk(g)), g

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/22_structured_output.md:1773
+# %% chapters/22_structured_output.md:1777
 """A packed token bitmask applied to logits in one Triton kernel (chapter 22, "Masks
 on the device"). The reference is structured.bitmask.apply_token_bitmask_torch.
 vLLM: apply_grammar_bitmask (vllm/v1/structured_output/utils.py) with xgrammar's
@@ -37,7 +37,7 @@ def _token_bitmask_kernel(
     tl.store(at, minus_inf, mask=cleared & (tokens < vocab_size))
 
 
-# %% chapters/22_structured_output.md:1811
+# %% chapters/22_structured_output.md:1815
 def apply_token_bitmask(
     logits: Tensor, bitmask: Tensor, indices: Tensor | None = None
 ) -> Tensor:

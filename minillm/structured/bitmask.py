@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/22_structured_output.md:1678
+# %% chapters/22_structured_output.md:1682
 """Token bitmasks on the device: 32 tokens per int32 word, applied to logits
 (chapter 22). The layout is xgrammar's and vLLM's."""
 
@@ -42,7 +42,7 @@ def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
     return allowed[:, :vocab_size]
 
 
-# %% chapters/22_structured_output.md:1723
+# %% chapters/22_structured_output.md:1727
 def apply_token_bitmask_inplace(
     logits: Tensor, bitmask: Tensor, indices: list[int] | None = None
 ) -> Tensor:

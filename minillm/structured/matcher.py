@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/24_token_masks.md:72
+# %% chapters/24_token_masks.md:70
 """Token masks of a grammar: cached per DFA state, completed with the stack
 (chapter 24).
 
@@ -39,7 +39,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/24_token_masks.md:112
+# %% chapters/24_token_masks.md:110
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -68,7 +68,7 @@ class CompiledGrammar:
     def events(self) -> np.ndarray | None:
         return self.grammar.is_event if self.grammar.has_calls else None
 
-    # %% chapters/24_token_masks.md:145
+    # %% chapters/24_token_masks.md:143
     def state_mask(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """(packed mask of the tokens DFA state g accepts, uncertain token ids)."""
         if g not in self.state_masks:
@@ -106,7 +106,7 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/24_token_masks.md:288
+    # %% chapters/24_token_masks.md:282
     def walk_state(self, g: int, index: TokenIndex | None = None):
         """full_walk(g, index): plain tokens by their lengths along class_chain,
         where it holds, and the other tokens walked apart."""
@@ -122,16 +122,16 @@ class CompiledGrammar:
         ends = found[0][lengths]
         alive = (ends != sink) & class_tokens(index, found[1])
         other = self.loop_scans.get(g) if index is self.index else None
-        other_ids, other_ends, uncertain = other or scan_walk(
-            others, table, g, self.events, self.grammar.flat
-        )
+        steps = self.grammar.flat
+        other = other or scan_many(others, table, [g], self.events, steps)[0]
+        other_ids, other_ends, uncertain = other
         return (
             np.concatenate([ids[alive], other_ids]),
             np.concatenate([ends[alive], other_ends]),
             uncertain,
         )
 
-    # %% chapters/24_token_masks.md:319
+    # %% chapters/24_token_masks.md:313
     @functools.cached_property
     def plain_moves(self) -> tuple[list[int], list[int], np.ndarray]:
         """Per state: where all its plain bytes go (SINK: none live; -1: apart,
@@ -165,11 +165,10 @@ class CompiledGrammar:
         chain[len(out) :] = out[-1]  # the loop's state, or the sink
         return chain, live[g]
 
-    # %% chapters/24_token_masks.md:445
+    # %% chapters/24_token_masks.md:431
     @functools.cached_property
     def narrow_walks(self) -> dict[int, tuple[np.ndarray, ...]]:
-        """walk_many over the narrow states: fewer than 8 live plain bytes, or
-        fewer than 32 live bytes (a number's)."""
+        """walk_many over states of < 8 live plain bytes or < 32 live bytes."""
         live = self.grammar.table[:-1] != self.grammar.SINK
         narrow = (live[:, PLAIN].sum(axis=1) < 8) | (live.sum(axis=1) < 32)
         table, starts = self.grammar.table, np.flatnonzero(narrow)
@@ -178,15 +177,14 @@ class CompiledGrammar:
 
     @functools.cached_property
     def loop_scans(self) -> dict[int, tuple[np.ndarray, ...]]:
-        """scan_many over the other tokens from the states whose plain bytes
-        all lead back to themselves (a string's inside, a number's digits)."""
+        """scan_many of the other tokens from states whose plain bytes loop."""
         moves = np.array(self.plain_moves[0][:-1])
         loops = np.flatnonzero(moves == np.arange(len(moves)))
         others, table = plain_index(self.index)[2], self.grammar.table
         found = scan_many(others, table, loops, self.events, self.grammar.flat)
         return dict(zip(loops.tolist(), found))
 
-    # %% chapters/24_token_masks.md:469
+    # %% chapters/24_token_masks.md:453
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -215,7 +213,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/24_token_masks.md:505
+    # %% chapters/24_token_masks.md:489
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -236,7 +234,7 @@ class CompiledGrammar:
         accepting = self.grammar.accepting
         return any(len(s) == 1 and accepting[s[0]] for s in self.closure(stacks))
 
-    # %% chapters/24_token_masks.md:529
+    # %% chapters/24_token_masks.md:513
     def mask(self, stacks: Stacks) -> np.ndarray:
         """(num_words,) uint32: the tokens that may come next (EOS if complete)."""
         words = self.masks.get(stacks)  # one hash of the stacks, not three
@@ -260,7 +258,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/24_token_masks.md:562
+    # %% chapters/24_token_masks.md:546
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -278,7 +276,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/24_token_masks.md:588
+    # %% chapters/24_token_masks.md:572
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -304,7 +302,7 @@ class CompiledGrammar:
             return [True] * (g.num_states + 1)
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
-    # %% chapters/24_token_masks.md:623
+    # %% chapters/24_token_masks.md:606
     def unsure_after(self, closed: Stacks) -> dict[int, Stacks]:
         """{uncertain token that some stack reads: the stacks after it}, each
         advance(closed, its bytes); the tokens in byte order, a shared prefix
@@ -343,7 +341,7 @@ class CompiledGrammar:
         moved = {s[:-1] + (t,) for s in closed if (t := flat[s[-1] * 256 + b]) != sink}
         return self.closure(tuple(sorted(moved))) if moved else None
 
-    # %% chapters/24_token_masks.md:700
+    # %% chapters/24_token_masks.md:681
     def canonical(self, stacks: Stacks) -> Stacks:
         """stacks, or stacks as good for every cache: the one stack's top replaced
         by the representative of its class (stacks itself where it is one)."""
@@ -361,7 +359,7 @@ class CompiledGrammar:
             reps = self.reps[r] = self.representatives(r)
         return reps[g - reps[0][0]] if reps else (g, g)  # reps[0]: the first state
 
-    # %% chapters/24_token_masks.md:721
+    # %% chapters/24_token_masks.md:702
     def representatives(self, r: int) -> list[tuple[int, int]]:
         """Rule r's states' representatives at both depths ([] for a rule with
         calls, or too small to hold two positions alike)."""
@@ -386,7 +384,7 @@ class CompiledGrammar:
         if self.labels is None or not np.array_equal(labels, self.labels):
             self.labels, self.reps = labels, {}
 
-    # %% chapters/24_token_masks.md:775
+    # %% chapters/24_token_masks.md:755
     def near(self, g: int) -> int:
         """A state alike g to the short depth (g itself where none is known)."""
         return self.classes(g)[1]
@@ -404,7 +402,7 @@ class CompiledGrammar:
         return words, np.concatenate([unsure[fits[unsure]], uncertain])
 
 
-# %% chapters/24_token_masks.md:205
+# %% chapters/24_token_masks.md:199
 PLAIN = np.array(sorted(set(range(0x20, 0x7F)) - {ord('"'), ord("\\")}))
 
 
@@ -425,7 +423,7 @@ def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
     return index.__dict__["plain"]
 
 
-# %% chapters/24_token_masks.md:232
+# %% chapters/24_token_masks.md:226
 def class_chain(table: np.ndarray, events, g: int, depth: int):
     """(chain, class): chain[n] the state that n plain bytes of g's class lead
     to from g (SINK once they die), n <= depth; the class as (len(PLAIN),)
@@ -452,7 +450,7 @@ def class_chain(table: np.ndarray, events, g: int, depth: int):
     return chain, cls
 
 
-# %% chapters/24_token_masks.md:260
+# %% chapters/24_token_masks.md:254
 def class_tokens(index: TokenIndex, cls: np.ndarray) -> np.ndarray:
     """(len(plain ids),) bool: the plain tokens whose bytes all lie in cls."""
     classes = index.__dict__.setdefault("classes", {})
@@ -477,17 +475,11 @@ def plain_bits(index: TokenIndex) -> np.ndarray:
     return index.__dict__["plain_bits"]
 
 
-# %% chapters/24_token_masks.md:360
-def scan_walk(index: TokenIndex, table: np.ndarray, g: int, events, steps=None):
-    """index.walk(table, g, events) as (accepted ids, the state each ends in,
-    uncertain ids): every token stepped at once, byte position by position;
-    steps (table as a list): the last few long tokens one by one (scan_tail)."""
-    return scan_many(index, table, np.array([g]), events, steps)[0]
-
-
-def scan_many(index: TokenIndex, table, starts: np.ndarray, events, steps=None):
-    """[scan_walk(index, table, g, events, steps) for g in starts], stepped
-    together: one row of states per start."""
+# %% chapters/24_token_masks.md:353
+def scan_many(index: TokenIndex, table, starts, events, steps=None) -> list:
+    """[index.walk(table, g, events) for g in starts], each as (accepted ids,
+    their end states, uncertain ids): every token stepped at once, a row per
+    start; steps (table as a list): the last TAIL tokens one at a time."""
     ids, byte, count = scan_columns(index)
     sink, flat = table.shape[0] - 1, table.ravel()
     state = np.repeat(np.asarray(starts, np.int64)[:, None], len(ids), axis=1)
@@ -510,11 +502,12 @@ def scan_many(index: TokenIndex, table, starts: np.ndarray, events, steps=None):
     return [(ids[o], s[o], ids[u]) for o, s, u in zip(ok, state, unsure)]
 
 
-TAIL = 128  # scan_walk: tokens this long or fewer, stepped one by one
+# %% chapters/24_token_masks.md:381
+TAIL = 128  # scan_many: this few tokens left, stepped one by one
 
 
 def scan_tail(index: TokenIndex, steps: list, events, d: int, cols) -> None:
-    """scan_walk's loop from byte position d on, token by token in Python, for
+    """scan_many's loop from byte position d on, token by token in Python, for
     the columns (ids, state, seen, unsure) of the tokens still that long."""
     ids, state, seen, unsure = cols
     sink, token_bytes = len(steps) // 256 - 1, index.token_bytes
@@ -547,7 +540,7 @@ def scan_columns(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return index.__dict__["scan"]
 
 
-# %% chapters/24_token_masks.md:677
+# %% chapters/24_token_masks.md:658
 def depth_classes(trans: np.ndarray, labels: np.ndarray, depth: int) -> np.ndarray:
     """(n,) class ids of an automaton's states (trans: (n, byte classes), -1 for
     none; labels: (n, k) ints): equal ids for states that every byte string of
@@ -564,7 +557,7 @@ def depth_classes(trans: np.ndarray, labels: np.ndarray, depth: int) -> np.ndarr
     return cls
 
 
-# %% chapters/24_token_masks.md:755
+# %% chapters/24_token_masks.md:735
 SHORT = 256  # at most this many tokens are longer than the short depth
 
 
@@ -583,7 +576,7 @@ def short_tokens(index: TokenIndex):
     return index.__dict__["short"]
 
 
-# %% chapters/24_token_masks.md:795
+# %% chapters/24_token_masks.md:775
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -597,7 +590,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/24_token_masks.md:810
+# %% chapters/24_token_masks.md:790
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -633,7 +626,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/24_token_masks.md:852
+    # %% chapters/24_token_masks.md:832
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
@@ -667,7 +660,7 @@ class GrammarMatcher:
         return bytes(out)
 
 
-# %% chapters/24_token_masks.md:934
+# %% chapters/24_token_masks.md:896
 def canonical_tokens(index: TokenIndex, data: bytes) -> list[int]:
     """data cut into the vocabulary's longest tokens, left to right."""
     table = index.__dict__.get("token_of")

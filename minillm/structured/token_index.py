@@ -277,6 +277,7 @@ def walk_many(index: TokenIndex, table: np.ndarray, starts: np.ndarray, events):
     return [(*w, u[0]) for w, u in zip(walks, by_start(len(starts), by, ids))]
 
 
+# %% chapters/22_structured_output.md:1654
 def positions(index: TokenIndex, ranges: list) -> tuple[np.ndarray, ...]:
     """(token ids, each one's end state, its src) of (lo, count, state, src) ranges
     of the index's sorted tokens."""
