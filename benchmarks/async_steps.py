@@ -22,13 +22,13 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import engine_settings, environment, require_committed, save  # noqa: E402
+from benchmarks.profile_step import ms_per_step  # noqa: E402
 from benchmarks.throughput import random_checkpoint  # noqa: E402
 from minillm.config import EngineConfig  # noqa: E402
 from minillm.engine import LLMEngine  # noqa: E402
@@ -70,12 +70,7 @@ def engine_for(model, batch: int, options: dict, tokens: int) -> LLMEngine:
 
 
 def round_ms(engine: LLMEngine, steps: int) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps * 1e3
+    return ms_per_step(engine, 0, steps)
 
 
 def profile_lines(engine: LLMEngine, steps: int, top: int = 30) -> list[str]:
