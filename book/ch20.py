@@ -72,6 +72,20 @@ def plot_speed_vs_rows(speed: dict):
     return fig
 
 
+def kv_throughput(run: dict) -> dict:
+    """The engine's output tokens a second with each KV cache (one stored run of
+    benchmarks/throughput.py --kv-cache-dtype auto fp8), by glue key."""
+    bf16, fp8 = run["minillm"], run["kv_cache_dtypes"]["fp8"]
+    return {
+        "ch20_kv_tput_gpu": run["environment"]["gpu"],
+        "ch20_kv_tput_bf16": bf16["output_tokens_per_s"],
+        "ch20_kv_tput_fp8": fp8["output_tokens_per_s"],
+        "ch20_kv_tput_speedup": fp8["output_tokens_per_s"]
+        / bf16["output_tokens_per_s"],
+        "ch20_kv_tput_blocks": fp8["num_kv_blocks"] / bf16["num_kv_blocks"],
+    }
+
+
 def kv_numbers(quality: dict, attention: dict) -> dict:
     """The numbers the prose quotes from the stored FP8 KV cache runs (quality on
     a CPU, decode attention on a GPU), by glue key."""
