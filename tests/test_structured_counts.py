@@ -7,9 +7,17 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from minillm.structured import matcher
 from minillm.structured.budget import FinishBudget
-from minillm.structured.matcher import CompiledGrammar, GrammarMatcher, depth_classes
+from minillm.structured.matcher import (
+    CompiledGrammar,
+    GrammarMatcher,
+    depth_classes,
+    short_tokens,
+)
 from minillm.structured.processor import GrammarCompiler, StructuredOutputsParams
 
 
@@ -118,3 +126,58 @@ def test_representatives_are_few_far_from_the_bound(compiler):
         reps.append(c.canonical(m.stacks))
     assert len(set(reps)) <= longest + 2
     assert len(set(reps[1:60])) == 1  # 1..60 written: over longest left
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    extra=st.integers(2, 150),
+    low=st.integers(0, 3),
+    kind=st.sampled_from(["maxLength", "pattern", "pair"]),
+    batch=st.sampled_from([1, 2, 5, 64]),
+    seed=st.integers(0, 2**16),
+)
+def test_long_walks_batched_equal_the_reference(
+    compiler, extra, low, kind, batch, seed
+):
+    """long_walk's batches (walk_many over the long tokens from a rule's states,
+    LONG_BATCH of them at once), asked in a random order: every state's mask and
+    uncertain tokens equal the reference's, each long walk the whole trie's."""
+    longest = len(compiler.index.levels)
+    string = {"type": "string", "minLength": low, "maxLength": longest + extra}
+    if kind == "pattern":
+        string = {
+            "type": "string",
+            "pattern": f"^[a-z0-9_-]{{{low},{longest + extra}}}$",
+        }
+    schema = string
+    if kind == "pair":
+        schema = {"type": "array", "items": string, "maxItems": 2}
+    params = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    c = compiler.compile(params)
+    c = CompiledGrammar(c.grammar, c.index)
+    ref = CompiledGrammar(c.grammar, c.index)
+    ref.near = lambda g: g
+    ref.walk_state = ref.full_walk
+    long = short_tokens(c.index)[3]
+    order = list(range(c.grammar.num_states))
+    random.Random(seed).shuffle(order)
+    old, matcher.LONG_BATCH = matcher.LONG_BATCH, batch
+    try:
+        for g in order:
+            words, unsure = c.state_mask(g)
+            ref_words, ref_unsure = ref.state_mask(g)
+            assert (words == ref_words).all(), g
+            assert set(unsure.tolist()) == set(ref_unsure.tolist()), g
+        assert c.long_batch, "no state asked for a long walk: nothing tested"
+        for g, (ids, ends, uncertain) in c.long_batch.items():
+            r_ids, r_ends, r_unc = c.full_walk(g, long)
+            assert set(zip(ids.tolist(), ends.tolist())) == set(
+                zip(r_ids.tolist(), r_ends.tolist())
+            ) and len(ids) == len(r_ids), g
+            assert set(uncertain.tolist()) == set(r_unc.tolist()), g
+    finally:
+        matcher.LONG_BATCH = old

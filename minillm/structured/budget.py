@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/24_token_masks.md:940
+# %% chapters/24_token_masks.md:964
 """Finishing within max_tokens: masks that leave room to complete the document
 (chapter 24).
 
@@ -28,7 +28,7 @@ from minillm.structured.token_index import TokenIndex
 INF = 1 << 40
 
 
-# %% chapters/24_token_masks.md:967
+# %% chapters/24_token_masks.md:991
 class FinishBudget:
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
@@ -67,7 +67,7 @@ class FinishBudget:
             self.worst[g] = int(worst)
         return self.worst[g]
 
-    # %% chapters/24_token_masks.md:1119
+    # %% chapters/24_token_masks.md:1139
     def bound(self, stacks: Stacks) -> int:
         """The room below which the budget may cut tokens from the mask of stacks:
         the most tokens any allowed token leaves to finish (an uncertain one's
@@ -85,7 +85,7 @@ class FinishBudget:
             c._remember(self.bites_below, stacks, bound)
         return bound
 
-    # %% chapters/24_token_masks.md:1140
+    # %% chapters/24_token_masks.md:1160
     def mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """The grammar's mask, less the tokens after which the document cannot be
         finished in the remaining - 1 tokens (only computed when it could bite)."""
@@ -105,7 +105,7 @@ class FinishBudget:
             set_bits(words, c.eos)
         return words
 
-    # %% chapters/24_token_masks.md:1178
+    # %% chapters/24_token_masks.md:1197
     def final_mask(self, stacks: Stacks, remaining: int) -> np.ndarray:
         """mask(stacks, remaining), or the grammar's mask where that is empty (only
         after a token the budget did not allow). Remembered per stacks where the
@@ -141,7 +141,7 @@ class FinishBudget:
             )
 
 
-# %% chapters/24_token_masks.md:1016
+# %% chapters/24_token_masks.md:1038
 def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     """Per state: the fewest single-byte tokens to the end of its rule (a call costs
     the called rule's shortest text), and the first step of such a way: (byte, next
@@ -181,7 +181,7 @@ def byte_steps(compiled: CompiledGrammar) -> tuple[np.ndarray, list]:
     return dist, steps
 
 
-# %% chapters/24_token_masks.md:1062
+# %% chapters/24_token_masks.md:1083
 def first_token_at_or_after(index: TokenIndex, text: bytes) -> bytes:
     """The smallest token >= text in byte order (b"" past the last): it begins with
     text if any token does (a bisection of the index's sorted vocabulary)."""
@@ -209,7 +209,7 @@ def token_distances(compiled: CompiledGrammar) -> np.ndarray:
     return np.array(out, np.int64)
 
 
-# %% chapters/24_token_masks.md:1091
+# %% chapters/24_token_masks.md:1112
 def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     """The state that state s's way reaches after the longest token it begins with
     (None where the way begins with a call)."""
@@ -228,7 +228,7 @@ def after_first_token(index: TokenIndex, steps: list, s: int) -> int | None:
     return path[n]
 
 
-# %% chapters/24_token_masks.md:1163
+# %% chapters/24_token_masks.md:1183
 @functools.lru_cache(maxsize=64)
 def finish_budget(compiled: CompiledGrammar) -> FinishBudget:
     """The budget of a compiled grammar, shared by all its requests."""

@@ -39,7 +39,7 @@ def pack(allowed: np.ndarray, num_words: int) -> np.ndarray:
     return out.view(np.uint32)
 
 
-# %% chapters/24_token_masks.md:110
+# %% chapters/24_token_masks.md:108
 class CompiledGrammar:
     """A grammar for one tokenizer's vocabulary, with its caches."""
 
@@ -59,6 +59,7 @@ class CompiledGrammar:
         self.reps: dict[int, list[tuple[int, int]]] = {}
         self.labels: np.ndarray | None = None  # what representatives must share
         self.long_walks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # long_mask's
+        self.long_batch: dict[int, tuple[np.ndarray, ...]] = {}  # long_walk's
         self.cache_size = cache_size
         self.initial: Stacks = ((grammar.rule_start[grammar.names[0]],),)
         self.eos_mask = np.zeros(self.num_words, np.uint32)  # only EOS
@@ -68,7 +69,7 @@ class CompiledGrammar:
     def events(self) -> np.ndarray | None:
         return self.grammar.is_event if self.grammar.has_calls else None
 
-    # %% chapters/24_token_masks.md:143
+    # %% chapters/24_token_masks.md:142
     def state_mask(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """(packed mask of the tokens DFA state g accepts, uncertain token ids)."""
         if g not in self.state_masks:
@@ -106,7 +107,7 @@ class CompiledGrammar:
         for g in range(self.grammar.num_states):
             self.state_mask(g)
 
-    # %% chapters/24_token_masks.md:282
+    # %% chapters/24_token_masks.md:278
     def walk_state(self, g: int, index: TokenIndex | None = None):
         """full_walk(g, index): plain tokens by their lengths along class_chain,
         where it holds, and the other tokens walked apart."""
@@ -131,7 +132,7 @@ class CompiledGrammar:
             uncertain,
         )
 
-    # %% chapters/24_token_masks.md:313
+    # %% chapters/24_token_masks.md:309
     @functools.cached_property
     def plain_moves(self) -> tuple[list[int], list[int], np.ndarray]:
         """Per state: where all its plain bytes go (SINK: none live; -1: apart,
@@ -165,7 +166,7 @@ class CompiledGrammar:
         chain[len(out) :] = out[-1]  # the loop's state, or the sink
         return chain, live[g]
 
-    # %% chapters/24_token_masks.md:431
+    # %% chapters/24_token_masks.md:425
     @functools.cached_property
     def narrow_walks(self) -> dict[int, tuple[np.ndarray, ...]]:
         """walk_many over states of < 8 live plain bytes or < 32 live bytes."""
@@ -184,7 +185,7 @@ class CompiledGrammar:
         found = scan_many(others, table, loops, self.events, self.grammar.flat)
         return dict(zip(loops.tolist(), found))
 
-    # %% chapters/24_token_masks.md:453
+    # %% chapters/24_token_masks.md:447
     def closure(self, stacks: Stacks) -> Stacks:
         """All configurations reachable without reading a byte: enter a called rule,
         or leave a finished one (its caller's frame already holds the return)."""
@@ -213,7 +214,7 @@ class CompiledGrammar:
         if len(cache) > (size or self.cache_size):
             cache.popitem(last=False)
 
-    # %% chapters/24_token_masks.md:489
+    # %% chapters/24_token_masks.md:483
     def advance(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """The configurations after reading data, or None if no stack can read it."""
         flat, sink = self.grammar.flat, self.grammar.SINK
@@ -234,7 +235,7 @@ class CompiledGrammar:
         accepting = self.grammar.accepting
         return any(len(s) == 1 and accepting[s[0]] for s in self.closure(stacks))
 
-    # %% chapters/24_token_masks.md:513
+    # %% chapters/24_token_masks.md:507
     def mask(self, stacks: Stacks) -> np.ndarray:
         """(num_words,) uint32: the tokens that may come next (EOS if complete)."""
         words = self.masks.get(stacks)  # one hash of the stacks, not three
@@ -258,7 +259,7 @@ class CompiledGrammar:
         self._remember(self.masks, stacks, words)
         return words
 
-    # %% chapters/24_token_masks.md:546
+    # %% chapters/24_token_masks.md:540
     def unsure_tokens(self, closed: Stacks) -> np.ndarray:
         """The uncertain tokens of the tops of closed (stacks after closure)."""
         return np.unique(np.concatenate([self.state_mask(s[-1])[1] for s in closed]))
@@ -276,7 +277,7 @@ class CompiledGrammar:
         self._remember(self.steps, key, new, 16 * self.cache_size)
         return new
 
-    # %% chapters/24_token_masks.md:572
+    # %% chapters/24_token_masks.md:566
     def advance_single(self, stacks: Stacks, data: bytes) -> Stacks | None:
         """advance, quicker where there is one configuration and the bytes pass
         only plain states (no call, not accepting: nothing for closure to add)."""
@@ -302,7 +303,7 @@ class CompiledGrammar:
             return [True] * (g.num_states + 1)
         return [not calls and not a for calls, a in zip(g.calls, g.accepting)]
 
-    # %% chapters/24_token_masks.md:606
+    # %% chapters/24_token_masks.md:600
     def unsure_after(self, closed: Stacks) -> dict[int, Stacks]:
         """{uncertain token that some stack reads: the stacks after it}, each
         advance(closed, its bytes); the tokens in byte order, a shared prefix
@@ -341,7 +342,7 @@ class CompiledGrammar:
         moved = {s[:-1] + (t,) for s in closed if (t := flat[s[-1] * 256 + b]) != sink}
         return self.closure(tuple(sorted(moved))) if moved else None
 
-    # %% chapters/24_token_masks.md:681
+    # %% chapters/24_token_masks.md:675
     def canonical(self, stacks: Stacks) -> Stacks:
         """stacks, or stacks as good for every cache: the one stack's top replaced
         by the representative of its class (stacks itself where it is one)."""
@@ -359,7 +360,7 @@ class CompiledGrammar:
             reps = self.reps[r] = self.representatives(r)
         return reps[g - reps[0][0]] if reps else (g, g)  # reps[0]: the first state
 
-    # %% chapters/24_token_masks.md:702
+    # %% chapters/24_token_masks.md:696
     def representatives(self, r: int) -> list[tuple[int, int]]:
         """Rule r's states' representatives at both depths ([] for a rule with
         calls, or too small to hold two positions alike)."""
@@ -384,7 +385,7 @@ class CompiledGrammar:
         if self.labels is None or not np.array_equal(labels, self.labels):
             self.labels, self.reps = labels, {}
 
-    # %% chapters/24_token_masks.md:755
+    # %% chapters/24_token_masks.md:749
     def near(self, g: int) -> int:
         """A state alike g to the short depth (g itself where none is known)."""
         return self.classes(g)[1]
@@ -394,15 +395,42 @@ class CompiledGrammar:
         fate for the short tokens, a walk from g for the long ones."""
         _, fits, short, long = short_tokens(self.index)
         words, unsure = self.state_mask(near)
-        ids, ends, uncertain = self.walk_state(g, long)
+        ids, ends, uncertain = self.long_walk(g, long)
         self.long_walks[g] = (ids, ends)  # for the finish budget
         allowed = np.zeros(self.index.vocab_size, bool)
         allowed[ids] = True
         words = words & short | pack(allowed, self.num_words)
         return words, np.concatenate([unsure[fits[unsure]], uncertain])
 
+    # %% chapters/24_token_masks.md:770
+    def long_walk(self, g: int, long: TokenIndex):
+        """walk_state(g, long), with the states after g on its chain."""
+        if g not in self.long_batch:
+            self.long_batch.update(self.long_chain(g, long) or {})
+        return self.long_batch.get(g) or self.walk_state(g, long)
 
-# %% chapters/24_token_masks.md:199
+    def long_chain(self, g: int, long: TokenIndex) -> dict | None:
+        """{s: walk_state(s, long)} for the first LONG_BATCH states of g's chain."""
+        table, sink, depth = self.grammar.table, self.grammar.SINK, len(long.levels)
+        found = self.chain(g, depth + LONG_BATCH)
+        if (table[g, PLAIN] != sink).sum() < 8 or found is None:
+            return None
+        chain, starts = found[0], []
+        for s in chain[:LONG_BATCH].tolist():  # until the sink, or a loop
+            if s == sink or s in starts:
+                break
+            starts.append(s)
+        ids, lengths, others = plain_index(long)
+        ends = chain[np.arange(len(starts))[:, None] + lengths]  # row i: from chain[i]
+        alive = (ends != sink) & class_tokens(long, found[1])
+        scans = scan_many(others, table, starts, self.events)
+        cat, walks = np.concatenate, zip(starts, alive, ends, scans)
+        return {
+            s: (cat([ids[a], o[0]]), cat([e[a], o[1]]), o[2]) for s, a, e, o in walks
+        }
+
+
+# %% chapters/24_token_masks.md:196
 PLAIN = np.array(sorted(set(range(0x20, 0x7F)) - {ord('"'), ord("\\")}))
 
 
@@ -423,7 +451,7 @@ def plain_index(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, TokenIndex]:
     return index.__dict__["plain"]
 
 
-# %% chapters/24_token_masks.md:226
+# %% chapters/24_token_masks.md:222
 def class_chain(table: np.ndarray, events, g: int, depth: int):
     """(chain, class): chain[n] the state that n plain bytes of g's class lead
     to from g (SINK once they die), n <= depth; the class as (len(PLAIN),)
@@ -450,7 +478,7 @@ def class_chain(table: np.ndarray, events, g: int, depth: int):
     return chain, cls
 
 
-# %% chapters/24_token_masks.md:254
+# %% chapters/24_token_masks.md:250
 def class_tokens(index: TokenIndex, cls: np.ndarray) -> np.ndarray:
     """(len(plain ids),) bool: the plain tokens whose bytes all lie in cls."""
     classes = index.__dict__.setdefault("classes", {})
@@ -475,7 +503,7 @@ def plain_bits(index: TokenIndex) -> np.ndarray:
     return index.__dict__["plain_bits"]
 
 
-# %% chapters/24_token_masks.md:353
+# %% chapters/24_token_masks.md:349
 def scan_many(index: TokenIndex, table, starts, events, steps=None) -> list:
     """[index.walk(table, g, events) for g in starts], each as (accepted ids,
     their end states, uncertain ids): every token stepped at once, a row per
@@ -502,7 +530,7 @@ def scan_many(index: TokenIndex, table, starts, events, steps=None) -> list:
     return [(ids[o], s[o], ids[u]) for o, s, u in zip(ok, state, unsure)]
 
 
-# %% chapters/24_token_masks.md:381
+# %% chapters/24_token_masks.md:377
 TAIL = 128  # scan_many: this few tokens left, stepped one by one
 
 
@@ -540,7 +568,7 @@ def scan_columns(index: TokenIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return index.__dict__["scan"]
 
 
-# %% chapters/24_token_masks.md:658
+# %% chapters/24_token_masks.md:652
 def depth_classes(trans: np.ndarray, labels: np.ndarray, depth: int) -> np.ndarray:
     """(n,) class ids of an automaton's states (trans: (n, byte classes), -1 for
     none; labels: (n, k) ints): equal ids for states that every byte string of
@@ -557,7 +585,7 @@ def depth_classes(trans: np.ndarray, labels: np.ndarray, depth: int) -> np.ndarr
     return cls
 
 
-# %% chapters/24_token_masks.md:735
+# %% chapters/24_token_masks.md:729
 SHORT = 256  # at most this many tokens are longer than the short depth
 
 
@@ -576,7 +604,11 @@ def short_tokens(index: TokenIndex):
     return index.__dict__["short"]
 
 
-# %% chapters/24_token_masks.md:775
+# %% chapters/24_token_masks.md:800
+LONG_BATCH = 64  # long_chain: the states walked at once
+
+
+# %% chapters/24_token_masks.md:803
 def set_bits(words: np.ndarray, tokens: np.ndarray) -> None:
     """Set the bits of token ids `tokens` in packed words, in place."""
     allowed = np.zeros(32 * len(words), bool)  # (vocab rounded up,)
@@ -590,7 +622,7 @@ def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-# %% chapters/24_token_masks.md:790
+# %% chapters/24_token_masks.md:818
 class GrammarMatcher:
     """One generation's position in a grammar, token by token (xgrammar's API:
     accept_token, fill_next_token_bitmask, is_terminated, rollback)."""
@@ -626,7 +658,7 @@ class GrammarMatcher:
             return self.compiled.eos_mask
         return self.compiled.mask(self.stacks)
 
-    # %% chapters/24_token_masks.md:832
+    # %% chapters/24_token_masks.md:859
     def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
         """Write the mask into row `index` of an int32 bitmask (numpy or torch)."""
         words = self.next_token_mask().view(np.int32)
@@ -660,7 +692,7 @@ class GrammarMatcher:
         return bytes(out)
 
 
-# %% chapters/24_token_masks.md:896
+# %% chapters/24_token_masks.md:922
 def canonical_tokens(index: TokenIndex, data: bytes) -> list[int]:
     """data cut into the vocabulary's longest tokens, left to right."""
     table = index.__dict__.get("token_of")

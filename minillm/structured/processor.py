@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/24_token_masks.md:1229
+# %% chapters/24_token_masks.md:1246
 """Structured output in the engine: vLLM's StructuredOutputsParams compiled into a
 logits processor, a compiler with caches, and the hook that applies a request's
 `structured_outputs` (chapter 24).
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 
-# %% chapters/24_token_masks.md:1255
+# %% chapters/24_token_masks.md:1272
 from minillm import sampling_params
 from minillm.registry import REQUEST_HOOKS
 from minillm.sampling_params import STRUCTURED_KINDS as KINDS
@@ -51,7 +51,7 @@ from minillm.structured.regex import regex_expr
 from minillm.structured.token_index import TokenIndex, vocabulary_bytes
 
 
-# %% chapters/24_token_masks.md:1280
+# %% chapters/24_token_masks.md:1297
 def grammar_rules(so: sampling_params.StructuredOutputsParams) -> dict:
     """The constraint as grammar rules (GrammarError if it cannot be compiled)."""
     options = JsonOptions(not so.disable_any_whitespace, so.whitespace_pattern)
@@ -92,7 +92,7 @@ def logits_processor(so, compiler, max_tokens: int | None = None):
     return StructuredOutputLogitsProcessor(compiled, max_tokens, source=source)
 
 
-# %% chapters/24_token_masks.md:1322
+# %% chapters/24_token_masks.md:1339
 class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
     """Chapter 7's constraint (vLLM's fields) with this chapter's functions as
     methods; chapter 7's own instances compile the same way."""
@@ -107,7 +107,7 @@ class StructuredOutputsParams(sampling_params.StructuredOutputsParams):
         return logits_processor(self, compiler, max_tokens)
 
 
-# %% chapters/24_token_masks.md:1341
+# %% chapters/24_token_masks.md:1358
 class GrammarCompiler:
     """Compiles constraints for one tokenizer and caches the results (as vLLM's
     xgrammar backend caches compiled grammars)."""
@@ -145,7 +145,7 @@ def compiler_for(tokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 
 
-# %% chapters/24_token_masks.md:1384
+# %% chapters/24_token_masks.md:1400
 class StructuredOutputLogitsProcessor:
     """A logits processor (chapter 7's seam): masks a request's logits row to the
     tokens its grammar allows after the output so far.
@@ -178,7 +178,7 @@ class StructuredOutputLogitsProcessor:
         params, fingerprint = self.source
         return _rebuild, (params, self.max_tokens, fingerprint)
 
-    # %% chapters/24_token_masks.md:1423
+    # %% chapters/24_token_masks.md:1438
     def matcher(self, output_token_ids) -> GrammarMatcher:
         if self.last is not None:  # the last output, extended: no key to build
             seen, m = self.last  # seen: the processor's own list
@@ -214,7 +214,7 @@ class StructuredOutputLogitsProcessor:
             self.prefixes.popitem(last=False)
         return m
 
-    # %% chapters/24_token_masks.md:1462
+    # %% chapters/24_token_masks.md:1477
     def next_token_mask(self, output_token_ids: list[int]) -> np.ndarray:
         """(num_words,) uint32: the tokens allowed after output_token_ids."""
         return self.mask_after(self.matcher(output_token_ids), len(output_token_ids))
@@ -232,7 +232,7 @@ class StructuredOutputLogitsProcessor:
         apply_token_bitmask_inplace(logits[None], bitmask)  # logits: (vocab,)
         return logits
 
-    # %% chapters/24_token_masks.md:1491
+    # %% chapters/24_token_masks.md:1505
     @staticmethod
     def apply_batch(
         logits: Tensor,
@@ -247,7 +247,7 @@ class StructuredOutputLogitsProcessor:
         )
         return apply(logits)
 
-    # %% chapters/24_token_masks.md:1511
+    # %% chapters/24_token_masks.md:1525
     @staticmethod
     def prepare_batch(rows, processors, output_token_ids, device: torch.device):
         """apply_batch in two halves (chapter 16's overlap): the CPU's now — the
@@ -280,7 +280,7 @@ class StructuredOutputLogitsProcessor:
         return apply
 
 
-# %% chapters/24_token_masks.md:1546
+# %% chapters/24_token_masks.md:1560
 def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     """(num_rows, num_words) int32 on the CPU, pinned when the logits are on a GPU.
 
@@ -290,7 +290,7 @@ def host_bitmask(num_rows: int, num_words: int, device: torch.device) -> Tensor:
     return torch.empty((num_rows, num_words), dtype=torch.int32, pin_memory=pin)
 
 
-# %% chapters/24_token_masks.md:1562
+# %% chapters/24_token_masks.md:1575
 def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     """[p.next_token_mask(ids) for each row], the common case inlined."""
     masks = []
@@ -321,14 +321,14 @@ def next_masks(processors, output_token_ids) -> list[np.ndarray]:
     return masks
 
 
-# %% chapters/24_token_masks.md:1594
+# %% chapters/24_token_masks.md:1607
 def _fork(m: GrammarMatcher) -> GrammarMatcher:
     child = GrammarMatcher(m.compiled)
     child.stacks, child.terminated = m.stacks, m.terminated
     return child
 
 
-# %% chapters/24_token_masks.md:1614
+# %% chapters/24_token_masks.md:1625
 RowState = tuple  # (stacks, terminated): a row's grammar state, without caches
 
 
@@ -359,7 +359,7 @@ def reference_next_token_mask(
     return words if words.any() else c.mask(stacks)
 
 
-# %% chapters/24_token_masks.md:1665
+# %% chapters/24_token_masks.md:1675
 # compilers by vocabulary fingerprint, and tokenizers to build one for on demand
 COMPILERS: dict[str, GrammarCompiler] = {}
 _TOKENIZERS: list = []
@@ -397,7 +397,7 @@ def _rebuild(params: StructuredOutputsParams, max_tokens, fingerprint: str):
     )
 
 
-# %% chapters/24_token_masks.md:1715
+# %% chapters/24_token_masks.md:1725
 def structured_outputs_from_response_format(
     structured_outputs: dict | None, response_format: dict | None
 ) -> StructuredOutputsParams | None:
@@ -430,7 +430,7 @@ def structured_outputs_from_response_format(
         raise GrammarError(str(e)) from None
 
 
-# %% chapters/24_token_masks.md:1769
+# %% chapters/24_token_masks.md:1778
 def structured_outputs_hook(engine, params: SamplingParams) -> SamplingParams:
     """Chapter 8's REQUEST_HOOKS entry: params.structured_outputs as this chapter's
     logits processor, compiled for the engine's tokenizer."""
