@@ -7,6 +7,9 @@ Both engines of a (model, batch) pair are built once and timed in alternating ro
 prompts' prefill; the median round and the spread are stored. With --profile, one
 extra round of each at batch 1 runs under cProfile and its busiest functions (own
 time) are stored beside the timings, so that where the CPU's time goes can be read.
+With --trace B ..., one more round of each at those batch sizes runs under
+torch.profiler: the GPU's busy time per step beside the wall time, and the device work
+and CUDA runtime calls of a step.
 
     python benchmarks/async_steps.py [--models tiny qwen3-0.6b] [--batches 1 8 32]
 """
@@ -83,6 +86,42 @@ def profile_lines(engine: LLMEngine, steps: int, top: int = 30) -> list[str]:
     return [line for line in text.getvalue().splitlines() if line.strip()]
 
 
+def timeline(engine: LLMEngine, steps: int) -> dict:
+    """A torch.profiler round (CPU and CUDA): the wall time of a step, the time the
+    GPU was busy in it (the union of its kernels and copies), and per step the device
+    work and the CUDA runtime calls by name, with their counts and time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    round_ms(engine, 10)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = round_ms(engine, steps)
+    events = prof.profiler.kineto_results.events()
+    device, runtime = [], {}
+    for e in events:
+        start, length, name = e.start_ns(), e.duration_ns(), e.name()
+        if e.device_type() == torch.autograd.DeviceType.CUDA:
+            device.append((start, start + length, name))
+        elif name.startswith(("cuda", "cu")) and not name.startswith("cuda::"):
+            n, t = runtime.get(name, (0, 0))
+            runtime[name] = (n + 1, t + length)
+    device.sort()
+    busy, end, kinds = 0, 0, {}
+    for start, stop, name in device:
+        busy += max(0, stop - max(start, end))
+        end = max(end, stop)
+        n, t = kinds.get(name[:60], (0, 0))
+        kinds[name[:60]] = (n + 1, t + stop - start)
+
+    def per_step(table):
+        rows = sorted(table.items(), key=lambda kv: -kv[1][1])[:20]
+        return {k: [n / steps, t / steps / 1e3] for k, (n, t) in rows}
+
+    return {"wall_ms_per_step": wall, "gpu_busy_ms_per_step": busy / steps / 1e6,
+            "device_ops_per_step": per_step(kinds),  # [count, us] a step
+            "runtime_calls_per_step": per_step(runtime)}  # fmt: skip
+
+
 def measure(model, batch: int, args) -> dict:
     tokens = 8 + args.steps * (args.rounds + 1) + 8
     engines = {m: engine_for(model, batch, o, tokens) for m, o in MODES.items()}
@@ -96,6 +135,11 @@ def measure(model, batch: int, args) -> dict:
     row["settings"] = {m: engine_settings(e) for m, e in engines.items()}
     if args.profile and batch == 1:
         row["profile"] = {m: profile_lines(e, args.steps) for m, e in engines.items()}
+    if args.trace and batch in args.trace:
+        row["trace"] = {m: timeline(e, args.steps) for m, e in engines.items()}
+        for m, t in row["trace"].items():
+            print(f"  {m}: wall {t['wall_ms_per_step']:.3f} ms, GPU busy "
+                  f"{t['gpu_busy_ms_per_step']:.3f} ms a step")  # fmt: skip
     a, b = (row["ms_per_step"][m] for m in MODES)
     row["async_speedup"] = a / b
     print(f"batch {batch:3d}: in order {a:.3f} ms, async {b:.3f} ms ({a / b:.2f}x)")
@@ -112,6 +156,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--trace", nargs="*", type=int, default=[], help="batch sizes to trace too"
+    )
     parser.add_argument("--name", default="async_steps")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
