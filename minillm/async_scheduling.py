@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:826
+# %% chapters/16_async_scheduling.md:823
 """Async scheduling (chapter 16, "Overlapping the CPU and the GPU"): the engine's step
 with the CPU one step ahead of the device.
 
@@ -38,7 +38,7 @@ class InFlight:
     logprobs: LogprobsTensors | None = None
 
 
-# %% chapters/16_async_scheduling.md:867
+# %% chapters/16_async_scheduling.md:865
 def steady(output: SchedulerOutput, before: list[Request], holes: list[int]) -> bool:
     """Whether holes are rows 0..n-1 of output, each one token of request j of
     `before` (step N's sampled rows): then row j's token is step N's token j."""
@@ -51,7 +51,18 @@ def steady(output: SchedulerOutput, before: list[Request], holes: list[int]) -> 
     )
 
 
-# %% chapters/16_async_scheduling.md:1088
+class CopyFirst:
+    """Steady decoding's patch: tokens into the first len(tokens) ids, one copy;
+    when that is every id of the step, chapter 15's graph runner uploads none."""
+
+    def __init__(self, tokens: Tensor):
+        self.tokens, self.first_rows = tokens, len(tokens)
+
+    def __call__(self, input_ids: Tensor) -> None:
+        input_ids[: self.first_rows].copy_(self.tokens)
+
+
+# %% chapters/16_async_scheduling.md:1113
 class AsyncStepper:
     """LLMEngine.step with the CPU one step ahead of the device (async scheduling)."""
 
@@ -80,7 +91,7 @@ class AsyncStepper:
             outputs += self._run_in_step(output)
         return outputs
 
-    # %% chapters/16_async_scheduling.md:1122
+    # %% chapters/16_async_scheduling.md:1147
     def _run_in_step(self, output: SchedulerOutput) -> list:
         engine = self.engine
         for request in [r for r in output.scheduled_requests if r.is_finished]:
@@ -94,7 +105,7 @@ class AsyncStepper:
         self.num_in_step += 1
         return engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1143
+    # %% chapters/16_async_scheduling.md:1168
     def _take_tokens(self, step: InFlight) -> list:
         """Wait for a step's tokens and hand them to the engine in place of their
         placeholders."""
@@ -119,7 +130,7 @@ class AsyncStepper:
         result = ModelRunnerOutput(sampled, logprobs)
         return self.engine.process_outputs(updated, result)
 
-    # %% chapters/16_async_scheduling.md:1175
+    # %% chapters/16_async_scheduling.md:1200
     def _advance(self, step: InFlight) -> None:
         engine = self.engine
         engine.scheduler.update_from_output(step.output, {})
@@ -133,7 +144,7 @@ class AsyncStepper:
                 request.num_output_placeholders += 1
 
 
-# %% chapters/16_async_scheduling.md:1194
+# %% chapters/16_async_scheduling.md:1219
 def use_async_stepper(engine) -> None:
     """Chapter 8's engine hook: the stepper, if the engine's runner steps ahead."""
     if getattr(engine.model_runner, "async_scheduling", False):

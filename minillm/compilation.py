@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_cuda_graph.md:942
+# %% chapters/15_cuda_graph.md:945
 """Compiled decoder layers (chapter 15, "Fewer kernels"). vLLM compiles the whole
 model with its own passes: vllm/compilation/."""
 

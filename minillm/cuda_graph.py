@@ -137,7 +137,10 @@ class CUDAGraphRunner:
         t, t_bs = n * self.query_len, bs * self.query_len  # tokens: real, bucket
         self.copied.synchronize()  # the previous step's copies have left the twins
         host, width = self.host, inputs.block_tables.shape[1]
-        for name in ("input_ids", "positions", "slot_mapping"):
+        names = ("input_ids", "positions", "slot_mapping")
+        if getattr(patch_input_ids, "first_rows", None) == t:  # it writes every id
+            names = names[1:]  # (chapter 16); padding rows keep old ids: harmless
+        for name in names:
             host[name][:t].numpy()[:] = getattr(inputs, name)
         host["seq_lens"][:n].numpy()[:] = inputs.seq_lens
         # padding rows: token 0 at position 0, attending to nothing, writing into
@@ -146,7 +149,7 @@ class CUDAGraphRunner:
         host["seq_lens"][n:bs] = 0
         host["slot_mapping"][t:t_bs] = self.pad_slot
         host["block_tables"][:n, :width].numpy()[:] = inputs.block_tables
-        for name in ("input_ids", "positions", "slot_mapping"):
+        for name in names:
             getattr(self, name)[:t_bs].copy_(host[name][:t_bs], non_blocking=True)
         self.seq_lens[:bs].copy_(host["seq_lens"][:bs], non_blocking=True)
         self.block_tables[:n, :width].copy_(

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_cuda_graph.md:850
+# %% chapters/15_cuda_graph.md:853
 """Decode-batch products through chapter 14's skinny Triton kernel (chapter 15,
 "Fewer kernels")."""
 

@@ -24,7 +24,7 @@ from torch import Tensor
 
 
 # %% chapters/16_async_scheduling.md:100
-from minillm.async_scheduling import InFlight, steady
+from minillm.async_scheduling import CopyFirst, InFlight, steady
 from minillm.compilation import compile_layers
 from minillm.config import EngineConfig
 from minillm.cuda_graph import CUDAGraphRunner, default_capture_sizes
@@ -279,7 +279,7 @@ class GPUModelRunner(ModelRunner):
             logits, md.temperature, md.top_k, md.top_p, md.min_p, keys, md.positions
         )
 
-    # %% chapters/16_async_scheduling.md:886
+    # %% chapters/16_async_scheduling.md:894
     def _init_async(self, max_num_seqs: int, max_model_len: int) -> None:
         self.previous: InFlight | None = None  # the last step launched ahead
         # two pinned buffers: the step in flight reads one while the next fills the
@@ -304,7 +304,7 @@ class GPUModelRunner(ModelRunner):
         sampled, n = previous.tokens, len(holes)
         if PATCH_IN_ORDER and steady(output, previous.sampling, holes):
             # row j's token goes to slot j: a plain copy, no index tensors
-            return lambda input_ids: input_ids[:n].copy_(sampled[:n])
+            return CopyFirst(sampled[:n])
         requests = output.scheduled_requests
         row_of = {r.request_id: j for j, r in enumerate(previous.sampling)}
         lens = [output.num_scheduled_tokens[r.request_id] for r in requests]
@@ -317,7 +317,7 @@ class GPUModelRunner(ModelRunner):
 
         return patch
 
-    # %% chapters/16_async_scheduling.md:945
+    # %% chapters/16_async_scheduling.md:950
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput) -> InFlight | None:
         """Enqueue the step and its tokens' draw without waiting; None (and nothing
@@ -325,11 +325,15 @@ class GPUModelRunner(ModelRunner):
         requests = output.scheduled_requests
         sampling = [i for i, r in enumerate(requests) if output.samples(r)]
         chosen = [requests[i] for i in sampling]
-        if not self.all_draw_ahead(chosen) or self.wants_prompt_logprobs(output):
+        # plain greedy rows, most of the traffic: no masks, logprobs or rules
+        plain = all(self.plain_greedy.get(r.request_id, False) for r in chosen)
+        if not (plain or self.all_draw_ahead(chosen)):
+            return None
+        if self.wants_prompt_logprobs(output):
             return None  # prompt logprobs: chapter 9's sample() computes them
         previous, self.previous = self.previous, None
-        masks = None  # the batch-level processors' device halves, once prepared
-        if not self.overlap_masks:  # the reference: masks first, then the forward
+        masks = [] if plain else None  # the batch-level processors' device halves
+        if masks is None and not self.overlap_masks:  # the reference: masks first
             masks = self._prepare_masks(chosen, previous)
         holes = [i for i in sampling if requests[i].num_output_placeholders]
         patch = self._patch_for(output, holes, previous) if holes else None
@@ -338,22 +342,32 @@ class GPUModelRunner(ModelRunner):
             last = inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1
             hidden = hidden[upload(last, self.device)]
         logits = self.model.lm_head(hidden)  # (len(sampling), vocab)
-        if masks is None:  # the CPU's mask work while the device runs the forward
+        if plain:
+            tokens, logprobs = logits.argmax(dim=-1), None
+        else:  # (len(sampling),) tokens, and logprobs where asked
+            tokens, logprobs = self._draw_all(logits, chosen, previous, masks)
+        host, ready = self._tokens_to_host(tokens, len(sampling))
+        self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
+        return self.previous
+
+    # %% chapters/16_async_scheduling.md:989
+    def _draw_all(self, logits: Tensor, chosen: list[Request], previous, masks):
+        """The rows' tokens, drawn with their masks (prepared now if masks is None:
+        the CPU's mask work while the device runs the forward), and their logprobs
+        on the way to the host if a row asked."""
+        if masks is None:
             masks = self._prepare_masks(chosen, previous)
         asked = [r.sampling_params.logprobs for r in chosen]
         raw = None  # chapter 7's raw logprobs come before any mask
         if any(n is not None for n in asked):
             raw = logits.to(torch.float32).log_softmax(dim=-1)
-        tokens = self._draw_ahead(logits, chosen, previous, masks)  # (len(sampling),)
-        logprobs = None
-        if raw is not None:
-            top = max(n for n in asked if n is not None)
-            logprobs = self._to_host(gather_logprobs(raw, top, tokens))
-        host, ready = self._tokens_to_host(tokens, len(sampling))
-        self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
-        return self.previous
+        tokens = self._draw_ahead(logits, chosen, previous, masks)  # (len(chosen),)
+        if raw is None:
+            return tokens, None
+        top = max(n for n in asked if n is not None)
+        return tokens, self._to_host(gather_logprobs(raw, top, tokens))
 
-    # %% chapters/16_async_scheduling.md:984
+    # %% chapters/16_async_scheduling.md:1009
     def all_draw_ahead(self, chosen: list[Request]) -> bool:
         """Whether a step launched ahead can draw every token of `chosen`, asked
         once per request."""
@@ -381,7 +395,7 @@ class GPUModelRunner(ModelRunner):
         batch_level = all(hasattr(type(p), "apply_batch") for p in processors)
         return (raw or params.logprobs is None) and batch_level
 
-    # %% chapters/16_async_scheduling.md:1017
+    # %% chapters/16_async_scheduling.md:1042
     def _tokens_to_host(self, tokens: Tensor, n: int):
         """(host, ready): the n tokens on their way to a pinned buffer, and the
         event that passes when they are there (the tokens and None on a CPU)."""
@@ -407,7 +421,7 @@ class GPUModelRunner(ModelRunner):
             )
         )
 
-    # %% chapters/16_async_scheduling.md:1049
+    # %% chapters/16_async_scheduling.md:1074
     def _prepare_masks(self, chosen: list[Request], previous) -> list:
         """The CPU's half of the batch-level processors of the rows `chosen`, each
         request's output completed by its placeholder's token from `previous`
@@ -440,7 +454,7 @@ class GPUModelRunner(ModelRunner):
                                                output_token_ids=outs))  # fmt: skip
         return masks
 
-    # %% chapters/16_async_scheduling.md:1457
+    # %% chapters/16_async_scheduling.md:1482
     def _draw_ahead(
         self, logits: Tensor, chosen: list[Request], previous, masks: list
     ) -> Tensor:
@@ -461,7 +475,7 @@ class GPUModelRunner(ModelRunner):
             return logits.argmax(dim=-1)  # (len(chosen),)
         return self.sample_on_device(logits, md)  # "Sampling on the device"
 
-    # %% chapters/16_async_scheduling.md:1484
+    # %% chapters/16_async_scheduling.md:1509
     def _rules_ahead(self, logits, ruled, chosen, md, previous) -> Tensor:
         """Allowed / banned tokens, min_tokens (in place) and penalties on rows
         `ruled` of logits."""
@@ -493,7 +507,7 @@ class GPUModelRunner(ModelRunner):
             return self.penalties.apply(logits, sel, rows, md)
         return logits
 
-    # %% chapters/16_async_scheduling.md:1519
+    # %% chapters/16_async_scheduling.md:1544
     def _allowed_mask(self, request: Request, vocab_size: int) -> Tensor:
         """(vocab,) bool on the device, chapter 7's: True where request may not go.
         Made once per request."""
@@ -504,7 +518,7 @@ class GPUModelRunner(ModelRunner):
             mask = self.allowed_masks[request.request_id] = upload(mask, self.device)
         return mask
 
-    # %% chapters/16_async_scheduling.md:1816
+    # %% chapters/16_async_scheduling.md:1817
     @staticmethod
     def fast_path(
         config: EngineConfig, parts: dict[str, Any]
@@ -530,7 +544,7 @@ class GPUModelRunner(ModelRunner):
         return 1 if cls.fast_path(config, parts)[0] else 0  # the scratch block
 
 
-# %% chapters/16_async_scheduling.md:1754
+# %% chapters/16_async_scheduling.md:1756
 @engine_options
 @dataclass(frozen=True)
 class FastPathOptions:
@@ -557,7 +571,7 @@ class FastPathOptions:
                 "step's lengths, so it cannot be captured"
             )
 
-    # %% chapters/16_async_scheduling.md:1786
+    # %% chapters/16_async_scheduling.md:1788
     @staticmethod
     def check_parts(config, parts: dict) -> None:
         names = ("cuda_graphs", "torch_compile", "async_scheduling")
@@ -578,5 +592,5 @@ class FastPathOptions:
             )
 
 
-# %% chapters/16_async_scheduling.md:1844
+# %% chapters/16_async_scheduling.md:1845
 MODEL_RUNNERS.register(True, preferred_on=("cuda",))(GPUModelRunner)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_cuda_graph.md:731
+# %% chapters/15_cuda_graph.md:734
 """Merged projections (chapter 15, "Fewer kernels"): one qkv_proj and one gate_up_proj
 per layer, made from a loaded model's weights by surgery in place.
 
@@ -34,7 +34,7 @@ class MergedMLP(MLP):
         return self.down_proj(F.silu(gate) * up)
 
 
-# %% chapters/15_cuda_graph.md:769
+# %% chapters/15_cuda_graph.md:772
 def merged_linear(parts: list[nn.Linear]) -> nn.Linear:
     """One nn.Linear whose outputs are the parts' outputs, concatenated."""
     bias = parts[0].bias is not None

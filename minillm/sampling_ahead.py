@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:1261
+# %% chapters/16_async_scheduling.md:1286
 """What chapter 7's sampler reads from a request's tokens, kept for the steps
 launched ahead (chapter 16, "Penalties and token rules ahead").
 
@@ -25,7 +25,7 @@ from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 
 
-# %% chapters/16_async_scheduling.md:1289
+# %% chapters/16_async_scheduling.md:1314
 def uses_penalties(params: SamplingParams) -> bool:
     """Whether chapter 7 applies a repetition, frequency or presence penalty."""
     return (
@@ -46,7 +46,7 @@ def has_token_rules(params: SamplingParams) -> bool:
     )
 
 
-# %% chapters/16_async_scheduling.md:1311
+# %% chapters/16_async_scheduling.md:1336
 class PenaltiesState:
     """Per row of the persistent batch, on the device: the output-token counts and
     the prompt-token mask of a request (vLLM's PenaltiesState).
@@ -68,7 +68,7 @@ class PenaltiesState:
         self.num_counted = [0] * max_num_reqs
         self.num_rebuilt = 0  # rows built from a request's lists
 
-    # %% chapters/16_async_scheduling.md:1340
+    # %% chapters/16_async_scheduling.md:1365
     def update(
         self, rows: list[int], requests: list[Request], vocab_size: int, previous
     ):
@@ -107,7 +107,7 @@ class PenaltiesState:
         if flight_rows:
             self._count(flight_rows, previous.tokens[upload(flight_src, self.device)])
 
-    # %% chapters/16_async_scheduling.md:1386
+    # %% chapters/16_async_scheduling.md:1411
     def _allocate(self, vocab_size: int) -> None:
         shape = (len(self.owner), vocab_size)
         self.output_counts = torch.zeros(
@@ -132,7 +132,7 @@ class PenaltiesState:
         index = (upload(rows, self.device), token_ids)
         self.output_counts.index_put_(index, ones, accumulate=True)
 
-    # %% chapters/16_async_scheduling.md:1417
+    # %% chapters/16_async_scheduling.md:1442
     def apply(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:
@@ -162,7 +162,7 @@ class PenaltiesState:
         )
         return logits
 
-    # %% chapters/16_async_scheduling.md:1699
+    # %% chapters/16_async_scheduling.md:1724
     def apply_kernel(
         self, logits: Tensor, sel: list[int], rows: list[int], md: SamplingMetadata
     ) -> Tensor:

@@ -5,6 +5,8 @@ real tokens alone; greedy verification builds no sampling metadata; and on a GPU
 (MINILLM_TEST_DEVICE=cuda) verification steps replay CUDA graphs.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -32,6 +34,16 @@ from minillm.speculative.verify_graphs import as_decode_rows, pad_rows
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 SMALL = dict(num_kv_blocks=40, block_size=4, max_num_seqs=6, max_num_batched_tokens=24)
+# where the Triton kernels run: the GPU if there is one, else Triton's interpreter
+KERNELS_ON = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def tiny_on(tiny):
+    """{backend: the tiny model where that backend runs} (a copy on a GPU)."""
+    model = tiny[0]
+    on_gpu = copy.deepcopy(model).to(KERNELS_ON) if KERNELS_ON != "cpu" else model
+    return {"torch": model, "triton": on_gpu}
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "medusa"])
@@ -150,9 +162,7 @@ def test_sampling_on_the_persistent_batch_draws_what_chapter7_runner_draws(
 
 
 def step_inputs(query_lens, seq_lens, tables, block_size, ids) -> StepInputs:
-    positions, md = build_attention_metadata(
-        query_lens, seq_lens, tables, block_size, "cpu"
-    )
+    positions, md = build_attention_metadata(query_lens, seq_lens, tables, block_size)
     return StepInputs(
         np.array(ids), positions.numpy(), md.slot_mapping.numpy(),
         md.query_start_loc.numpy(), md.seq_lens.numpy(), md.block_tables.numpy(),
@@ -173,11 +183,12 @@ def chunked_batch(model, backend, seed, block_size, q):
         from minillm.kernels.paged_attention import triton_paged_attention as attend
     else:
         attend = paged_attention_ref
-    caches = []
+    caches, on = [], next(model.parameters()).device
     for _ in range(2):
-        cache = PagedKVCache(model.config, 64, block_size, attend, torch.float32)
-        torch.manual_seed(seed)  # the same context in both
-        cache.key_cache.normal_(), cache.value_cache.normal_()
+        cache = PagedKVCache(model.config, 64, block_size, attend, torch.float32, on)
+        context = torch.Generator().manual_seed(seed)  # the same context in both
+        for part in (cache.key_cache, cache.value_cache):
+            part.copy_(torch.randn(part.shape, generator=context))
         caches.append(cache)
     ids = torch.randint(2, 2048, (sum(query_lens),), generator=g).tolist()
     inputs = step_inputs(query_lens, seq_lens, tables, block_size, ids)
@@ -188,7 +199,7 @@ def hidden_states(model, steps, caches):
     """The model's hidden states for each step, on its own cache."""
     hidden = []
     for step, cache in zip(steps, caches):
-        ids, positions, md = step.to_device(torch.device("cpu"))
+        ids, positions, md = step.to_device(cache.key_cache.device)
         with torch.inference_mode():
             hidden.append(model(ids, positions, md, cache))
     return hidden
@@ -196,11 +207,11 @@ def hidden_states(model, steps, caches):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("seed", range(3))
-def test_padded_rows_leave_the_real_tokens_alone(tiny, backend, seed):
+def test_padded_rows_leave_the_real_tokens_alone(tiny_on, backend, seed):
     """A batch of chunks of 1..q tokens padded to q per sequence (pad_rows): the real
     tokens' hidden states are the unpadded batch's, and no block but the scratch
     block changes."""
-    model, _ = tiny
+    model = tiny_on[backend]
     block_size, q, scratch = 4, 4, 63
     inputs, caches = chunked_batch(model, backend, seed, block_size, q)
     padded, where = pad_rows(inputs, q, scratch, block_size)
@@ -249,11 +260,11 @@ def test_cuda_graphs_replay_verification_steps(hf_checkpoint, tmp_path, device):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("seed", range(3))
-def test_decode_rows_give_the_chunks_hidden_states(tiny, backend, seed):
+def test_decode_rows_give_the_chunks_hidden_states(tiny_on, backend, seed):
     """A batch of chunks of 1..q tokens run as one decode row per token
     (as_decode_rows, what the verification graphs replay): the hidden states and
     the K/V written are the chunked batch's."""
-    model, _ = tiny
+    model = tiny_on[backend]
     inputs, caches = chunked_batch(model, backend, seed, block_size=4, q=4)
     rows = as_decode_rows(inputs)
     assert rows.max_query_len == 1 and rows.num_seqs == len(inputs.input_ids)

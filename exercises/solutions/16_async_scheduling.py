@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 import minillm.gpu_model_runner as gpu_model_runner
-from minillm.gpu_model_runner import GPUModelRunner, InFlight
+from minillm.gpu_model_runner import GPUModelRunner
 from minillm.input_batch import upload
 from minillm.kernels import penalties
 from minillm.sampler import Sampler, gather_logprobs
@@ -25,7 +24,7 @@ from minillm.sampling_params import SAMPLING_EPS
 
 # 15.1
 def draws_ahead(self, params) -> bool:
-    """As chapter 16's, with processed logprobs allowed: launch computes them."""
+    """As chapter 16's, with processed logprobs allowed: _draw_all computes them."""
     if not self.fused_sampling:
         return gpu_model_runner.is_plain_greedy(params, batch_processors=True)
     if params.logit_bias or params.bad_words_token_ids:  # chapter 7's sampler
@@ -64,25 +63,8 @@ def _draw_ahead(self, logits: Tensor, chosen, previous, masks) -> Tensor:
     return self.sample_on_device(logits, md)
 
 
-@torch.inference_mode()
-def launch(self, output) -> InFlight | None:
-    """Chapter 15's launch; the one change is where the logprobs come from."""
-    requests = output.scheduled_requests
-    sampling = [i for i, r in enumerate(requests) if output.samples(r)]
-    chosen = [requests[i] for i in sampling]
-    if not self.all_draw_ahead(chosen) or self.wants_prompt_logprobs(output):
-        return None
-    previous, self.previous = self.previous, None
-    masks = None
-    if not self.overlap_masks:
-        masks = self._prepare_masks(chosen, previous)
-    holes = [i for i in sampling if requests[i].num_output_placeholders]
-    patch = self._patch_for(output, holes, previous) if holes else None
-    inputs, hidden = self.forward(output, patch)
-    if not (inputs.all_sample and inputs.max_query_len == 1):
-        last = inputs.query_start_loc[1:].astype(np.int64)[sampling] - 1
-        hidden = hidden[upload(last, self.device)]
-    logits = self.model.lm_head(hidden)
+def _draw_all(self, logits: Tensor, chosen, previous, masks):
+    """Chapter 16's _draw_all; the one change is where the logprobs come from."""
     if masks is None:
         masks = self._prepare_masks(chosen, previous)
     asked = [r.sampling_params.logprobs for r in chosen]
@@ -91,21 +73,12 @@ def launch(self, output) -> InFlight | None:
     if wanted and self.sampler.logprobs_mode == "raw_logprobs":
         raw = logits.to(torch.float32).log_softmax(dim=-1)  # before any mask
     tokens = self._draw_ahead(logits, chosen, previous, masks)
-    logprobs = None
-    if wanted:  # 12.1: processed logprobs from the logits the tokens were drawn from
-        if raw is None:
-            raw = self.drawn_from.to(torch.float32).log_softmax(dim=-1)
-        top = max(n for n in asked if n is not None)
-        logprobs = self._to_host(gather_logprobs(raw, top, tokens))
-    host, ready = tokens, None
-    if self.device.type == "cuda":
-        self.host_slot ^= 1
-        host = self.host_tokens[self.host_slot][: len(sampling)]
-        host.copy_(tokens, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-    self.previous = InFlight(output, chosen, tokens, host, ready, logprobs)
-    return self.previous
+    if not wanted:
+        return tokens, None
+    if raw is None:  # 16.1: processed logprobs from the logits the tokens came from
+        raw = self.drawn_from.to(torch.float32).log_softmax(dim=-1)
+    top = max(n for n in asked if n is not None)
+    return tokens, self._to_host(gather_logprobs(raw, top, tokens))
 
 
 # 15.2
@@ -186,11 +159,11 @@ def apply_penalties_packed(
 
 GPUModelRunner.draws_ahead = draws_ahead
 GPUModelRunner._draw_ahead = _draw_ahead
-GPUModelRunner.launch = launch
+GPUModelRunner._draw_all = _draw_all
 penalties.pack_prompt_mask = pack_prompt_mask
 penalties.apply_penalties_packed = apply_penalties_packed
 
 SOLUTIONS = {
-    "processed_logprobs": (draws_ahead, _draw_ahead, _processed, launch),
+    "processed_logprobs": (draws_ahead, _draw_ahead, _processed, _draw_all),
     "packed": (pack_prompt_mask, _penalties_packed_kernel, apply_penalties_packed),
 }

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/16_async_scheduling.md:1589
+# %% chapters/16_async_scheduling.md:1614
 """Chapter 7's penalties as one Triton kernel for the steps launched ahead
 (chapter 16, "Penalties in one kernel").
 
@@ -27,7 +27,7 @@ PRECISE = os.environ.get("TRITON_INTERPRET") != "1"
 BLOCK = 4096  # tokens per program
 
 
-# %% chapters/16_async_scheduling.md:1621
+# %% chapters/16_async_scheduling.md:1646
 @triton.jit
 def _penalties_kernel(
     logits_ptr, out_ptr, state_rows_ptr, counts_ptr, seen_ptr, penalties_ptr,
@@ -61,7 +61,7 @@ def _penalties_kernel(
     tl.store(out_ptr + row * out_stride + offs, x, mask=offs < V)
 
 
-# %% chapters/16_async_scheduling.md:1658
+# %% chapters/16_async_scheduling.md:1683
 def apply_penalties(
     logits: Tensor,
     state_rows: Tensor,

@@ -19,6 +19,7 @@ import inspect
 import json
 import math
 import shutil
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from minillm.tiny import default_cache_dir, tiny_model_path
 QUALITY_VERSION = 4  # 2: sequential GPTQ; 3: rotations; 4: strided windows, bootstrap
 
 
-# %% chapters/19_quantized_serving.md:721
+# %% chapters/19_quantized_serving.md:722
 @torch.no_grad()
 def window_nll(
     model: nn.Module, windows: Tensor, score_last: int | None = None,
@@ -70,7 +71,7 @@ def evaluate(model: nn.Module, windows: Tensor, batch_size: int = 4):
     return float(nll.mean().exp()), top1
 
 
-# %% chapters/19_quantized_serving.md:756
+# %% chapters/19_quantized_serving.md:757
 RESAMPLES, LEVEL, SEED = 2000, 0.95, 0  # every interval's bootstrap
 
 
@@ -105,7 +106,7 @@ def ppl_ratio(table: dict, a: str, b: str) -> tuple[float, float, float]:
     return math.exp(float(diff.double().mean())), math.exp(lo), math.exp(hi)
 
 
-# %% chapters/19_quantized_serving.md:800
+# %% chapters/19_quantized_serving.md:801
 def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     """(row label, method, settings) of the table, for the larger group size g."""
     return [
@@ -144,7 +145,7 @@ def configurations(g: int) -> list[tuple[str, str | None, dict]]:
     ]
 
 
-# %% chapters/19_quantized_serving.md:840
+# %% chapters/19_quantized_serving.md:841
 def quantize_for_table(model: nn.Module, method: str | None, settings: dict, stats,
                        windows: Tensor) -> None:  # fmt: skip
     """Quantize model by one row's method (calibration: stats or windows)."""
@@ -159,7 +160,7 @@ def quantize_for_table(model: nn.Module, method: str | None, settings: dict, sta
         apply.LAYER_PASSES[method](model, stats, **settings)
 
 
-# %% chapters/19_quantized_serving.md:866
+# %% chapters/19_quantized_serving.md:869
 # The modules whose code the table's rows run (checkpoint and methods: export and
 # engine only); of minillm.int4 the rows call replace_linears alone.
 TABLE_MODULES = ("rtn", "calibration", "gptq", "sequential", "rotation", "awq",
@@ -169,7 +170,8 @@ SMOLLM2_TABLE = {"calib": (32, 256), "held_out": (64, 256), "group_size": 64}
 
 def code_of(source: str) -> str:
     """The syntax tree of source without its docstrings: its code, not its words
-    (comments and the tangler's lines are not in the tree)."""
+    (comments and the tangler's lines are not in the tree), written as Python 3.11
+    writes it on every Python from 3.11."""
     tree = ast.parse(textwrap.dedent(source))
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -178,7 +180,12 @@ def code_of(source: str) -> str:
                 body[0].value.value, str
             ):
                 node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+        if getattr(node, "type_params", None) == []:  # a field new in 3.12
+            del node.type_params
+    # 3.13 leaves empty fields out of the dump unless asked
+    return ast.dump(
+        tree, **({"show_empty": True} if sys.version_info >= (3, 13) else {})
+    )
 
 
 def sources_hash(package: Path | None = None) -> str:
@@ -195,7 +202,7 @@ def sources_hash(package: Path | None = None) -> str:
     return h.hexdigest()
 
 
-# %% chapters/19_quantized_serving.md:903
+# %% chapters/19_quantized_serving.md:912
 def quality_key(name: str, calib, held_out, group_size: int) -> tuple[str, Path]:
     """(the table's key, the model's folder) for the model called name."""
     folder = tiny_model_path(progress=False) if name == "tiny" else resolve_model(name)
@@ -211,7 +218,7 @@ def command(name: str, calib, held_out, group_size: int) -> str:
             f"{held_out[1]}")  # fmt: skip
 
 
-# %% chapters/19_quantized_serving.md:926
+# %% chapters/19_quantized_serving.md:935
 def quality_table(
     name: str, calib: tuple[int, int] = (32, 256),
     held_out: tuple[int, int] = (64, 256), group_size: int = 128,
@@ -244,7 +251,7 @@ def quality_table(
     return table | {"source": "computed now", "key": key}
 
 
-# %% chapters/19_quantized_serving.md:963
+# %% chapters/19_quantized_serving.md:972
 def build_table(name, folder, calib, held_out, group_size) -> dict:
     model, tokenizer = load_pretrained(folder)
     merge_projections(model)  # same results per row, fewer and larger products
@@ -278,7 +285,7 @@ def build_table(name, folder, calib, held_out, group_size) -> dict:
     return table
 
 
-# %% chapters/19_quantized_serving.md:998
+# %% chapters/19_quantized_serving.md:1007
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="compute and print a quality table")
     p.add_argument("model", help='"tiny", "smollm2", or a model folder')
@@ -298,6 +305,6 @@ def main(argv: list[str] | None = None) -> None:
               f"agree {row['agreement']:.1%}")  # fmt: skip
 
 
-# %% chapters/19_quantized_serving.md:1019
+# %% chapters/19_quantized_serving.md:1028
 if __name__ == "__main__":
     main()
