@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_prefix_cache.md:208
+# %% chapters/11_prefix_cache.md:206
 """Prefix caching by hash-chained full blocks, as vLLM v1 does it (chapter 11).
 
 Chapter 11 ("Prefix caching") explains this module. Names follow vLLM v1:
@@ -26,7 +26,7 @@ from minillm.request import Request
 HashFunction = Callable[[tuple], int]
 
 
-# %% chapters/11_prefix_cache.md:237
+# %% chapters/11_prefix_cache.md:235
 def hash_block_tokens(
     parent_block_hash: int | None,
     token_ids: Sequence[int],
@@ -47,7 +47,7 @@ def hash_block_tokens(
     )
 
 
-# %% chapters/11_prefix_cache.md:271
+# %% chapters/11_prefix_cache.md:269
 @dataclass(frozen=True, eq=False)
 class BlockHash:
     """What a cached block holds, kept on the block so that every hit can be re-checked.
@@ -63,7 +63,7 @@ class BlockHash:
     parent: BlockHash | None = field(default=None, repr=False)
 
 
-# %% chapters/11_prefix_cache.md:348
+# %% chapters/11_prefix_cache.md:346
 class PrefixCachingBlockPool(BlockPool):
     """A BlockPool whose full blocks keep their contents, findable by hash, until
     reused.
@@ -81,7 +81,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_collisions = 0
         self.num_evictions = 0  # cached blocks handed out for new content
 
-    # %% chapters/11_prefix_cache.md:378
+    # %% chapters/11_prefix_cache.md:376
     def get_cached_block(
         self,
         hash_value: int,
@@ -107,7 +107,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_collisions += 1
         return None
 
-    # %% chapters/11_prefix_cache.md:417
+    # %% chapters/11_prefix_cache.md:415
     def cache_full_blocks(
         self,
         blocks: list[KVCacheBlock],
@@ -138,7 +138,7 @@ class PrefixCachingBlockPool(BlockPool):
                 block.block_id
             ] = block
 
-    # %% chapters/11_prefix_cache.md:460
+    # %% chapters/11_prefix_cache.md:458
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
             candidates = self.cached_block_hash_to_block[block.block_hash.hash_value]
@@ -149,7 +149,7 @@ class PrefixCachingBlockPool(BlockPool):
         super()._evict(block)
 
 
-# %% chapters/11_prefix_cache.md:482
+# %% chapters/11_prefix_cache.md:480
 class PrefixCachingKVCacheManager(KVCacheManager):
     """KVCacheManager with vLLM's hash-based prefix cache.
 
@@ -179,7 +179,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         keys += () if lora is None else (("lora", lora.lora_name, lora.lora_path),)
         return keys or None
 
-    # %% chapters/11_prefix_cache.md:528
+    # %% chapters/11_prefix_cache.md:526
     def block_hashes(self, request: Request) -> list[int]:
         """The hash chain of request's full blocks, extended to its current tokens."""
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
@@ -195,7 +195,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             )
         return hashes
 
-    # %% chapters/11_prefix_cache.md:558
+    # %% chapters/11_prefix_cache.md:556
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         if getattr(request.sampling_params, "prompt_logprobs", None) is not None:
             return [], 0  # every prompt position must be run to score it (vLLM too)
@@ -218,7 +218,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.prefix_cache_hits += len(computed) * bs
         return computed, len(computed) * bs
 
-    # %% chapters/11_prefix_cache.md:593
+    # %% chapters/11_prefix_cache.md:591
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         num_full = num_computed_tokens // self.block_size
         num_cached = self.num_cached_block.get(request.request_id, 0)
@@ -241,5 +241,5 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.req_to_block_hashes.pop(request.request_id, None)
 
 
-# %% chapters/11_prefix_cache.md:1406
+# %% chapters/11_prefix_cache.md:1404
 KV_CACHE_MANAGERS.register("hash")(PrefixCachingKVCacheManager)

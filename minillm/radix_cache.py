@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/11_prefix_cache.md:807
+# %% chapters/11_prefix_cache.md:805
 """A radix tree over token sequences, at block granularity, with LRU eviction (chapter
 11).
 
@@ -28,7 +28,7 @@ from minillm.request import Request
 BlockKey = tuple[int, ...]  # the token ids of one full block: the tree's unit
 
 
-# %% chapters/11_prefix_cache.md:837
+# %% chapters/11_prefix_cache.md:835
 class TreeNode:
     """An edge of the tree: a run of full blocks (`key`) and one value per block
     (`value`).
@@ -62,7 +62,7 @@ def _common_prefix(a: Sequence[BlockKey], b: Sequence[BlockKey]) -> int:
     return n
 
 
-# %% chapters/11_prefix_cache.md:882
+# %% chapters/11_prefix_cache.md:880
 class RadixCache:
     """Cached block sequences sharing their prefixes in a radix tree.
 
@@ -90,7 +90,7 @@ class RadixCache:
         self._clock += 1
         return self._clock
 
-    # %% chapters/11_prefix_cache.md:922
+    # %% chapters/11_prefix_cache.md:920
     def _split(self, node: TreeNode, n: int) -> TreeNode:
         """Cut node's edge after n blocks; the new upper node is returned, `node`
         keeps the rest.
@@ -115,7 +115,7 @@ class RadixCache:
             node, i = child, i + n
         return node, i, values
 
-    # %% chapters/11_prefix_cache.md:960
+    # %% chapters/11_prefix_cache.md:958
     def match_prefix(self, token_ids: Sequence[int]) -> tuple[list[Any], TreeNode]:
         """The values of the longest cached prefix of token_ids (whole blocks), and
         the node ending it.
@@ -147,7 +147,7 @@ class RadixCache:
             return i, leaf
         return i, node
 
-    # %% chapters/11_prefix_cache.md:1003
+    # %% chapters/11_prefix_cache.md:1001
     def inc_lock_ref(self, node: TreeNode) -> None:
         while node is not self.root:
             if node.lock_ref == 0:
@@ -174,7 +174,7 @@ class RadixCache:
             yield node
             stack.extend(node.children.values())
 
-    # %% chapters/11_prefix_cache.md:1041
+    # %% chapters/11_prefix_cache.md:1039
     def evict(self, num_blocks: int) -> list[Any]:
         """Drop up to num_blocks values of unlocked leaves, least recently used
         first, each leaf tail first.
@@ -205,7 +205,7 @@ class RadixCache:
         return evicted
 
 
-# %% chapters/11_prefix_cache.md:1247
+# %% chapters/11_prefix_cache.md:1245
 class RadixKVCacheManager(KVCacheManager):
     """KVCacheManager with a radix-tree prefix cache (SGLang's design, at block
     granularity).
@@ -233,7 +233,7 @@ class RadixKVCacheManager(KVCacheManager):
         self.prefix_cache_hits += len(blocks) * self.block_size
         return blocks, len(blocks) * self.block_size
 
-    # %% chapters/11_prefix_cache.md:1288
+    # %% chapters/11_prefix_cache.md:1286
     def allocate_slots(
         self,
         request: Request,
@@ -264,7 +264,7 @@ class RadixKVCacheManager(KVCacheManager):
             self.num_cached_block[request.request_id] = len(new_computed_blocks)
         return new_blocks
 
-    # %% chapters/11_prefix_cache.md:1331
+    # %% chapters/11_prefix_cache.md:1329
     def _make_room(
         self,
         request: Request,
@@ -294,7 +294,7 @@ class RadixKVCacheManager(KVCacheManager):
         if num_needed > num_free:
             self.block_pool.free_blocks(self.tree.evict(num_needed - num_free))
 
-    # %% chapters/11_prefix_cache.md:1368
+    # %% chapters/11_prefix_cache.md:1366
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         rid, num_full = request.request_id, num_computed_tokens // self.block_size
         if num_full <= self.num_cached_block.get(rid, 0):
@@ -317,5 +317,5 @@ class RadixKVCacheManager(KVCacheManager):
         super().free(request)
 
 
-# %% chapters/11_prefix_cache.md:1412
+# %% chapters/11_prefix_cache.md:1410
 KV_CACHE_MANAGERS.register("radix")(RadixKVCacheManager)

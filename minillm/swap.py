@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/12_swap.md:188
+# %% chapters/12_swap.md:187
 """Preemption by swapping KV-cache blocks to CPU memory (chapter 12).
 
 Chapter 12 ("Swapping") explains this module. The design is vLLM v0's swap preemption
@@ -32,7 +32,7 @@ from minillm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 logger = logging.getLogger(__name__)
 
 
-# %% chapters/12_swap.md:224
+# %% chapters/12_swap.md:223
 class SwapSpace:
     """Block accounting for the CPU swap space: which CPU blocks hold which swapped-out
     request.
@@ -74,7 +74,7 @@ class SwapSpace:
         return [b.block_id for b in blocks]
 
 
-# %% chapters/12_swap.md:288
+# %% chapters/12_swap.md:287
 def swap_blocks(
     src: Tensor, dst: Tensor, block_mapping: Iterable[tuple[int, int]]
 ) -> None:
@@ -96,7 +96,7 @@ def swap_blocks(
         dst[:, d : d + n].copy_(src[:, s : s + n], non_blocking=True)
 
 
-# %% chapters/12_swap.md:324
+# %% chapters/12_swap.md:323
 class Swapper:
     """The CPU copy of the KV cache, and the copies a step asks for (vLLM v0's
     CacheEngine).
@@ -123,7 +123,7 @@ class Swapper:
         swap_blocks(self.key_cache, self.kv_cache.key_cache, block_mapping)
         swap_blocks(self.value_cache, self.kv_cache.value_cache, block_mapping)
 
-    # %% chapters/12_swap.md:359
+    # %% chapters/12_swap.md:358
     def execute(self, output: SchedulerOutput) -> None:
         # In first: a request swapped in and out again in one step must bring its data
         # back before it leaves,
@@ -133,7 +133,7 @@ class Swapper:
         self.swap_out(output.blocks_to_swap_out)
 
 
-# %% chapters/12_swap.md:410
+# %% chapters/12_swap.md:409
 class SwapScheduler(Scheduler):
     """A Scheduler whose preemption swaps a request's blocks to CPU memory instead of
     dropping them.
@@ -164,7 +164,7 @@ class SwapScheduler(Scheduler):
     def get_num_unfinished_requests(self) -> int:
         return super().get_num_unfinished_requests() + len(self.swapped)
 
-    # %% chapters/12_swap.md:452
+    # %% chapters/12_swap.md:451
     def _preempt(self, request: Request) -> None:
         """Swap preemption: copy the computed tokens' blocks to the swap space;
         recompute if it is full.
@@ -195,7 +195,7 @@ class SwapScheduler(Scheduler):
         self.swapped.append(request)
         self.num_swapped_out += 1
 
-    # %% chapters/12_swap.md:492
+    # %% chapters/12_swap.md:491
     def _swap_in(self) -> None:
         """Bring swapped requests back, oldest first, while the device has room for
         them to grow.
@@ -222,7 +222,7 @@ class SwapScheduler(Scheduler):
             self.running.append(request)
             self.num_swapped_in += 1
 
-    # %% chapters/12_swap.md:535
+    # %% chapters/12_swap.md:534
     def schedule(self) -> SchedulerOutput:
         self._swap_in_pairs, self._swap_out_pairs = [], []
         self._swap_in()
@@ -243,7 +243,7 @@ class SwapScheduler(Scheduler):
         )
         return output
 
-    # %% chapters/12_swap.md:567
+    # %% chapters/12_swap.md:566
     def finish_requests(
         self, request_ids: list[str] | str, status: RequestStatus
     ) -> None:
@@ -259,7 +259,7 @@ class SwapScheduler(Scheduler):
         super().finish_requests(request_ids, status)
 
 
-# %% chapters/12_swap.md:595
+# %% chapters/12_swap.md:594
 @engine_options
 @dataclass(frozen=True)
 class SwapOptions:
@@ -278,7 +278,7 @@ class SwapOptions:
             )
 
 
-# %% chapters/12_swap.md:625
+# %% chapters/12_swap.md:624
 class EngineSwapScheduler(SwapScheduler):
     """A SwapScheduler that carries out the block copies of each step it schedules."""
 

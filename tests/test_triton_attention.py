@@ -25,6 +25,24 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # on a GPU the prefill kernel's key tiles are 16 or more (tl.dot); the CPU's
 # interpreter takes any size
 ON_GPU_TILES_OF_16 = pytest.mark.skipif(DEVICE == "cuda", reason="a key tile under 16")
+# The interpreter runs every program one after another in Python: on the CPU a grid's
+# diagonal (each value of each knob once), on a GPU the whole grid.
+GPU_ONLY = pytest.mark.skipif(
+    DEVICE != "cuda", reason="the CPU's interpreter runs the grid's diagonal"
+)
+# the orders a prefill kernel's tiles may take: all four on a GPU, two on the CPU
+TILE_ORDERS = [(True, True), (False, False)] + (
+    [(True, False), (False, True)] if DEVICE == "cuda" else []
+)
+
+
+def diagonal(block_sizes, head_layouts):
+    """Every (block size, heads) pair; those off the diagonal run on a GPU only."""
+    return [
+        pytest.param(b, *h, marks=() if i == j else GPU_ONLY)
+        for i, b in enumerate(block_sizes)
+        for j, h in enumerate(head_layouts)
+    ]
 
 
 def batch(
@@ -54,8 +72,9 @@ def batch(
     return q, k, v, md
 
 
-@pytest.mark.parametrize("block_size", [1, 5, 16])
-@pytest.mark.parametrize("n_heads, n_kv", [(4, 4), (4, 2), (8, 2)])
+@pytest.mark.parametrize(
+    "block_size, n_heads, n_kv", diagonal([1, 5, 16], [(4, 4), (4, 2), (8, 2)])
+)
 def test_decode_kernel_matches_reference(block_size, n_heads, n_kv):
     q, k, v, md = batch(
         [1] * 5, [1, 17, 40, 3, 64], block_size, n_heads, n_kv, 32, seed=block_size
@@ -98,7 +117,7 @@ def test_decode_kernel_matches_reference(block_size, n_heads, n_kv):
         )
 
 
-@pytest.mark.parametrize("n_heads, n_kv", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("n_heads, n_kv", [pytest.param(4, 4, marks=GPU_ONLY), (8, 2)])
 def test_decode_programs_in_another_order_give_the_same_bits(
     n_heads, n_kv, monkeypatch
 ):
@@ -218,13 +237,12 @@ def test_prefill_tiles_aligned_to_the_chunk_end_and_small_diagonal_tiles(
     seq_lens = [c + n for c, n in zip(contexts, query_lens)]
     q, k, v, md = batch(query_lens, seq_lens, 16, 8, 2, 32, seed=block_m + diag_n)
     expected = paged_attention_ref(q, k, v, md)
-    for longest_first in (True, False):
-        for align_end in (True, False):
-            out = paged_prefill(
-                q, k, v, md, block_m=block_m, block_n=block_n, diag_n=diag_n,
-                longest_first=longest_first, align_end=align_end,
-            )  # fmt: skip
-            assert (out - expected).abs().max() <= 1e-5
+    for longest_first, align_end in TILE_ORDERS:
+        out = paged_prefill(
+            q, k, v, md, block_m=block_m, block_n=block_n, diag_n=diag_n,
+            longest_first=longest_first, align_end=align_end,
+        )  # fmt: skip
+        assert (out - expected).abs().max() <= 1e-5
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CPU interpreter takes any tile")
