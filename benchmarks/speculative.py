@@ -8,7 +8,7 @@ Two measurements, in one run:
    Qwen3-0.6B-shaped model with random weights (bf16 on a GPU; the time does not
    depend on the weights), through the attention backend the engine picks (chapter
    13's Triton kernels on a GPU). Median of 20 after 3 warm-ups.
-2. The chapter's two workloads (minillm/speculative/workloads.py: prompts from the
+2. The chapter's two workloads (benchmarks/spec_workloads.py: prompts from the
    corpus's held-out topics, "repetitive" and "open") on the course's tiny trained model
    (float32), 64 greedy tokens per request (ignore_eos), at batch 1, 8, 32 and 128 (all
    requests submitted at once, max_num_seqs = batch): without speculation, with the
@@ -23,7 +23,7 @@ Two measurements, in one run:
    and, at batch 1, without speculation on the same fast path with every step run in
    step (async_scheduling=False: a second baseline, faster at batch 1 on the tiny
    model), and without speculation, with n-gram k = 3 and with EAGLE k = 3 on chapter
-   9's runner as well (a third baseline; its own copy of the model; --no-chapter8 leaves
+   9's runner as well (a third baseline; its own copy of the model; --no-chapter9 leaves
    it out). Each engine runs the prompts once untimed, then --repeats times timed (the
    median counts). Reported per run: the runner and its flags, output tokens/s, the mean
    acceptance length tau and the acceptances per position, steps and how many replayed a
@@ -64,7 +64,7 @@ from minillm.sampling_params import SamplingParams  # noqa: E402
 from minillm.speculative.draft_model import draft_model_path  # noqa: E402
 from minillm.speculative.eagle import eagle_path  # noqa: E402
 from minillm.speculative.medusa import medusa_path  # noqa: E402
-from minillm.speculative.workloads import held_out_prompts  # noqa: E402
+from benchmarks.spec_workloads import held_out_prompts  # noqa: E402
 from minillm.tiny import tiny_model  # noqa: E402
 
 
@@ -250,9 +250,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed passes per engine")
     p.add_argument("--methods", nargs="+", default=None, help="a subset of METHODS")
     p.add_argument("--no-step-curve", action="store_true", help="skip measurement 1")
-    p.add_argument("--no-chapter8", action="store_true", help="fast path only")
+    p.add_argument("--no-chapter9", action="store_true", help="fast path only")
     p.add_argument("--workloads", nargs="+", default=["repetitive", "open"])
     p.add_argument("--name", default="speculative_decode_rows", help="JSON's name")
+    p.add_argument(
+        "--switch-off-too",
+        action="store_true",
+        help="each proposer also without the acceptance switch "
+        "(disable_by_acceptance=None), beside the default",
+    )
     args = p.parse_args()
     require_committed()  # before measuring: stored runs are of committed code
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
@@ -283,6 +289,11 @@ def main() -> None:
                      "disable_by_batch_size": None}  # at every batch size
                  for m, (method, k) in methods.items()}
             )  # fmt: skip
+            for m, (method, k) in methods.items() if args.switch_off_too else ():
+                configs[f"{m}, switch off"] = {
+                    "method": method, "num_speculative_tokens": k,
+                    "disable_by_batch_size": None, "disable_by_acceptance": None,
+                }  # fmt: skip
             for method in ("ngram", "eagle") if batch >= 32 else ():
                 configs[f"{method} k=3, disable_by_batch_size=32"] = {
                     "method": method,
@@ -293,7 +304,7 @@ def main() -> None:
             plan = [("fast path", m) for m in configs]
             if batch == 1 and device == "cuda":
                 plan.insert(1, ("in step", "none"))
-            if batch == 1 and not args.no_chapter7:
+            if batch == 1 and not args.no_chapter9:
                 c7 = [m for m in ("none", "ngram k=3", "eagle k=3") if m in configs]
                 plan += [("chapter 9", m) for m in c7]
             base_tokens, base_rate = None, {}

@@ -209,7 +209,7 @@ def all_blocks_free(engine) -> bool:
 
 def measure(model, tokenizer, kind: str, batch: int, spec: dict | None):
     """(tokens, tokens/s, tau, tokens/step) of 24 greedy tokens per held-out prompt."""
-    from minillm.speculative.workloads import held_out_prompts
+    from benchmarks.spec_workloads import held_out_prompts
 
     prompts = held_out_prompts(tokenizer, kind, batch)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

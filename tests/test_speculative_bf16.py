@@ -36,7 +36,7 @@ import minillm.speculative.runner as spec_runner
 from minillm.llm import LLM
 from minillm.logprobs import top_logprobs
 from minillm.sampling_params import SamplingParams
-from minillm.speculative.workloads import held_out_prompts
+from benchmarks.spec_workloads import held_out_prompts
 from minillm.tiny import tiny_model
 
 TOL_ULPS = 8

@@ -29,7 +29,7 @@ from minillm.model import build_attention_metadata
 from minillm.sampling_metadata import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 from minillm.speculative.eagle import EagleDraft, EagleRecipe, save_eagle
-from minillm.speculative.verify_graphs import as_decode_rows, pad_rows
+from minillm.speculative.verify_graphs import as_decode_rows
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -84,7 +84,8 @@ def test_steps_launched_ahead_neither_verify_nor_propose(tiny):
     expected = generate(
         LLMEngine(model, tokenizer, EngineConfig(**SMALL)), prompts, GREEDY
     )
-    spec = {**NGRAM, "disable_by_batch_size": 4}
+    # the batch-size switch alone (the acceptance switch's: test_acceptance_switch.py)
+    spec = {**NGRAM, "disable_by_batch_size": 4, "disable_by_acceptance": None}
     config = EngineConfig(
         **SMALL, persistent_batch=True, async_scheduling=True, speculative_config=spec
     )
@@ -149,7 +150,9 @@ def test_sampling_on_the_persistent_batch_draws_what_chapter7_runner_draws(
         )
         for i in range(len(prompts))
     ]  # fmt: skip
+    # every step verifies: the acceptance switch would pause sampled rows' lookups
     spec = {"method": method, "num_speculative_tokens": 3}
+    spec["disable_by_acceptance"] = None
     tokens = []
     for persistent_batch in (False, True):
         config = EngineConfig(
@@ -203,24 +206,6 @@ def hidden_states(model, steps, caches):
         with torch.inference_mode():
             hidden.append(model(ids, positions, md, cache))
     return hidden
-
-
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("seed", range(3))
-def test_padded_rows_leave_the_real_tokens_alone(tiny_on, backend, seed):
-    """A batch of chunks of 1..q tokens padded to q per sequence (pad_rows): the real
-    tokens' hidden states are the unpadded batch's, and no block but the scratch
-    block changes."""
-    model = tiny_on[backend]
-    block_size, q, scratch = 4, 4, 63
-    inputs, caches = chunked_batch(model, backend, seed, block_size, q)
-    padded, where = pad_rows(inputs, q, scratch, block_size)
-    assert (np.diff(padded.query_start_loc) == q).all()
-    hidden = hidden_states(model, (inputs, padded), caches)
-    assert torch.allclose(hidden[1][where], hidden[0], atol=1e-4)
-    for name in ("key_cache", "value_cache"):
-        a, b = (getattr(c, name)[:, :scratch] for c in caches)
-        assert torch.allclose(a, b, atol=1e-4)
 
 
 def test_cuda_graphs_replay_verification_steps(hf_checkpoint, tmp_path, device):

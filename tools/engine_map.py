@@ -163,7 +163,6 @@ VLLM: dict[str, str | None] = {
     "speculative.rejection": "vllm/v1/sample/rejection_sampler.py",
     "speculative.runner": "vllm/v1/spec_decode/llm_base_proposer.py",
     "speculative.verify_graphs": "vllm/v1/cudagraph_dispatcher.py",
-    "speculative.workloads": None,
     # 15-16 serving (vLLM compiles grammars in a library: xgrammar, outlines, ...)
     "structured.ir": "vllm/v1/structured_output/backend_xgrammar.py",
     "structured.charset": None,

@@ -11,5 +11,4 @@ ngram                    chapters/21_speculative.md
 rejection                chapters/21_speculative.md
 runner                   chapters/21_speculative.md
 verify_graphs            chapters/21_speculative.md
-workloads                chapters/21_speculative.md
 """

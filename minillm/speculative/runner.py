@@ -52,8 +52,9 @@ class SpeculativeConfig:
     # propose nothing after a step of at least this many requests (None: always);
     # 32 protects large batches ("On the fast path, measured", in the lab notes)
     disable_by_batch_size: int | None = 32
-    # draft_model, eagle, medusa: the draft's folder; None: the course's, of the tiny
-    # model
+    # pause a request's proposals while they accept fewer (AcceptanceSwitch)
+    disable_by_acceptance: float | None = 0.5
+    # the draft's folder (draft_model, eagle, medusa); None: the tiny model's
     model: str | None = None
 
     @classmethod
@@ -71,11 +72,14 @@ class SpeculativeConfig:
             raise ValueError("num_speculative_tokens must be in [1, 32]")
         if (config.disable_by_batch_size or 1) < 1:
             raise ValueError("disable_by_batch_size must be None or >= 1")
+        least = config.disable_by_acceptance
+        if least is not None and not 0 <= least <= config.num_speculative_tokens:
+            raise ValueError("disable_by_acceptance must be None or in [0, k]")
         NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)  # checks
         return config
 
 
-# %% chapters/21_speculative.md:1197
+# %% chapters/21_speculative.md:1201
 @engine_options
 @dataclass(frozen=True)
 class SpeculativeOptions:
@@ -116,7 +120,7 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / max(1, self.num_drafts)
 
 
-# %% chapters/21_speculative.md:1240
+# %% chapters/21_speculative.md:1244
 def can_speculate(params) -> bool:
     return (
         params.logprobs is None
@@ -142,7 +146,40 @@ def num_to_propose(
     return max(0, min(k, room)) if can_speculate(params) else 0
 
 
-# %% chapters/21_speculative.md:1267
+# %% chapters/21_speculative.md:1279
+class AcceptanceSwitch:
+    """Per request: pause proposing while its proposing steps accept too little."""
+
+    def __init__(self, threshold: float, window: int = 4, pause: int = 16):
+        self.threshold, self.window, self.pause = threshold, window, pause
+        self.tries: dict[str, list[int]] = {}  # accepted, per step that asked
+        self.paused: dict[str, tuple[int, int]] = {}  # (resume at output, pauses)
+        self.num_pauses = 0
+
+    def allows(self, request: Request, new_tokens: int = 0) -> bool:
+        resume_at, _ = self.paused.get(request.request_id, (0, 0))
+        return request.num_output_tokens + new_tokens >= resume_at
+
+    def record(self, request: Request, num_accepted: int, new_tokens: int) -> None:
+        """A step in which request asked for proposals accepted num_accepted."""
+        rid, tries = request.request_id, self.tries.setdefault(request.request_id, [])
+        tries.append(num_accepted)
+        if len(tries) < self.window:
+            return
+        if sum(tries) >= self.threshold * len(tries):  # it pays: keep asking
+            tries.pop(0)
+            self.paused.pop(rid, None)  # and the next pause is short again
+            return
+        _, pauses = self.paused.get(rid, (0, 0))
+        resume_at = request.num_output_tokens + new_tokens + (self.pause << pauses)
+        self.paused[rid], self.tries[rid] = (resume_at, pauses + 1), []
+        self.num_pauses += 1
+
+    def forget(self, request_id: str) -> None:
+        self.tries.pop(request_id, None), self.paused.pop(request_id, None)
+
+
+# %% chapters/21_speculative.md:1313
 class SpeculativeRunnerMixin:
     """Verifies each request's proposals with one forward pass, then proposes the next
     ones. Mixed into the runner class chapter 9's engine picked."""
@@ -157,6 +194,9 @@ class SpeculativeRunnerMixin:
         self.proposer = self.make_proposer(self.spec_config, kv_cache)
         self.max_model_len = max_model_len
         self.spec_stats = SpecDecodingStats(self.spec_config.num_speculative_tokens)
+        threshold = self.spec_config.disable_by_acceptance
+        self.switch = None if threshold is None else AcceptanceSwitch(threshold)
+        self.asked: set[str] = set()  # requests that asked for proposals last step
         # seeded request -> its own generator, for rejection sampling's draws
         self.generators: dict[str, torch.Generator] = {}
         self.verify_graphs = None  # chapter 15's graphs, for verification steps
@@ -167,7 +207,7 @@ class SpeculativeRunnerMixin:
             if isinstance(self.proposer, EagleProposer):  # its draft, on graphs too
                 self.proposer.graphs = self.capture_draft_graphs()
 
-    # %% chapters/21_speculative.md:1294
+    # %% chapters/21_speculative.md:1343
     def make_proposer(self, spec: SpeculativeConfig, kv_cache):
         if spec.method == "ngram":
             return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -202,8 +242,10 @@ class SpeculativeRunnerMixin:
         self.generators.pop(request_id, None)
         if hasattr(self.proposer, "forget"):  # a draft model's or EAGLE's state
             self.proposer.forget(request_id)
+        if self.switch is not None:
+            self.switch.forget(request_id)
 
-    # %% chapters/21_speculative.md:1333
+    # %% chapters/21_speculative.md:1384
     @torch.inference_mode()
     def execute_model(self, output) -> ModelRunnerOutput:
         requests = output.scheduled_requests
@@ -236,12 +278,7 @@ class SpeculativeRunnerMixin:
         # chapter 9's inputs, each chunk running on into the request's proposals
         return self.run_forward(output, lambda r: r.spec_token_ids)[0]
 
-    def speculating(self, batch_size: int) -> bool:
-        """False once a step holds disable_by_batch_size requests or more."""
-        limit = self.spec_config.disable_by_batch_size
-        return limit is None or batch_size < limit
-
-    # %% chapters/21_speculative.md:1377
+    # %% chapters/21_speculative.md:1423
     def verify_and_propose(
         self, requests, hidden: Tensor, rows, drafts
     ) -> ModelRunnerOutput:
@@ -266,9 +303,11 @@ class SpeculativeRunnerMixin:
             k = 0  # a batch this large fills the step by itself
         contexts, ks = [], []
         for r in chosen:
+            accepted = len(sampled[r.request_id]) - 1  # drafts taken, before a stop
             new = sampled[r.request_id] = self.cut_at_stop(r, sampled[r.request_id])
             contexts.append(r.all_token_ids + new)
-            ks.append(num_to_propose(r, len(new), k, self.max_model_len))
+            ks.append(self.asks(r, k, accepted, len(new)))
+        self.asked = {r.request_id for r, n in zip(chosen, ks) if n}
         proposals = self.propose(chosen, contexts, ks)
         if isinstance(proposals, tuple):  # on the device: placeholders till then
             self.pending = (chosen, ks, *proposals)
@@ -277,7 +316,28 @@ class SpeculativeRunnerMixin:
             r.spec_token_ids = proposal
         return ModelRunnerOutput(sampled, logprobs)
 
-    # %% chapters/21_speculative.md:1419
+    # %% chapters/21_speculative.md:1467
+    def speculating(self, batch_size: int) -> bool:
+        """False once a step holds disable_by_batch_size requests or more."""
+        limit = self.spec_config.disable_by_batch_size
+        return limit is None or batch_size < limit
+
+    def asks(self, r: Request, k: int, accepted: int, new_tokens: int) -> int:
+        """Proposals r asks for after this step; the switch first hears how many
+        of its last ones stood, if it asked."""
+        switch = self.switch
+        if switch is not None and r.request_id in self.asked:
+            switch.record(r, accepted, new_tokens)
+        ask = k if switch is None or switch.allows(r, new_tokens) else 0
+        return num_to_propose(r, new_tokens, ask, self.max_model_len)
+
+    def may_propose(self, requests) -> bool:
+        """Whether a request may ask for proposals after this step (a token in
+        flight's margin): not once the switch has paused them all."""
+        on, switch = self.speculating(len(requests)), self.switch
+        return on and (switch is None or any(switch.allows(r, 2) for r in requests))
+
+    # %% chapters/21_speculative.md:1494
     def propose(self, requests, contexts, ks) -> list[list[int]]:
         """Up to ks[i] tokens to follow contexts[i], for each request."""
         if isinstance(self.proposer, NgramProposer):
@@ -308,7 +368,7 @@ class SpeculativeRunnerMixin:
             for r, proposal in zip(chosen, read()):
                 r.spec_token_ids = proposal
 
-    # %% chapters/21_speculative.md:1453
+    # %% chapters/21_speculative.md:1528
     def patch_for_pending(self, output):
         """A function writing the drafts still on the device into the step's token
         ids on the device, where the chunks reach them (None: nothing to write)."""
@@ -346,7 +406,7 @@ class SpeculativeRunnerMixin:
             self.patch_indices[key] = upload(dst, self.device), upload(src, self.device)
         return self.patch_indices[key]
 
-    # %% chapters/21_speculative.md:1497
+    # %% chapters/21_speculative.md:1572
     def cut_at_stop(self, request: Request, tokens: list[int]) -> list[int]:
         """tokens up to and including the first one that ends the request (EOS or a
         stop token id), as the engine's stop check sees them one by one."""
@@ -379,7 +439,7 @@ class SpeculativeRunnerMixin:
             out[r.request_id], row = tokens, row + n
         return out
 
-    # %% chapters/21_speculative.md:1533
+    # %% chapters/21_speculative.md:1608
     def verify_greedy(self, chosen, hidden: Tensor, rows, drafts):
         """New tokens of plainly greedy requests, from one argmax of all rows."""
         flat = [i for r in chosen for i in rows[r.request_id]]
@@ -407,7 +467,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/21_speculative.md:1740
+    # %% chapters/21_speculative.md:1757
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 15's buckets whose tokens fit the step's budget, sharing chapter
@@ -438,14 +498,14 @@ class SpeculativeRunnerMixin:
         """Chapter 16's step launched ahead, for a step that neither verifies nor
         proposes; None (run it in step) for any other."""
         requests = output.scheduled_requests
-        if self.speculating(len(requests)) or any(r.spec_token_ids for r in requests):
+        if any(r.spec_token_ids for r in requests) or self.may_propose(requests):
             return None
         if isinstance(self.proposer, EagleProposer):
             self.proposer.features.clear()  # as a step too large to draft keeps none
         self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output)
 
-    # %% chapters/21_speculative.md:1869
+    # %% chapters/21_speculative.md:1886
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""
@@ -460,7 +520,7 @@ class SpeculativeRunnerMixin:
         return graphs
 
 
-# %% chapters/21_speculative.md:1564
+# %% chapters/21_speculative.md:1639
 def speculative_runner(runner_cls: type, config, parts: dict[str, Any]) -> type:
     if config.speculative_config is None:
         return runner_cls

@@ -2,14 +2,13 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/21_speculative.md:1650
+# %% chapters/21_speculative.md:1706
 """CUDA graphs for verification steps (chapter 21, "On chapter 15's fast path").
 
-`pad_rows` pads every sequence of a step to q query tokens (a uniform shape, for
-a graph captured with query_len = q); `as_decode_rows` makes every query token a
-decode row of its own, and `VerifyGraphRunner` replays chapter 15's one-token graphs
-over those rows. vLLM: the uniform-decode graphs of vllm/v1/worker/gpu_model_runner.py
-and vllm/v1/cudagraph_dispatcher.py.
+`as_decode_rows` makes every query token a decode row of its own, and
+`VerifyGraphRunner` replays chapter 15's one-token graphs over those rows. vLLM: the
+uniform-decode graphs of vllm/v1/worker/gpu_model_runner.py and
+vllm/v1/cudagraph_dispatcher.py.
 """
 
 from __future__ import annotations
@@ -21,40 +20,7 @@ from minillm.cuda_graph import CUDAGraphRunner
 from minillm.input_batch import StepInputs
 
 
-# %% chapters/21_speculative.md:1671
-def pad_rows(
-    inputs: StepInputs, q: int, scratch_block: int, block_size: int
-) -> tuple[StepInputs, np.ndarray]:
-    """inputs with each sequence's chunk (at most q tokens) padded to q tokens, and
-    where (num_tokens,): each real token's row in the padded batch."""
-    lens = np.diff(inputs.query_start_loc)  # (num_seqs,)
-    n = len(lens)
-    seq_of_token = np.repeat(np.arange(n), lens)  # (num_tokens,)
-    first = inputs.query_start_loc[:-1][seq_of_token]
-    where = seq_of_token * q + np.arange(len(seq_of_token)) - first
-
-    def spread(values: np.ndarray, fill: int) -> np.ndarray:  # (n * q,)
-        out = np.full(n * q, fill, dtype=values.dtype)
-        out[where] = values
-        return out
-
-    seq_lens = inputs.seq_lens + (q - lens)  # the real tokens keep their positions
-    width = -(-int(seq_lens.max()) // block_size)
-    extra = width - inputs.block_tables.shape[1]
-    padded = StepInputs(
-        spread(inputs.input_ids, 0),
-        spread(inputs.positions, 0),
-        spread(inputs.slot_mapping, scratch_block * block_size),
-        q * np.arange(n + 1, dtype=np.int32),
-        seq_lens.astype(np.int32),
-        np.pad(inputs.block_tables, ((0, 0), (0, max(0, extra))),
-               constant_values=scratch_block),
-        inputs.all_sample,
-    )  # fmt: skip
-    return padded, where
-
-
-# %% chapters/21_speculative.md:1709
+# %% chapters/21_speculative.md:1726
 def as_decode_rows(inputs: StepInputs) -> StepInputs:
     """The same step with every query token a sequence of its own: one query token
     whose seq_len, its position + 1, makes the causal mask, and its sequence's
