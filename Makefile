@@ -91,12 +91,16 @@ test-alt: $(STAMP)
 		NB_PAGES='chapters/*.md'
 
 # $(JOBS) workers share the cores: one thread each (more threads per worker only spin and wait).
-# Set-up installs SmolLM2 (tools/setup_env.sh), so its tests fail here rather than skip.
+# A worker that runs out of tests takes the other's (worksteal): the slow ones do not all
+# wait in one queue. Set-up installs SmolLM2 (tools/setup_env.sh), so its tests fail here
+# rather than skip.
 test-unit: $(STAMP)
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MINILLM_REQUIRE_SMOLLM2=1 $(PYTHON) -m pytest -n $(JOBS) tests exercises
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MINILLM_REQUIRE_SMOLLM2=1 $(PYTHON) -m pytest -n $(JOBS) \
+		--dist worksteal tests exercises
 	# the exercises' checks again, against the worked solutions (exercises/solutions/):
 	# under --solutions a skipped check fails
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) -p no:cacheprovider exercises --solutions
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) --dist worksteal \
+		-p no:cacheprovider exercises --solutions
 
 # nbval collects .ipynb only: convert the chapters and their lab notes (chapters/lab_notes/,
 # named NN_slug_lab.md so that no two notebooks share a name) into a scratch folder, one kernel

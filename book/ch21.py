@@ -315,3 +315,30 @@ def plot_speedup(rows: dict, first: dict) -> None:
     right.set(xlabel="batch (chapter 9's runner)", xscale="log", ylabel="speed-up")
     fig.tight_layout()
     plt.show()
+
+
+def switch_table(record: dict) -> dict[str, float]:
+    """Print benchmarks/speculative.py's --switch-off-too run: per workload, batch
+    and proposer, the speed-up over no speculation with the acceptance switch (the
+    default) and without it; return the glue values (the proposer and point where
+    the switch helps most, and the least the switch keeps of a switched-off win)."""
+    runs = {(r["workload"], r["batch"], r["method"]): r for r in record["runs"]}
+    print(f"{record['environment']['gpu']}, {record['max_tokens']} tokens a request, "
+          f"median of {record['repeats']}: speed-up over no speculation")  # fmt: skip
+    print(f"{'workload':10} {'batch':>5} {'proposer':12} {'switch':>7} {'off':>6}")
+    rows = []
+    for (workload, batch, method), r in runs.items():
+        off = runs.get((workload, batch, f"{method}, switch off"))
+        if off is None:
+            continue
+        rows.append((r["speedup"], off["speedup"], workload, batch, method))
+        print(f"{workload:10} {batch:5} {method:12} {r['speedup']:6.2f}x "
+              f"{off['speedup']:5.2f}x")  # fmt: skip
+    gain = max(rows, key=lambda row: row[0] / row[1])
+    wins = [row for row in rows if row[1] > 1] or rows
+    return {
+        "ch21_switch_best_on": gain[0],
+        "ch21_switch_best_off": gain[1],
+        "ch21_switch_best_where": f"{gain[4]} on {gain[2]} prompts at batch {gain[3]}",
+        "ch21_switch_keeps": min(row[0] / row[1] for row in wins),
+    }
