@@ -334,11 +334,10 @@ def switch_table(record: dict) -> dict[str, float]:
         rows.append((r["speedup"], off["speedup"], workload, batch, method))
         print(f"{workload:10} {batch:5} {method:12} {r['speedup']:6.2f}x "
               f"{off['speedup']:5.2f}x")  # fmt: skip
-    gain = max(rows, key=lambda row: row[0] / row[1])
-    wins = [row for row in rows if row[1] > 1] or rows
-    return {
-        "ch21_switch_best_on": gain[0],
-        "ch21_switch_best_off": gain[1],
-        "ch21_switch_best_where": f"{gain[4]} on {gain[2]} prompts at batch {gain[3]}",
-        "ch21_switch_keeps": min(row[0] / row[1] for row in wins),
-    }
+    glued = {}
+    for name, pick in (("best", max), ("worst", min)):
+        on, off, workload, batch, method = pick(rows, key=lambda row: row[0] / row[1])
+        glued[f"ch21_switch_{name}_on"], glued[f"ch21_switch_{name}_off"] = on, off
+        where = f"{method.split()[0]} on {workload} prompts at batch {batch}"
+        glued[f"ch21_switch_{name}_where"] = where
+    return glued

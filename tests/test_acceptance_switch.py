@@ -59,7 +59,7 @@ def test_a_window_that_pays_resets_the_pause_and_the_window_slides():
 
 def test_the_threshold_is_checked():
     spec = {"method": "ngram", "num_speculative_tokens": 3}
-    assert SpeculativeConfig.from_dict(spec).disable_by_acceptance == 0.5
+    assert SpeculativeConfig.from_dict(spec).disable_by_acceptance is None  # off
     for bad in (-0.1, 3.5):
         with pytest.raises(ValueError, match="disable_by_acceptance"):
             SpeculativeConfig.from_dict({**spec, "disable_by_acceptance": bad})

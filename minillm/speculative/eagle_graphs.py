@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/21_speculative.md:1802
+# %% chapters/21_speculative.md:1803
 """CUDA graphs for EAGLE's draft (chapter 21, "On chapter 15's fast path").
 
 `EagleGraphRunner` captures EagleProposer.chain — the window pass and the chain
@@ -40,7 +40,7 @@ class EagleGraphRunner:
         self.graphs, self.outputs, self.pool = {}, {}, None
         self.num_replays, self.capture_seconds = 0, 0.0
 
-    # %% chapters/21_speculative.md:1843
+    # %% chapters/21_speculative.md:1844
     def args(self, bs: int):
         t = self.tokens[:bs]
         return self.features[:bs], t[:, 1:], t[:, 0], self.proposer.k

@@ -53,7 +53,7 @@ class SpeculativeConfig:
     # 32 protects large batches ("On the fast path, measured", in the lab notes)
     disable_by_batch_size: int | None = 32
     # pause a request's proposals while they accept fewer (AcceptanceSwitch)
-    disable_by_acceptance: float | None = 0.5
+    disable_by_acceptance: float | None = None
     # the draft's folder (draft_model, eagle, medusa); None: the tiny model's
     model: str | None = None
 
@@ -467,7 +467,7 @@ class SpeculativeRunnerMixin:
             params, prompts, outputs, vocab_size, self.eos_token_ids, self.device
         )
 
-    # %% chapters/21_speculative.md:1757
+    # %% chapters/21_speculative.md:1758
     def capture_verify_graphs(self, config) -> VerifyGraphRunner:
         """Graphs of up to 1 + k query tokens per sequence as decode rows, for
         chapter 15's buckets whose tokens fit the step's budget, sharing chapter
@@ -505,7 +505,7 @@ class SpeculativeRunnerMixin:
         self.settle_proposals()  # none of them in this step; read them all the same
         return super().launch(output)
 
-    # %% chapters/21_speculative.md:1886
+    # %% chapters/21_speculative.md:1887
     def capture_draft_graphs(self) -> EagleGraphRunner | None:
         """EAGLE's chain on graphs, for the batch sizes that propose; None for
         every other proposer."""

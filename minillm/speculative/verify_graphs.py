@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/21_speculative.md:1706
+# %% chapters/21_speculative.md:1707
 """CUDA graphs for verification steps (chapter 21, "On chapter 15's fast path").
 
 `as_decode_rows` makes every query token a decode row of its own, and
@@ -20,7 +20,7 @@ from minillm.cuda_graph import CUDAGraphRunner
 from minillm.input_batch import StepInputs
 
 
-# %% chapters/21_speculative.md:1726
+# %% chapters/21_speculative.md:1727
 def as_decode_rows(inputs: StepInputs) -> StepInputs:
     """The same step with every query token a sequence of its own: one query token
     whose seq_len, its position + 1, makes the causal mask, and its sequence's
