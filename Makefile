@@ -96,7 +96,7 @@ test-alt: $(STAMP)
 # rather than skip.
 test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MINILLM_REQUIRE_SMOLLM2=1 $(PYTHON) -m pytest -n $(JOBS) \
-		--dist worksteal tests exercises
+		--dist worksteal --durations=30 tests exercises
 	# the exercises' checks again, against the worked solutions (exercises/solutions/):
 	# under --solutions a skipped check fails
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n $(JOBS) --dist worksteal \
@@ -112,7 +112,7 @@ test-notebooks: $(STAMP)
 	$(PYTHON) tools/to_notebooks.py $(NBDIR) $(NB_PAGES)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 MINILLM_GLUE_DIR=$(CURDIR)/$(NBDIR)/glue MINILLM_EXECUTED_DIR=$(EXECUTED) \
 		PYTHONPATH=$(CURDIR)/tools $(PYTHON) -m pytest -p no:cacheprovider -p nbval_glue -p nbval_executed \
-		-n $(JOBS) --dist loadfile \
+		-n $(JOBS) --dist loadfile --durations=30 \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 -o testpaths= -o addopts= $(NBDIR)
 	$(PYTHON) tools/check_glue.py $(NBDIR)/glue $(NB_PAGES)
 

@@ -5,12 +5,12 @@ engine without LoRA, and batch-1 latency with one adapter against none.
 The model is Qwen3-0.6B-shaped (or, with --shape llama-3.2-1b, Llama-3.2-1B-shaped)
 with random weights (bf16), the adapters random PEFT folders written here (rank 16, all
 seven linear modules of every layer, lora_alpha 32). Requests take the adapters
-round-robin; `max_loras` (16) slots on the GPU, so 64 adapters cycle through them. The
-LoRA engines run with the engine's defaults: chapter 15's CUDA graphs and async
-scheduling, without its compiled layers (enable_lora turns those off). `base` is the
-same runner without adapters, `base_fast_runner` the engine's full defaults (compiled
-layers too); each LoRA run reports its share of both (`share_of_base`,
-`share_of_base_fast_runner`).
+round-robin; `max_loras` (16) slots on the GPU, so 64 adapters cycle through them.
+Every engine runs with the engine's defaults (chapter 15's CUDA graphs and compiled
+layers, chapter 16's async scheduling); `base` is the engine without adapters, and
+each LoRA run reports its share of it (`share_of_base`). With --uncompiled N, one more
+run takes N adapters without the compiled layers (`lora_N_uncompiled`), as the engine
+ran them before they wrapped chapter 15's layers.
 
     python -m benchmarks.lora                    # on a GPU; writes benchmarks/results/
     python -m benchmarks.lora --shape llama-3.2-1b   # stored as lora_llama-3.2-1b-*
@@ -86,7 +86,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def build(folder: Path, args, loras: int, fast_runner: bool = False) -> LLM:
+def build(folder: Path, args, loras: int, compiled: bool = True) -> LLM:
     lora = {}
     if loras:
         lora = dict(
@@ -95,9 +95,7 @@ def build(folder: Path, args, loras: int, fast_runner: bool = False) -> LLM:
             max_lora_rank=args.rank,
             max_cpu_loras=max(loras, args.max_loras),
         )
-    # the defaults (graphs, async scheduling); "base" without the compiled layers that
-    # enable_lora turns off, so that it runs the LoRA engines' runner
-    runner = {} if fast_runner or loras else dict(torch_compile=False)
+    runner = {} if compiled else dict(torch_compile=False)  # else the defaults
     return LLM(
         str(folder),
         dtype=torch.bfloat16,
@@ -156,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lo", type=int, default=100)
     p.add_argument("--hi", type=int, default=1024)
     p.add_argument("--adapters", default="1,4,16,64", help="distinct adapters per run")
+    p.add_argument("--uncompiled", type=int, help="also N adapters, no compiled layers")
     p.add_argument("--max-loras", type=int, default=16)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -164,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--latency-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=RESULTS, help="where to store the run")
+    p.add_argument("--name", help="stored as NAME-*.json; default lora[_SHAPE]")
     args = p.parse_args(argv)
     if args.quick:
         args.num_requests, args.lo, args.hi = 8, 8, 32
@@ -184,13 +184,14 @@ def main(argv: list[str] | None = None) -> None:
             random_adapter(Path(tmp) / f"a{i}", config, args.rank, seed=i)
             adapters.append(LoRARequest(f"a{i}", i + 1, str(Path(tmp) / f"a{i}")))
         runs = {}
-        for label, n, fast in [("base_fast_runner", 0, True), ("base", 0, False)] + [
-            (f"lora_{n}", n, False) for n in counts
-        ]:
-            llm = build(folder, args, n, fast)
+        plan = [("base", 0, True)] + [(f"lora_{n}", n, True) for n in counts]
+        if args.uncompiled:
+            plan.append((f"lora_{args.uncompiled}_uncompiled", args.uncompiled, False))
+        for label, n, compiled in plan:
+            llm = build(folder, args, n, compiled)
             runs[label] = throughput(llm, prompts, output_lens, adapters[:n])
             runs[label]["num_adapters"] = n
-            if label.startswith("base") or n == 1:
+            if label == "base" or label == "lora_1":
                 prompt = prompts[0][: args.latency_prompt]
                 one = adapters[:1] if n else [None]
                 runs[label]["batch1"] = latency(
@@ -198,15 +199,12 @@ def main(argv: list[str] | None = None) -> None:
                 )
             print(label, {k: v for k, v in runs[label].items() if k != "batch1"})
             free(llm)
-    for base, suffix in [("base", ""), ("base_fast_runner", "_fast_runner")]:
-        for n in counts:
-            runs[f"lora_{n}"][f"share_of_base{suffix}"] = (
-                runs[f"lora_{n}"]["output_tokens_per_s"]
-                / runs[base]["output_tokens_per_s"]
-            )
-        if 1 in counts:
-            b1 = runs["lora_1"]["batch1"]["median_s"] / runs[base]["batch1"]["median_s"]
-            runs["lora_1"][f"batch1_overhead{suffix}"] = b1 - 1
+    base = runs["base"]
+    for label, run in runs.items():
+        run["share_of_base"] = run["output_tokens_per_s"] / base["output_tokens_per_s"]
+    if 1 in counts:
+        b1 = runs["lora_1"]["batch1"]["median_s"] / base["batch1"]["median_s"]
+        runs["lora_1"]["batch1_overhead"] = b1 - 1
     record = {
         "environment": environment() if not args.quick else {"gpu": None},
         "workload": {
@@ -219,16 +217,16 @@ def main(argv: list[str] | None = None) -> None:
             "rank": args.rank,
             "max_loras": args.max_loras,
             "targets": list(MODULES),
-            "runner": "chapter 15's graphs + async, no compiled layers; fast_runner: "
-            "the full defaults",
+            "runner": "the engine's defaults: graphs, compiled layers, async "
+            "scheduling (*_uncompiled: no compiled layers)",
             "latency": {"prompt": args.latency_prompt, "tokens": args.latency_tokens},
         },
         "runs": runs,
     }
-    keys = ("share_of_base", "share_of_base_fast_runner")
-    print(json.dumps({k: [v.get(key) for key in keys] for k, v in runs.items()}))
+    print(json.dumps({k: v["share_of_base"] for k, v in runs.items()}))
     if not args.quick:
         name = "lora" if args.shape == "qwen3-0.6b" else f"lora_{args.shape}"
+        name = args.name or name
         print(save(name, record, args.out))
 
 

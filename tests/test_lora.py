@@ -34,7 +34,8 @@ def test_triton_kernels_match_reference_on_random_mixes(slots, rank, n, k):
     x = torch.randn(len(slots), k, device=on)
     y0 = torch.randn(len(slots), n, device=on)
     buf_ref, buf = lora_shrink_ref(x, a, mapping), lora_shrink_triton(x, a, mapping)
-    torch.testing.assert_close(buf, buf_ref, rtol=1e-4, atol=1e-4)
+    assert buf.shape[0] == -(-k // 64)  # K split in pieces of BLOCK_K (fewer than 8)
+    torch.testing.assert_close(buf.sum(0), buf_ref, rtol=1e-4, atol=1e-4)
     y_ref, y = y0.clone(), y0.clone()
     lora_expand_ref(y_ref, buf_ref, b, mapping)
     lora_expand_triton(y, buf, b, mapping)
@@ -51,7 +52,7 @@ def test_triton_kernels_match_reference_on_random_mixes(slots, rank, n, k):
     for longest in (fixed.max_seg_len, None):
         fixed.max_seg_len = longest
         buf = lora_shrink_triton(x, a, fixed)
-        torch.testing.assert_close(buf, buf_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(buf.sum(0), buf_ref, rtol=1e-4, atol=1e-4)
         y = y0.clone()
         lora_expand_triton(y, buf, b, fixed)
         torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
@@ -94,7 +95,7 @@ def test_triton_kernels_in_bfloat16():
     lora_expand_ref(y_ref, buf_ref, b.bfloat16().float(), mapping)
     x, a, b, y = x.bfloat16(), a.bfloat16(), b.bfloat16(), y0.bfloat16()
     buf = lora_shrink_triton(x, a, mapping)  # float32 sums of bf16 products
-    torch.testing.assert_close(buf, buf_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(buf.sum(0), buf_ref, rtol=1e-4, atol=1e-4)
     lora_expand_triton(y, buf, b, mapping)
     # expand rounds buf to bf16 and stores y in bf16: two roundings of 2**-8 each,
     # on values of size ~1 (the scaled A, B), so 2 * 2**-8 relative, 2**-6 absolute
@@ -353,8 +354,6 @@ def test_persistent_batch_and_async_scheduling_give_the_same_tokens(adapter_dirs
         outs = llm.generate(prompts, params, lora_request=lrs, use_tqdm=False)
         runs.append([o.outputs[0].token_ids for o in outs])
     assert runs[1] == runs[0] and runs[2] == runs[0]
-    with pytest.raises(ValueError, match="torch_compile=False"):
-        LLM(device="cpu", enable_lora=True, persistent_batch=True, torch_compile=True)
 
 
 def test_prefix_cache_keys_on_the_adapter_name_and_path(adapter_dirs):
@@ -381,24 +380,49 @@ def test_prefix_cache_keys_on_the_adapter_name_and_path(adapter_dirs):
     assert hits(None) == 0  # the base model never meets an adapter's blocks
 
 
-def test_lora_keeps_the_graphs_and_turns_compiled_layers_off():
+def test_lora_keeps_the_whole_fast_path():
     from minillm.config import EngineConfig
     from minillm.gpu_model_runner import GPUModelRunner
-    from minillm.lora.engine import LoRAConfig
 
     def resolve(**options):
-        config = EngineConfig(**options)
         parts = dict(device="cuda", attention_backend="triton", persistent_batch=True)
-        LoRAConfig.check_parts(config, parts)
-        return GPUModelRunner.fast_path(config, parts), parts.get("fast_path_blocked")
+        return GPUModelRunner.fast_path(EngineConfig(**options), parts), parts
 
-    assert resolve() == ((True, True, True), None)  # no adapters: chapter 16's
-    flags, why = resolve(enable_lora=True)
-    assert flags == (True, False, True) and "enable_lora" in why  # graphs, async
-    assert resolve(enable_lora=True, cuda_graphs=True)[0] == (True, False, True)
-    assert resolve(enable_lora=True, cuda_graphs=False)[0] == (False, False, True)
-    with pytest.raises(ValueError, match="torch_compile=False"):
-        resolve(enable_lora=True, torch_compile=True)
+    assert resolve()[0] == (True, True, True)  # no adapters: chapter 16's defaults
+    flags, parts = resolve(enable_lora=True)
+    assert flags == (True, True, True) and "fast_path_blocked" not in parts
+    for options in (dict(torch_compile=False), dict(cuda_graphs=False)):
+        assert resolve(enable_lora=True, **options)[0] == resolve(**options)[0]
+
+
+def test_adapters_survive_chapter_15s_surgery_and_compilation(adapter_dirs):
+    """merge_projections, then the wrapping, then fuse_layers and torch.compile
+    (Dynamo with its eager backend: the graph breaks, not Inductor's kernels), as
+    the runner orders them: the same logits as the plain model with the adapter."""
+    from minillm.fused_layers import fuse_layers
+    from minillm.lora.manager import LoRAModelManager
+    from minillm.merged_projections import merge_projections
+    from minillm.tiny import tiny_model
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+    positions = torch.arange(ids.shape[1]).expand(2, -1)
+    lr = LoRARequest("a0", 1, str(adapter_dirs / "a0"))
+    logits = []
+    for surgery in (False, True):
+        model, _ = tiny_model(progress=False)
+        if surgery:
+            merge_projections(model)
+        manager = LoRAModelManager(model, 2, 8, 2)
+        if surgery:
+            assert fuse_layers(model)  # the fused layers keep the wrapped ones
+            for layer in model.model.layers:
+                layer.compile(backend="eager", dynamic=True)
+        manager.add_adapter(lr)
+        manager.set_batch([lr, None], [6, 6])  # row 0 adapted, row 1 the base
+        with torch.no_grad():
+            logits.append(model(ids.flatten()[None], positions.flatten()[None]))
+        manager.clear_batch()
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
 
 
 def test_live_adapters_stay_cached_and_cannot_be_removed(adapter_dirs, tmp_path):
@@ -464,10 +488,9 @@ def test_enable_lora_builds_with_the_devices_defaults(adapter_dirs, device, fast
     out = llm.generate([5, 6, 7], params, lora_request=lora, use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
     flags = fast_path(llm.llm_engine)
-    assert not flags["torch_compile"]  # adapters wrap plain nn.Linear layers
-    if device == "cuda":  # chapter 16's defaults otherwise: graphs, async scheduling
-        assert flags["cuda_graphs"] and flags["async_scheduling"]
-        assert "enable_lora" in llm.llm_engine.parts["fast_path_blocked"]
+    if device == "cuda":  # chapter 16's defaults: graphs, compiled layers, async
+        assert flags["cuda_graphs"] and flags["torch_compile"]
+        assert flags["async_scheduling"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -479,9 +502,11 @@ def test_cuda_graphs_replay_the_adapters_kernels(adapter_dirs):
     lrs = [None, *loras, None] * 3
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     runs, graph_steps, slot_loads = [], [], []
-    for graphs in (False, True):  # two slots for three adapters: reloads mid-run
+    # eager; graphs; graphs over chapter 15's compiled layers. Two slots for three
+    # adapters: reloads mid-run
+    for graphs, compiled in ((False, False), (True, False), (True, True)):
         llm = LLM(device="cuda", dtype="float32", enable_lora=True, max_loras=2,
-                  max_lora_rank=8, cuda_graphs=graphs,
+                  max_lora_rank=8, cuda_graphs=graphs, torch_compile=compiled,
                   gpu_memory_utilization=0.3)  # fmt: skip
         outs = llm.generate(prompts, params, lora_request=lrs, use_tqdm=False)
         runs.append([o.outputs[0].token_ids for o in outs])
@@ -490,4 +515,4 @@ def test_cuda_graphs_replay_the_adapters_kernels(adapter_dirs):
         slot_loads.append(runner.lora_manager.num_slot_loads)
         llm.shutdown()
     assert graph_steps[0] == 0 < graph_steps[1] and slot_loads[1] >= 3  # one evicted
-    assert runs[1] == runs[0]
+    assert runs[1] == runs[0] and runs[2] == runs[0]

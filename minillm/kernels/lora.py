@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:626
+# %% chapters/31_lora.md:633
 """LoRA shrink and expand as Triton kernels (chapter 31, "The kernels"). The reference
 is lora.ops (lora_shrink_ref, lora_expand_ref). vLLM: vllm/lora/ops/triton_ops/
 kernel_utils.py. On a machine without a GPU, set TRITON_INTERPRET=1 before importing."""
@@ -15,16 +15,18 @@ import triton.language as tl
 from torch import Tensor
 
 BLOCK_M, BLOCK_K, BLOCK_N = 16, 64, 64  # mapping arguments: lora.ops.LoRAMapping
+MAX_SPLIT_K, SPLIT_BELOW = 8, 2048  # K's pieces for batches of fewer rows
 
 
-# %% chapters/31_lora.md:646
+# %% chapters/31_lora.md:654
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, out_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, K, R,
-    x_stride, a_stride_s, a_stride_k, out_stride,
+    x_stride, a_stride_s, a_stride_k, out_stride_p, out_stride,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):  # fmt: skip
-    tile, seg = tl.program_id(0), tl.program_id(1)
+    tile, seg, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = tl.load(seg_starts_ptr + seg), tl.load(seg_starts_ptr + seg + 1)
     if tile * BLOCK_M >= end - start:  # past its segment's rows: nothing to do
         return
@@ -34,7 +36,7 @@ def _shrink_kernel(
     tokens = tl.load(tokens_ptr + rows, mask=row_ok, other=0)
     r = tl.arange(0, BLOCK_R)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(part * BLOCK_K, K, SPLIT_K * BLOCK_K):  # this part's K tiles
         k = k0 + tl.arange(0, BLOCK_K)
         xs = tl.load(x_ptr + tokens[:, None] * x_stride + k[None, :],
                      mask=row_ok[:, None] & (k[None, :] < K), other=0.0)  # fmt: skip
@@ -43,15 +45,15 @@ def _shrink_kernel(
         # "ieee": float32 inputs multiply in float32, not in the GPU's TF32, so
         # the checks hold at float32 tolerances (bfloat16 inputs are unaffected)
         acc += tl.dot(xs, a.to(xs.dtype), input_precision="ieee")
-    at = out_ptr + tokens[:, None] * out_stride + r[None, :]
+    at = out_ptr + part * out_stride_p + tokens[:, None] * out_stride + r[None, :]
     tl.store(at, acc, mask=row_ok[:, None] & (r[None, :] < R))
 
 
-# %% chapters/31_lora.md:681
+# %% chapters/31_lora.md:690
 @triton.jit
 def _expand_kernel(
-    buf_ptr, b_ptr, y_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, R, N,
-    buf_stride, b_stride_s, b_stride_r, y_stride,
+    buf_ptr, b_ptr, y_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, R, N, P,
+    buf_stride_p, buf_stride, b_stride_s, b_stride_r, y_stride,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     tile, seg, col = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -63,8 +65,10 @@ def _expand_kernel(
     row_ok = rows < end
     tokens = tl.load(tokens_ptr + rows, mask=row_ok, other=0)
     r, n = tl.arange(0, BLOCK_R), col * BLOCK_N + tl.arange(0, BLOCK_N)
-    buf = tl.load(buf_ptr + tokens[:, None] * buf_stride + r[None, :],
-                  mask=row_ok[:, None] & (r[None, :] < R), other=0.0)  # fmt: skip
+    buf = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for p in range(P):  # the shrink's partials, always added in the same order
+        at = buf_ptr + p * buf_stride_p + tokens[:, None] * buf_stride + r[None, :]
+        buf += tl.load(at, mask=row_ok[:, None] & (r[None, :] < R), other=0.0)
     b = tl.load(b_ptr + slot * b_stride_s + r[:, None] * b_stride_r + n[None, :],
                 mask=(r[:, None] < R) & (n[None, :] < N), other=0.0)  # fmt: skip
     at = y_ptr + tokens[:, None] * y_stride + n[None, :]
@@ -74,7 +78,7 @@ def _expand_kernel(
     tl.store(at, (y.to(tl.float32) + add).to(y.dtype), mask=ok)
 
 
-# %% chapters/31_lora.md:714
+# %% chapters/31_lora.md:728
 def _block_r(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))  # tl.dot needs 16 or more
 
@@ -85,30 +89,34 @@ def _rows(mapping, num_tokens: int) -> int:
     return num_tokens if mapping.max_seg_len is None else mapping.max_seg_len
 
 
+# %% chapters/31_lora.md:740
 def lora_shrink_triton(x: Tensor, lora_a: Tensor, mapping) -> Tensor:
-    """As lora_shrink_ref: x (T, K), lora_a (S, K, R) -> (T, R) float32."""
+    """x (T, K), lora_a (S, K, R) -> (P, T, R) float32: P partial products over
+    pieces of K, whose sum is lora_shrink_ref's x A."""
     (T, K), R = x.shape, lora_a.shape[-1]
-    out = torch.zeros(T, R, dtype=torch.float32, device=x.device)
+    split = 1 if T >= SPLIT_BELOW else min(MAX_SPLIT_K, triton.cdiv(K, BLOCK_K))
+    out = torch.zeros(split, T, R, dtype=torch.float32, device=x.device)
     if rows := _rows(mapping, T):
-        grid = (triton.cdiv(rows, BLOCK_M), len(mapping.seg_slots))
+        grid = (triton.cdiv(rows, BLOCK_M), len(mapping.seg_slots), split)
         _shrink_kernel[grid](
             x, lora_a, out, mapping.sorted_tokens, mapping.seg_slots,
             mapping.seg_starts, K, R, x.stride(0), lora_a.stride(0),
-            lora_a.stride(1), out.stride(0),
-            BLOCK_M=BLOCK_M, BLOCK_R=_block_r(R), BLOCK_K=BLOCK_K,
+            lora_a.stride(1), out.stride(0), out.stride(1),
+            BLOCK_M=BLOCK_M, BLOCK_R=_block_r(R), BLOCK_K=BLOCK_K, SPLIT_K=split,
         )  # fmt: skip
     return out
 
 
 def lora_expand_triton(y: Tensor, buf: Tensor, lora_b: Tensor, mapping) -> None:
-    """As lora_expand_ref: y (T, N) += buf (T, R) @ lora_b[slot] (R, N), in place."""
-    (R, N) = lora_b.shape[1:]
+    """As lora_expand_ref: y (T, N) += buf @ lora_b[slot] (R, N), in place; buf is
+    (T, R) or the shrink's partials (P, T, R)."""
+    (R, N), parts = lora_b.shape[1:], buf if buf.dim() == 3 else buf[None]
     if rows := _rows(mapping, y.shape[0]):
         grid = (triton.cdiv(rows, BLOCK_M), len(mapping.seg_slots),
                 triton.cdiv(N, BLOCK_N))  # fmt: skip
         _expand_kernel[grid](
-            buf, lora_b, y, mapping.sorted_tokens, mapping.seg_slots,
-            mapping.seg_starts, R, N, buf.stride(0), lora_b.stride(0),
-            lora_b.stride(1), y.stride(0),
+            parts, lora_b, y, mapping.sorted_tokens, mapping.seg_slots,
+            mapping.seg_starts, R, N, parts.shape[0], parts.stride(0),
+            parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
             BLOCK_M=BLOCK_M, BLOCK_R=_block_r(R), BLOCK_N=BLOCK_N,
         )  # fmt: skip

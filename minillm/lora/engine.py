@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1204
+# %% chapters/31_lora.md:1245
 """LoRA adapters in the engine (chapter 31, "The engine"): the options, the runner
 extension that sets each step's adapters, and the engine's request check and
 scheduler admission check. vLLM: vllm/config/lora.py (LoRAConfig),
@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from minillm.gpu_model_runner import GPUModelRunner
 from minillm.lora.manager import LoRAModelManager
-from minillm.registry import ENGINE_HOOKS, FAST_PATH_BLOCKERS, REQUEST_CHECKS
-from minillm.registry import RUNNER_EXTENSIONS, engine_options
+from minillm.merged_projections import merge_projections
+from minillm.registry import ENGINE_HOOKS, REQUEST_CHECKS, RUNNER_EXTENSIONS
+from minillm.registry import engine_options
 
 
-# %% chapters/31_lora.md:1224
+# %% chapters/31_lora.md:1266
 @engine_options
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -45,18 +46,8 @@ class LoRAConfig:
         if config.enable_lora and getattr(config, "tensor_parallel_size", 1) > 1:
             raise ValueError("enable_lora runs on one device (tensor_parallel_size=1)")
 
-    @staticmethod
-    def check_parts(config, parts: dict) -> None:
-        if not config.enable_lora or parts["persistent_batch"] is False:
-            return
-        if GPUModelRunner.fast_path(config, parts)[1]:
-            raise ValueError(
-                "enable_lora: the adapters wrap plain nn.Linear layers, not chapter "
-                "15's compiled ones; set torch_compile=False (CUDA graphs may stay)"
-            )
 
-
-# %% chapters/31_lora.md:1267
+# %% chapters/31_lora.md:1299
 def new_lora_manager(model, config) -> LoRAModelManager:
     """The manager of the adapters of model, as config's options size it."""
     on_gpu = next(model.parameters()).device.type == "cuda"
@@ -68,14 +59,18 @@ def new_lora_manager(model, config) -> LoRAModelManager:
     )  # fmt: skip
 
 
-# %% chapters/31_lora.md:1280
+# %% chapters/31_lora.md:1312
 def lora_runner(runner_cls: type, config, parts: dict) -> type:
     """Chapter 8's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
     if not config.enable_lora:
         return runner_cls
+    fast = issubclass(runner_cls, GPUModelRunner)  # chapter 16's runner
+    compiles = fast and GPUModelRunner.fast_path(config, parts)[1]
 
     class LoRARunner(runner_cls):
         def __init__(self, model, *args):
+            if compiles:  # chapter 15's compiled layers: wrap its merged projections
+                merge_projections(model)
             self.lora_manager = new_lora_manager(model, config)
             with self.lora_manager.capturing():  # chapter 15's graphs, if any
                 super().__init__(model, *args)
@@ -105,7 +100,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
     return LoRARunner
 
 
-# %% chapters/31_lora.md:1320
+# %% chapters/31_lora.md:1356
 def adapter_names(requests) -> str:
     """The adapters of requests, by name, sorted and comma-separated (vLLM's label)."""
     return ",".join(sorted({r.lora_request.lora_name for r in requests
@@ -116,13 +111,6 @@ def lora_request_check(engine, request) -> None:
     """Chapter 8's REQUEST_CHECKS entry: read and check the request's adapter."""
     if request.lora_request is not None:
         engine.model_runner.lora_manager.add_adapter(request.lora_request)
-
-
-def lora_blocks_compile(config) -> dict[str, str]:
-    """Chapter 8's FAST_PATH_BLOCKERS entry: no compiled layers by default."""
-    if config.enable_lora:
-        return {"torch_compile": "enable_lora: adapters wrap plain nn.Linear layers"}
-    return {}
 
 
 def lora_engine_hook(engine) -> None:
@@ -141,7 +129,6 @@ def lora_engine_hook(engine) -> None:
 
 for seam, hook in ((RUNNER_EXTENSIONS, lora_runner),
                    (REQUEST_CHECKS, lora_request_check),
-                   (FAST_PATH_BLOCKERS, lora_blocks_compile),
                    (ENGINE_HOOKS, lora_engine_hook)):  # fmt: skip
     seam[:] = [h for h in seam if h.__name__ != hook.__name__]  # a cell run again
     seam.append(hook)

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:799
+# %% chapters/31_lora.md:830
 """Linear layers with many adapters (chapter 31, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -10,7 +10,9 @@ surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
+import torch
 from torch import Tensor, nn
 
 from minillm.lora.ops import LoRAMapping, lora_expand, lora_shrink
@@ -26,33 +28,38 @@ class LoRABatch:
     backend: str = "torch"
 
 
-# %% chapters/31_lora.md:826
+# %% chapters/31_lora.md:859
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, slices: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int):  # fmt: skip
         super().__init__()
         self.base, self.slices, self.batch = base, slices, batch
-        w = base.weight
-        # per slice: A (slots, K, R), B (slots, R, N_slice); not parameters
-        k = base.in_features
-        self.lora_a = [w.new_zeros(max_loras, k, max_rank) for _ in slices]
-        self.lora_b = [w.new_zeros(max_loras, max_rank, n) for n in slices]
+        w, R, ends = base.weight, max_rank, [0, *accumulate(slices)]
+        # all slices at once, not parameters: A side by side (slots, K, n R), B on
+        # a block diagonal (slots, n R, N); lora_a[j], lora_b[j]: slice j's blocks
+        self.a_all = w.new_zeros(max_loras, base.in_features, len(slices) * R)
+        self.b_all = w.new_zeros(max_loras, len(slices) * R, ends[-1])
+        self.lora_a = [self.a_all[:, :, j * R : j * R + R] for j in range(len(slices))]
+        self.lora_b = [self.b_all[:, j * R : j * R + R, ends[j] : ends[j + 1]]
+                       for j in range(len(slices))]  # fmt: skip
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.base(x)  # (..., N)
-        mapping = self.batch.mapping
-        if mapping is None or mapping.max_seg_len == 0:  # None: a graph's capture
-            return y
-        x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])  # (T, K), (T, N)
-        start = 0
-        for a, b, n in zip(self.lora_a, self.lora_b, self.slices):
-            buf = lora_shrink(x2, a, mapping, self.batch.backend)  # (T, R)
-            lora_expand(y2[:, start : start + n], buf, b, mapping, self.batch.backend)
-            start += n
+        return add_adapters(self, x, self.base(x))
+
+
+@torch.compiler.disable
+def add_adapters(layer: LoRALinear, x: Tensor, y: Tensor) -> Tensor:
+    """y (..., N) += each adapted row's x A B, in place; returns y."""
+    mapping, backend = layer.batch.mapping, layer.batch.backend
+    if mapping is None or mapping.max_seg_len == 0:  # None: a graph's capture
         return y
+    x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])  # (T, K), (T, N)
+    buf = lora_shrink(x2, layer.a_all, mapping, backend)  # (T, n R), or partials
+    lora_expand(y2, buf, layer.b_all, mapping, backend)
+    return y
 
 
-# %% chapters/31_lora.md:856
+# %% chapters/31_lora.md:894
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""
