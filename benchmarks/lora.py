@@ -141,6 +141,7 @@ def latency(llm: LLM, prompt: list[int], tokens: int, adapter, repeats: int) -> 
 
 def free(llm: LLM) -> None:
     llm.shutdown()
+    torch._dynamo.reset()  # compiled code holds the model (and its graphs' memory)
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
