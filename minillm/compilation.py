@@ -2,16 +2,32 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_cuda_graph.md:945
+# %% chapters/15_cuda_graph.md:948
 """Compiled decoder layers (chapter 15, "Fewer kernels"). vLLM compiles the whole
 model with its own passes: vllm/compilation/."""
 
 from __future__ import annotations
 
+import types
+
+import torch
+
+from minillm import fused_layers
 from minillm.kv_cache import PagedKVCache
 from minillm.model import CausalLM
 
 
+def break_graph_at(module: types.ModuleType, name: str) -> None:
+    """From now on the function module.name runs outside torch.compile: compiled
+    callers break their graph around it. Done when a model is compiled, not with a
+    decorator at import: the decorator imports the compiler, about 2 s of every
+    process that merely imports the module."""
+    fn = getattr(module, name)
+    if not getattr(fn, "_torchdynamo_disable", False):  # once per process
+        setattr(module, name, torch.compiler.disable(fn))
+
+
+# %% chapters/15_cuda_graph.md:974
 def compile_layers(model: CausalLM, kv_cache: PagedKVCache) -> None:
     """Fuse the small operators of every decoder layer, of the rotation angles and of
     the last norm with torch.compile; attention stays chapter 13's. One compilation
@@ -28,6 +44,7 @@ def compile_layers(model: CausalLM, kv_cache: PagedKVCache) -> None:
     torch._inductor.config.emulate_precision_casts = True
     # the graph breaks here: Triton kernels run as they are
     kv_cache.attend = torch.compiler.disable(kv_cache.attend)
+    break_graph_at(fused_layers, "attend_rotated")
     for layer in model.model.layers:
         layer.compile(dynamic=True)
     # a step's two other chains of small operators: the rotation's cos and sin

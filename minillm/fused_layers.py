@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_cuda_graph.md:1015
+# %% chapters/15_cuda_graph.md:1036
 """Fused layers (chapter 15, "Fewer kernels"): the decoder layer rearranged so that
 torch.compile makes fewer kernels — q and k normed and rotated as one tensor, each
 residual sum made by the kernel of the norm that reads it, the MLP's activation made
@@ -33,7 +33,7 @@ from minillm.model import (
 )
 
 
-# %% chapters/15_cuda_graph.md:1055
+# %% chapters/15_cuda_graph.md:1076
 class FusedAttention(MergedAttention):
     """MergedAttention with q and k normed and rotated as one tensor."""
 
@@ -67,7 +67,7 @@ class FusedAttention(MergedAttention):
         return self.o_proj(out.reshape(*lead, q_size))
 
 
-# %% chapters/15_cuda_graph.md:1092
+# %% chapters/15_cuda_graph.md:1113
 def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     """One RMSNorm over heads (n_heads + n_kv_heads, head_dim), or None without q/k
     norms.
@@ -87,7 +87,7 @@ def stacked_qk_norm(attn: MergedAttention) -> RMSNorm | None:
     return norm
 
 
-# %% chapters/15_cuda_graph.md:1121
+# %% chapters/15_cuda_graph.md:1142
 class FusedMLP(MergedMLP):
     """MergedMLP whose down projection makes the activation as it loads its input."""
 
@@ -99,7 +99,7 @@ class FusedMLP(MergedMLP):
         return silu_and_linear(gate_up, self.down_proj.weight)
 
 
-# %% chapters/15_cuda_graph.md:1149
+# %% chapters/15_cuda_graph.md:1170
 def norm_and_project(
     x: Tensor, residual: Tensor | None, norm: RMSNorm, proj: nn.Module
 ) -> tuple[Tensor, Tensor]:
@@ -113,7 +113,7 @@ def norm_and_project(
     return proj(norm(s)), s
 
 
-# %% chapters/15_cuda_graph.md:1371
+# %% chapters/15_cuda_graph.md:1393
 def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     """Whether qk_norm_rope_write can stand for the norm, rotation and cache write."""
     return (
@@ -125,7 +125,6 @@ def can_attend_rotated(kv_cache, qkv: Tensor, head_dim: int) -> bool:
     )
 
 
-@torch.compiler.disable
 def attend_rotated(
     attn: MergedAttention,
     qkv: Tensor,
@@ -146,7 +145,7 @@ def attend_rotated(
     return kv_cache.attn_backend(q, keys, values, attn_metadata, **scales)
 
 
-# %% chapters/15_cuda_graph.md:1410
+# %% chapters/15_cuda_graph.md:1431
 class FusedDecoderLayer(DecoderLayer):
     """DecoderLayer that leaves its residual sum to whoever reads it next."""
 
@@ -182,7 +181,7 @@ class FusedDecoderModel(DecoderModel):
         return self.norm(residual + x)
 
 
-# %% chapters/15_cuda_graph.md:1452
+# %% chapters/15_cuda_graph.md:1473
 def fuse_layers(model: CausalLM) -> bool:
     """Surgery, in place, after merge_projections: FusedAttention, FusedMLP,
     FusedDecoderLayer and FusedDecoderModel; True if the model was changed. Outputs

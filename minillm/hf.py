@@ -16,6 +16,7 @@ name of a model a package ships ("smollm2"), is converted to such a folder first
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,14 +27,12 @@ from minillm.convert import resolve_model
 from minillm.model import (
     CausalLM,
     ModelConfig,
-    RotaryEmbedding,
     UnsupportedModelError,
-    rope_inv_freq,
 )
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/02_checkpoints.md:155
+# %% chapters/02_checkpoints.md:154
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": {},
     "Qwen2ForCausalLM": {"attention_bias": True},
@@ -50,7 +49,7 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# %% chapters/02_checkpoints.md:177
+# %% chapters/02_checkpoints.md:176
 def _unsupported_features(hf: dict, arch: str) -> list[str]:
     """What a config.json asks for that our model would silently not compute."""
     problems = []
@@ -65,7 +64,7 @@ def _unsupported_features(hf: dict, arch: str) -> list[str]:
     return problems
 
 
-# %% chapters/02_checkpoints.md:199
+# %% chapters/02_checkpoints.md:198
 def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from the dict of a Hugging Face config.json."""
     arch = (hf.get("architectures") or [None])[0]
@@ -104,7 +103,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-# %% chapters/02_checkpoints.md:243
+# %% chapters/02_checkpoints.md:242
 def _check_plain_llama(config: ModelConfig) -> None:
     if config.attention_bias or config.qk_norm:
         raise UnsupportedModelError(
@@ -112,7 +111,7 @@ def _check_plain_llama(config: ModelConfig) -> None:
         )
 
 
-# %% chapters/02_checkpoints.md:252
+# %% chapters/02_checkpoints.md:251
 def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     """A Hugging Face config.json dict for our model, as LlamaForCausalLM."""
     _check_plain_llama(config)
@@ -140,7 +139,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-# %% chapters/02_checkpoints.md:284
+# %% chapters/02_checkpoints.md:283
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -157,7 +156,7 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return [single]
 
 
-# %% chapters/02_checkpoints.md:308
+# %% chapters/02_checkpoints.md:307
 def _copy_checkpoint(
     model: CausalLM, files: list[Path], config: ModelConfig, folder: Path
 ) -> None:
@@ -184,7 +183,25 @@ def _copy_checkpoint(
         )
 
 
-# %% chapters/02_checkpoints.md:342
+# %% chapters/02_checkpoints.md:347
+INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_",
+                "kaiming_normal_", "xavier_uniform_", "xavier_normal_")  # fmt: skip
+
+
+@contextmanager
+def no_init():
+    """torch.nn.init's random initialisers as no-ops while building a model."""
+    saved = {name: getattr(torch.nn.init, name) for name in INITIALISERS}
+    for name in INITIALISERS:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, init in saved.items():
+            setattr(torch.nn.init, name, init)
+
+
+# %% chapters/02_checkpoints.md:366
 def load_model(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -202,20 +219,15 @@ def load_model(
             "eos_token_id", config.eos_token_id
         )
     files = _checkpoint_files(folder)
-    with torch.device("meta"):
+    with torch.device("meta"), no_init():
         model = CausalLM(config)
     model = model.to_empty(device=device).to(dtype)  # allocated, uninitialised
     model.tie_weights()  # moving off the meta device made two tensors of the tied one
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding):
-            module.inv_freq = rope_inv_freq(
-                config.head_dim, config.rope_theta, config.rope_scaling
-            )
     _copy_checkpoint(model, files, config, folder)
     return model.eval()
 
 
-# %% chapters/02_checkpoints.md:379
+# %% chapters/02_checkpoints.md:398
 def load_pretrained(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -228,7 +240,7 @@ def load_pretrained(
     return load_model(folder, dtype, device), Tokenizer.from_pretrained(folder)
 
 
-# %% chapters/02_checkpoints.md:398
+# %% chapters/02_checkpoints.md:417
 def _refuse_merged(model: CausalLM) -> None:
     merged = [
         name
@@ -243,7 +255,7 @@ def _refuse_merged(model: CausalLM) -> None:
         )
 
 
-# %% chapters/02_checkpoints.md:414
+# %% chapters/02_checkpoints.md:433
 def save_pretrained(
     model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
 ) -> None:

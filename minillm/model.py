@@ -90,9 +90,10 @@ class RMSNorm(nn.Module):
 # %% chapters/01_model.md:549
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     """The rotation frequency of each pair of dimensions, (head_dim // 2,) float32."""
-    inv_freq = 1.0 / theta ** (
-        torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-    )
+    # on the host whatever the device context: a model built on the meta device
+    # (chapter 2) still gets real frequencies
+    pairs = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")
+    inv_freq = 1.0 / theta ** (pairs / head_dim)
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv_freq
@@ -115,7 +116,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     )
 
 
-# %% chapters/01_model.md:605
+# %% chapters/01_model.md:606
 class RotaryEmbedding(nn.Module):
     """cos/sin of every position's rotation angles. Holds no parameters and stays
     float32: the frequencies are a plain attribute, not a buffer, so
@@ -137,7 +138,7 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-# %% chapters/01_model.md:634
+# %% chapters/01_model.md:635
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x (..., n_heads, head_dim) by the angles of its positions; cos/sin are
     (..., head_dim).
@@ -148,7 +149,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-# %% chapters/01_model.md:709
+# %% chapters/01_model.md:710
 class KVCache(Protocol):
     """What the model needs from a KV cache: store this step's K/V, attend over all
     cached K/V.
@@ -168,7 +169,7 @@ class KVCache(Protocol):
     ) -> Tensor: ...
 
 
-# %% chapters/01_model.md:735
+# %% chapters/01_model.md:736
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention with no cache: each of T tokens attends to itself and the tokens before
     it.
@@ -182,7 +183,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
 
-# %% chapters/01_model.md:755
+# %% chapters/01_model.md:756
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -211,7 +212,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    # %% chapters/01_model.md:794
+    # %% chapters/01_model.md:795
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v of every token: three matrix products (chapter 15 merges them
         into one).
@@ -236,7 +237,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(*lead, self.n_heads * self.head_dim))
 
 
-# %% chapters/01_model.md:834
+# %% chapters/01_model.md:835
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -254,7 +255,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-# %% chapters/01_model.md:864
+# %% chapters/01_model.md:865
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -272,7 +273,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# %% chapters/01_model.md:889
+# %% chapters/01_model.md:890
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -294,7 +295,7 @@ class DecoderModel(nn.Module):
         return self.norm(x)
 
 
-# %% chapters/01_model.md:917
+# %% chapters/01_model.md:918
 class CausalLM(nn.Module):
     """The decoder plus its LM head. Holds weights only; all KV state is in the cache
     passed in.
@@ -314,7 +315,7 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    # %% chapters/01_model.md:945
+    # %% chapters/01_model.md:946
     def forward(
         self,
         input_ids: Tensor,
@@ -339,7 +340,7 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden_states).float()
 
 
-# %% chapters/01_model.md:1025
+# %% chapters/01_model.md:1026
 @dataclass
 class AttentionMetadata:
     """How the flat batch of new tokens in one forward splits into sequences (names as
@@ -367,7 +368,7 @@ class AttentionMetadata:
         return self.slot_mapping.shape[0]
 
 
-# %% chapters/01_model.md:1072
+# %% chapters/01_model.md:1073
 def _positions_and_slots(
     query_lens: list[int],
     seq_lens: list[int],
@@ -391,7 +392,7 @@ def _positions_and_slots(
     return positions, slots
 
 
-# %% chapters/01_model.md:1101
+# %% chapters/01_model.md:1102
 def build_attention_metadata(
     query_lens: list[int],
     seq_lens: list[int],
@@ -425,7 +426,7 @@ def build_attention_metadata(
     return torch.tensor(positions, dtype=torch.int64, device=device), metadata
 
 
-# %% chapters/01_model.md:1165
+# %% chapters/01_model.md:1166
 def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention of the last n of L positions over all L: q (n, n_heads, D), k/v (L,
     n_kv_heads, D).
@@ -444,7 +445,7 @@ def context_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return out.transpose(0, 1)
 
 
-# %% chapters/01_model.md:1190
+# %% chapters/01_model.md:1191
 class DenseKVCache:
     """A contiguous KV cache: every sequence owns a row of max_len slots in every layer.
 
@@ -477,7 +478,7 @@ class DenseKVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    # %% chapters/01_model.md:1232
+    # %% chapters/01_model.md:1233
     def attend(
         self,
         layer_idx: int,
@@ -507,7 +508,7 @@ class DenseKVCache:
         return out
 
 
-# %% chapters/01_model.md:1287
+# %% chapters/01_model.md:1288
 def sample_next(
     logits: Tensor,
     temperature: float = 0.0,
@@ -526,7 +527,7 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
-# %% chapters/01_model.md:1314
+# %% chapters/01_model.md:1315
 def _last_logits(
     model: CausalLM,
     cache: DenseKVCache,
@@ -548,7 +549,7 @@ def _last_logits(
     return seq_lens, model.compute_logits(hidden[last])
 
 
-# %% chapters/01_model.md:1340
+# %% chapters/01_model.md:1341
 @torch.inference_mode()
 def generate(
     model: CausalLM,
@@ -587,7 +588,7 @@ def generate(
     return outputs
 
 
-# %% chapters/01_model.md:1384
+# %% chapters/01_model.md:1385
 @torch.inference_mode()
 def generate_without_cache(
     model: CausalLM,

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/01_model.md:1446
+# %% chapters/01_model.md:1447
 """Training a small CausalLM from scratch on a token stream (chapter 1, "The model")."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from minillm.model import CausalLM
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/01_model.md:1468
+# %% chapters/01_model.md:1469
 @dataclass(frozen=True)
 class TrainConfig:
     # 400 x 16 x 128 = 819k tokens
@@ -39,7 +39,7 @@ class TrainConfig:
         return asdict(self)
 
 
-# %% chapters/01_model.md:1499
+# %% chapters/01_model.md:1500
 def init_weights(model: CausalLM, std: float = 0.02) -> None:
     """GPT-2 style: N(0, std) everywhere, residual output projections scaled by
     1/sqrt(2 * layers).
@@ -60,7 +60,7 @@ def init_weights(model: CausalLM, std: float = 0.02) -> None:
             torch.nn.init.zeros_(p)
 
 
-# %% chapters/01_model.md:1525
+# %% chapters/01_model.md:1526
 def token_stream(tokenizer: Tokenizer, docs: list[str]) -> Tensor:
     """All documents as one 1-D tensor of ids, each as BOS + text + EOS."""
     ids: list[int] = []
@@ -69,7 +69,7 @@ def token_stream(tokenizer: Tokenizer, docs: list[str]) -> Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-# %% chapters/01_model.md:1548
+# %% chapters/01_model.md:1549
 def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -77,7 +77,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-# %% chapters/01_model.md:1580
+# %% chapters/01_model.md:1581
 def lm_loss(model: CausalLM, windows: Tensor) -> Tensor:
     """Mean next-token cross-entropy over windows (B, T+1)."""
     inputs, targets = windows[:, :-1], windows[:, 1:]
@@ -86,7 +86,7 @@ def lm_loss(model: CausalLM, windows: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-# %% chapters/01_model.md:1593
+# %% chapters/01_model.md:1594
 @torch.no_grad()
 def evaluate(
     model: CausalLM, stream: Tensor, seq_len: int, batch_size: int = 16
@@ -108,7 +108,7 @@ def evaluate(
     return total / n
 
 
-# %% chapters/01_model.md:1620
+# %% chapters/01_model.md:1621
 def _random_windows(
     ids: Tensor, cfg: TrainConfig, generator: torch.Generator, device
 ) -> Tensor:
@@ -130,7 +130,7 @@ def _optimizer(model: CausalLM, cfg: TrainConfig) -> torch.optim.Optimizer:
     )
 
 
-# %% chapters/01_model.md:1648
+# %% chapters/01_model.md:1649
 def train(
     model: CausalLM,
     train_ids: Tensor,

@@ -399,7 +399,9 @@ def test_adapters_survive_chapter_15s_surgery_and_compilation(adapter_dirs):
     """merge_projections, then the wrapping, then fuse_layers and torch.compile
     (Dynamo with its eager backend: the graph breaks, not Inductor's kernels), as
     the runner orders them: the same logits as the plain model with the adapter."""
+    from minillm.compilation import break_graph_at
     from minillm.fused_layers import fuse_layers
+    from minillm.lora import layers
     from minillm.lora.manager import LoRAModelManager
     from minillm.merged_projections import merge_projections
     from minillm.tiny import tiny_model
@@ -415,6 +417,7 @@ def test_adapters_survive_chapter_15s_surgery_and_compilation(adapter_dirs):
         manager = LoRAModelManager(model, 2, 8, 2)
         if surgery:
             assert fuse_layers(model)  # the fused layers keep the wrapped ones
+            break_graph_at(layers, "add_adapters")  # as the runner does
             for layer in model.model.layers:
                 layer.compile(backend="eager", dynamic=True)
         manager.add_adapter(lr)

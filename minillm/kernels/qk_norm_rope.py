@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/15_cuda_graph.md:1177
+# %% chapters/15_cuda_graph.md:1198
 """Q/K norms, rotary embedding and the KV-cache write in one Triton kernel (chapter 15,
 "Fused layers").
 
@@ -39,7 +39,7 @@ def _normed(
     return x
 
 
-# %% chapters/15_cuda_graph.md:1215
+# %% chapters/15_cuda_graph.md:1236
 @triton.jit
 def _write_key_value(
     key, qkv_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
@@ -60,7 +60,7 @@ def _write_key_value(
     tl.store(value_cache_ptr + at, v.to(value_cache_ptr.dtype.element_ty), mask=ok)
 
 
-# %% chapters/15_cuda_graph.md:1240
+# %% chapters/15_cuda_graph.md:1261
 @triton.jit(do_not_specialize=["T"])  # T changes with every prompt step
 def _qk_norm_rope_write_kernel(
     qkv_ptr, g_ptr, cos_ptr, sin_ptr, q_ptr, key_cache_ptr, value_cache_ptr,
@@ -97,13 +97,13 @@ def _qk_norm_rope_write_kernel(
         )  # fmt: skip
 
 
-# %% chapters/15_cuda_graph.md:1278
+# %% chapters/15_cuda_graph.md:1299
 # tokens a program takes: one for a single token, else a tile of up to 16 (see below)
 ONE_TOKEN_UP_TO = 1
 TOKENS_PER_PROGRAM = 16
 
 
-# %% chapters/15_cuda_graph.md:1287
+# %% chapters/15_cuda_graph.md:1308
 def _checked_heads(
     qkv: Tensor, cos: Tensor, key_cache: Tensor, value_cache: Tensor, n_heads: int
 ) -> tuple[int, int]:
@@ -132,7 +132,7 @@ def _tile(T: int, tokens: int | None, num_warps: int | None) -> tuple[int, int]:
     return tokens, num_warps or (8 if tokens >= 8 else 4)
 
 
-# %% chapters/15_cuda_graph.md:1319
+# %% chapters/15_cuda_graph.md:1340
 def qk_norm_rope_write(
     qkv: Tensor,
     norm_weight: Tensor | None,

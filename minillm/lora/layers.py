@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:830
+# %% chapters/31_lora.md:831
 """Linear layers with many adapters (chapter 31, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-import torch
 from torch import Tensor, nn
 
 from minillm.lora.ops import LoRAMapping, lora_expand, lora_shrink
@@ -47,7 +46,6 @@ class LoRALinear(nn.Module):
         return add_adapters(self, x, self.base(x))
 
 
-@torch.compiler.disable
 def add_adapters(layer: LoRALinear, x: Tensor, y: Tensor) -> Tensor:
     """y (..., N) += each adapted row's x A B, in place; returns y."""
     mapping, backend = layer.batch.mapping, layer.batch.backend
@@ -59,7 +57,7 @@ def add_adapters(layer: LoRALinear, x: Tensor, y: Tensor) -> Tensor:
     return y
 
 
-# %% chapters/31_lora.md:894
+# %% chapters/31_lora.md:893
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""

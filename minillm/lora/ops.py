@@ -89,7 +89,7 @@ def lora_expand(y, buf, lora_b, mapping, backend="torch"):
     return lora_expand_ref(y, buf, lora_b, mapping)
 
 
-# %% chapters/31_lora.md:954
+# %% chapters/31_lora.md:953
 class SlotMapping(LoRAMapping):
     """A LoRAMapping in fixed buffers, one segment per slot (empty or not), refilled in
     place each step: what a CUDA graph captured once reads at every replay."""
@@ -111,7 +111,7 @@ class SlotMapping(LoRAMapping):
         self.copied = torch.cuda.Event() if on_gpu else None
         self.stream = torch.cuda.current_stream(device) if on_gpu else None
 
-    # %% chapters/31_lora.md:982
+    # %% chapters/31_lora.md:981
     def fill(self, slots: list[int], num_tokens: list[int]) -> None:
         """Request i (slot slots[i], -1: none) has num_tokens[i] consecutive tokens of
         the step's flat batch."""
