@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/02_checkpoints.md:1165
+# %% chapters/02_checkpoints.md:1173
 """GGUF files as Hugging Face folders, converted once and cached (chapter 2, "A real
 pretrained model, from a GGUF file").
 
@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 
-# %% chapters/02_checkpoints.md:1192
+# %% chapters/02_checkpoints.md:1200
 # a name -> (the package that ships the file, how to install it, the file in it)
 PACKAGED_MODELS = {
     "smollm2": (
@@ -58,7 +58,7 @@ def packaged_model_path(name: str) -> Path:
     )
 
 
-# %% chapters/02_checkpoints.md:1228
+# %% chapters/02_checkpoints.md:1236
 def convert_gguf(path: str | Path, folder: str | Path) -> None:
     """Write the GGUF file at path to folder as a Hugging Face checkpoint."""
     from safetensors.torch import save_file
@@ -100,7 +100,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# %% chapters/02_checkpoints.md:1278
+# %% chapters/02_checkpoints.md:1286
 def default_cache_dir() -> Path:
     # the tiny model's cache, as minillm/tiny.py finds it
     return Path(os.environ.get("MINILLM_CACHE") or Path.home() / ".cache" / "minillm")
@@ -129,7 +129,7 @@ def gguf_model_path(path: str | Path, cache_dir: str | Path | None = None) -> Pa
     return folder
 
 
-# %% chapters/02_checkpoints.md:1313
+# %% chapters/02_checkpoints.md:1321
 def resolve_model(model: str | Path) -> Path:
     """A Hugging Face folder for model: a folder itself, else a GGUF file or a
     packaged model's name converted (once) into the cache."""
@@ -163,6 +163,6 @@ def main(argv: list[str] | None = None) -> None:
     print(args.folder or gguf_model_path(gguf_file))
 
 
-# %% chapters/02_checkpoints.md:1348
+# %% chapters/02_checkpoints.md:1356
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/02_checkpoints.md:789
+# %% chapters/02_checkpoints.md:797
 """Read a GGUF file (llama.cpp's checkpoint format) into minillm's names (chapter 2,
 "A real pretrained model, from a GGUF file").
 
@@ -40,11 +40,11 @@ def read_gguf(path: str | Path) -> tuple[GGUFReader, dict]:
     return reader, metadata
 
 
-# %% chapters/02_checkpoints.md:901
+# %% chapters/02_checkpoints.md:909
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # llama.cpp's name -> HF's
 
 
-# %% chapters/02_checkpoints.md:906
+# %% chapters/02_checkpoints.md:914
 def _gguf_unsupported(key, tensor_names: set[str], head_dim: int) -> list[str]:
     """What a GGUF file asks for that our model would silently not compute;
     key(name, default) reads the architecture's metadata."""
@@ -61,7 +61,7 @@ def _gguf_unsupported(key, tensor_names: set[str], head_dim: int) -> list[str]:
     return problems
 
 
-# %% chapters/02_checkpoints.md:924
+# %% chapters/02_checkpoints.md:932
 def config_from_gguf(metadata: dict, tensor_names: set[str]) -> dict:
     """A Hugging Face config.json dict from a GGUF file's metadata."""
     arch = metadata.get("general.architecture")
@@ -102,7 +102,7 @@ def config_from_gguf(metadata: dict, tensor_names: set[str]) -> dict:
     }
 
 
-# %% chapters/02_checkpoints.md:986
+# %% chapters/02_checkpoints.md:994
 GGUF_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -139,7 +139,7 @@ def unpermute_rope_rows(w: Tensor, num_heads: int) -> Tensor:
     return w.reshape(num_heads, head_dim // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
 
-# %% chapters/02_checkpoints.md:1028
+# %% chapters/02_checkpoints.md:1036
 def gguf_tensors(reader: GGUFReader, config: dict) -> Iterator[tuple[str, Tensor]]:
     """(our name, float32 tensor) for every tensor of the file, dequantized."""
     heads = {
@@ -156,7 +156,7 @@ def gguf_tensors(reader: GGUFReader, config: dict) -> Iterator[tuple[str, Tensor
         yield name, w
 
 
-# %% chapters/02_checkpoints.md:1059
+# %% chapters/02_checkpoints.md:1067
 def _digits_then_gpt2():
     return pre_tokenizers.Sequence(
         [
@@ -175,7 +175,7 @@ PRE_TOKENIZERS = {
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (gguf.TokenType)
 
 
-# %% chapters/02_checkpoints.md:1082
+# %% chapters/02_checkpoints.md:1090
 def _add_gguf_tokens(tok: HFTokenizer, tokens: list[str], types: list[int]) -> None:
     tok.add_special_tokens(
         [
@@ -193,7 +193,7 @@ def _add_gguf_tokens(tok: HFTokenizer, tokens: list[str], types: list[int]) -> N
     )
 
 
-# %% chapters/02_checkpoints.md:1105
+# %% chapters/02_checkpoints.md:1113
 def tokenizer_from_gguf(metadata: dict) -> Tokenizer:
     """The byte-level BPE tokenizer a GGUF file's tokenizer.ggml.* keys describe."""
     kind, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")

@@ -27,12 +27,14 @@ from minillm.convert import resolve_model
 from minillm.model import (
     CausalLM,
     ModelConfig,
+    RotaryEmbedding,
     UnsupportedModelError,
+    rope_inv_freq,
 )
 from minillm.tokenizer import Tokenizer
 
 
-# %% chapters/02_checkpoints.md:154
+# %% chapters/02_checkpoints.md:156
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": {},
     "Qwen2ForCausalLM": {"attention_bias": True},
@@ -49,7 +51,7 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# %% chapters/02_checkpoints.md:176
+# %% chapters/02_checkpoints.md:178
 def _unsupported_features(hf: dict, arch: str) -> list[str]:
     """What a config.json asks for that our model would silently not compute."""
     problems = []
@@ -64,7 +66,7 @@ def _unsupported_features(hf: dict, arch: str) -> list[str]:
     return problems
 
 
-# %% chapters/02_checkpoints.md:198
+# %% chapters/02_checkpoints.md:200
 def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from the dict of a Hugging Face config.json."""
     arch = (hf.get("architectures") or [None])[0]
@@ -103,7 +105,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-# %% chapters/02_checkpoints.md:242
+# %% chapters/02_checkpoints.md:244
 def _check_plain_llama(config: ModelConfig) -> None:
     if config.attention_bias or config.qk_norm:
         raise UnsupportedModelError(
@@ -111,7 +113,7 @@ def _check_plain_llama(config: ModelConfig) -> None:
         )
 
 
-# %% chapters/02_checkpoints.md:251
+# %% chapters/02_checkpoints.md:253
 def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     """A Hugging Face config.json dict for our model, as LlamaForCausalLM."""
     _check_plain_llama(config)
@@ -139,7 +141,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
     }
 
 
-# %% chapters/02_checkpoints.md:283
+# %% chapters/02_checkpoints.md:285
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -156,7 +158,7 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return [single]
 
 
-# %% chapters/02_checkpoints.md:307
+# %% chapters/02_checkpoints.md:309
 def _copy_checkpoint(
     model: CausalLM, files: list[Path], config: ModelConfig, folder: Path
 ) -> None:
@@ -183,7 +185,7 @@ def _copy_checkpoint(
         )
 
 
-# %% chapters/02_checkpoints.md:347
+# %% chapters/02_checkpoints.md:350
 INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_",
                 "kaiming_normal_", "xavier_uniform_", "xavier_normal_")  # fmt: skip
 
@@ -201,7 +203,7 @@ def no_init():
             setattr(torch.nn.init, name, init)
 
 
-# %% chapters/02_checkpoints.md:366
+# %% chapters/02_checkpoints.md:369
 def load_model(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -223,11 +225,16 @@ def load_model(
         model = CausalLM(config)
     model = model.to_empty(device=device).to(dtype)  # allocated, uninitialised
     model.tie_weights()  # moving off the meta device made two tensors of the tied one
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.inv_freq = rope_inv_freq(
+                config.head_dim, config.rope_theta, config.rope_scaling
+            )
     _copy_checkpoint(model, files, config, folder)
     return model.eval()
 
 
-# %% chapters/02_checkpoints.md:398
+# %% chapters/02_checkpoints.md:406
 def load_pretrained(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -240,7 +247,7 @@ def load_pretrained(
     return load_model(folder, dtype, device), Tokenizer.from_pretrained(folder)
 
 
-# %% chapters/02_checkpoints.md:417
+# %% chapters/02_checkpoints.md:425
 def _refuse_merged(model: CausalLM) -> None:
     merged = [
         name
@@ -255,7 +262,7 @@ def _refuse_merged(model: CausalLM) -> None:
         )
 
 
-# %% chapters/02_checkpoints.md:433
+# %% chapters/02_checkpoints.md:441
 def save_pretrained(
     model: CausalLM, tokenizer: Tokenizer | None, folder: str | Path
 ) -> None:

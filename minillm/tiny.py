@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/02_checkpoints.md:483
+# %% chapters/02_checkpoints.md:491
 """The course's shared tiny model: load it from the cache, or train it once (chapter 2).
 
     model, tokenizer = tiny_model()          # every chapter's set-up cell
@@ -33,7 +33,7 @@ from minillm.tokenizer import Tokenizer, read_corpus, split_corpus, train_tokeni
 from minillm.train import TrainConfig, init_weights, token_stream, train
 
 
-# %% chapters/02_checkpoints.md:520
+# %% chapters/02_checkpoints.md:528
 # bump when the training code changes in a way the settings below don't show
 RECIPE_VERSION = 1
 TOKENIZER_VOCAB_SIZE = 2048
@@ -64,7 +64,7 @@ def default_train_config() -> TrainConfig:
     return replace(TINY_TRAIN, seed=int(seed))
 
 
-# %% chapters/02_checkpoints.md:557
+# %% chapters/02_checkpoints.md:565
 def recipe_hash(train_config: TrainConfig | None = None) -> str:
     train_config = train_config or default_train_config()
     corpus = hashlib.sha256(
@@ -80,7 +80,7 @@ def recipe_hash(train_config: TrainConfig | None = None) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-# %% chapters/02_checkpoints.md:578
+# %% chapters/02_checkpoints.md:586
 def build_tiny_model(
     folder: Path,
     train_config: TrainConfig | None = None,
@@ -113,7 +113,7 @@ def build_tiny_model(
     (folder / "training_log.json").write_text(json.dumps(log) + "\n")
 
 
-# %% chapters/02_checkpoints.md:619
+# %% chapters/02_checkpoints.md:627
 def tiny_model_path(
     cache_dir: str | Path | None = None,
     train_config: TrainConfig | None = None,
@@ -142,7 +142,7 @@ def tiny_model_path(
     return folder
 
 
-# %% chapters/02_checkpoints.md:652
+# %% chapters/02_checkpoints.md:660
 def tiny_model(
     cache_dir: str | Path | None = None,
     device: torch.device | str = "cpu",
