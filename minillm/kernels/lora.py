@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:633
+# %% chapters/31_lora.md:643
 """LoRA shrink and expand as Triton kernels (chapter 31, "The kernels"). The reference
 is lora.ops (lora_shrink_ref, lora_expand_ref). vLLM: vllm/lora/ops/triton_ops/
 kernel_utils.py. On a machine without a GPU, set TRITON_INTERPRET=1 before importing."""
@@ -14,24 +14,26 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-BLOCK_M, BLOCK_K, BLOCK_N = 16, 64, 64  # mapping arguments: lora.ops.LoRAMapping
+from minillm.lora.ops import TILE  # a program's rows: LoRAMapping's tiles
+
+BLOCK_K, BLOCK_N = 64, 64
 MAX_SPLIT_K, SPLIT_BELOW = 8, 2048  # K's pieces for batches of fewer rows
 
 
-# %% chapters/31_lora.md:654
+# %% chapters/31_lora.md:666
 @triton.jit
 def _shrink_kernel(
-    x_ptr, a_ptr, out_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, K, R,
+    x_ptr, a_ptr, out_ptr, tokens_ptr, tiles_ptr, K, R,
     x_stride, a_stride_s, a_stride_k, out_stride_p, out_stride,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):  # fmt: skip
-    tile, seg, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, end = tl.load(seg_starts_ptr + seg), tl.load(seg_starts_ptr + seg + 1)
-    if tile * BLOCK_M >= end - start:  # past its segment's rows: nothing to do
+    tile, part = tl.program_id(0), tl.program_id(1)
+    slot, start = tl.load(tiles_ptr + 3 * tile), tl.load(tiles_ptr + 3 * tile + 1)
+    end = tl.load(tiles_ptr + 3 * tile + 2)
+    if start >= end:  # an unused entry of a fixed list: nothing to do
         return
-    slot = tl.load(seg_slots_ptr + seg)
-    rows = start + tile * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's
+    rows = start + tl.arange(0, BLOCK_M)  # (BLOCK_M,) this tile's
     row_ok = rows < end
     tokens = tl.load(tokens_ptr + rows, mask=row_ok, other=0)
     r = tl.arange(0, BLOCK_R)
@@ -49,19 +51,19 @@ def _shrink_kernel(
     tl.store(at, acc, mask=row_ok[:, None] & (r[None, :] < R))
 
 
-# %% chapters/31_lora.md:690
+# %% chapters/31_lora.md:702
 @triton.jit
 def _expand_kernel(
-    buf_ptr, b_ptr, y_ptr, tokens_ptr, seg_slots_ptr, seg_starts_ptr, R, N, P,
+    buf_ptr, b_ptr, y_ptr, tokens_ptr, tiles_ptr, R, N, P,
     buf_stride_p, buf_stride, b_stride_s, b_stride_r, y_stride,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    tile, seg, col = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, end = tl.load(seg_starts_ptr + seg), tl.load(seg_starts_ptr + seg + 1)
-    if tile * BLOCK_M >= end - start:
+    tile, col = tl.program_id(0), tl.program_id(1)
+    slot, start = tl.load(tiles_ptr + 3 * tile), tl.load(tiles_ptr + 3 * tile + 1)
+    end = tl.load(tiles_ptr + 3 * tile + 2)
+    if start >= end:
         return
-    slot = tl.load(seg_slots_ptr + seg)
-    rows = start + tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = start + tl.arange(0, BLOCK_M)
     row_ok = rows < end
     tokens = tl.load(tokens_ptr + rows, mask=row_ok, other=0)
     r, n = tl.arange(0, BLOCK_R), col * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -78,31 +80,30 @@ def _expand_kernel(
     tl.store(at, (y.to(tl.float32) + add).to(y.dtype), mask=ok)
 
 
-# %% chapters/31_lora.md:728
+# %% chapters/31_lora.md:742
 def _block_r(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))  # tl.dot needs 16 or more
 
 
-def _rows(mapping, num_tokens: int) -> int:
-    """The most rows a segment can have: the mapping's longest, or all of them when
-    the host does not know it (a launch captured in a CUDA graph)."""
-    return num_tokens if mapping.max_seg_len is None else mapping.max_seg_len
+def _num_tiles(mapping, num_tokens: int, num_slots: int) -> int:
+    """The most tiles num_tokens rows of num_slots adapters make, within the list."""
+    return min(len(mapping.tiles), triton.cdiv(num_tokens, TILE) + num_slots)
 
 
-# %% chapters/31_lora.md:740
+# %% chapters/31_lora.md:753
 def lora_shrink_triton(x: Tensor, lora_a: Tensor, mapping) -> Tensor:
     """x (T, K), lora_a (S, K, R) -> (P, T, R) float32: P partial products over
-    pieces of K, whose sum is lora_shrink_ref's x A."""
-    (T, K), R = x.shape, lora_a.shape[-1]
+    pieces of K, whose sum is lora_shrink_ref's x A on the rows with an adapter (the
+    other rows are not written)."""
+    (T, K), (S, _, R) = x.shape, lora_a.shape
     split = 1 if T >= SPLIT_BELOW else min(MAX_SPLIT_K, triton.cdiv(K, BLOCK_K))
-    out = torch.zeros(split, T, R, dtype=torch.float32, device=x.device)
-    if rows := _rows(mapping, T):
-        grid = (triton.cdiv(rows, BLOCK_M), len(mapping.seg_slots), split)
-        _shrink_kernel[grid](
-            x, lora_a, out, mapping.sorted_tokens, mapping.seg_slots,
-            mapping.seg_starts, K, R, x.stride(0), lora_a.stride(0),
-            lora_a.stride(1), out.stride(0), out.stride(1),
-            BLOCK_M=BLOCK_M, BLOCK_R=_block_r(R), BLOCK_K=BLOCK_K, SPLIT_K=split,
+    out = torch.empty(split, T, R, dtype=torch.float32, device=x.device)
+    if tiles := _num_tiles(mapping, T, S):
+        _shrink_kernel[tiles, split](
+            x, lora_a, out, mapping.sorted_tokens, mapping.tiles, K, R,
+            x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0),
+            out.stride(1),
+            BLOCK_M=TILE, BLOCK_R=_block_r(R), BLOCK_K=BLOCK_K, SPLIT_K=split,
         )  # fmt: skip
     return out
 
@@ -110,13 +111,11 @@ def lora_shrink_triton(x: Tensor, lora_a: Tensor, mapping) -> Tensor:
 def lora_expand_triton(y: Tensor, buf: Tensor, lora_b: Tensor, mapping) -> None:
     """As lora_expand_ref: y (T, N) += buf @ lora_b[slot] (R, N), in place; buf is
     (T, R) or the shrink's partials (P, T, R)."""
-    (R, N), parts = lora_b.shape[1:], buf if buf.dim() == 3 else buf[None]
-    if rows := _rows(mapping, y.shape[0]):
-        grid = (triton.cdiv(rows, BLOCK_M), len(mapping.seg_slots),
-                triton.cdiv(N, BLOCK_N))  # fmt: skip
-        _expand_kernel[grid](
-            parts, lora_b, y, mapping.sorted_tokens, mapping.seg_slots,
-            mapping.seg_starts, R, N, parts.shape[0], parts.stride(0),
-            parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-            BLOCK_M=BLOCK_M, BLOCK_R=_block_r(R), BLOCK_N=BLOCK_N,
+    (S, R, N), parts = lora_b.shape, buf if buf.dim() == 3 else buf[None]
+    if tiles := _num_tiles(mapping, y.shape[0], S):
+        _expand_kernel[tiles, triton.cdiv(N, BLOCK_N)](
+            parts, lora_b, y, mapping.sorted_tokens, mapping.tiles, R, N,
+            parts.shape[0], parts.stride(0), parts.stride(1), lora_b.stride(0),
+            lora_b.stride(1), y.stride(0),
+            BLOCK_M=TILE, BLOCK_R=_block_r(R), BLOCK_N=BLOCK_N,
         )  # fmt: skip

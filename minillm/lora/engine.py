@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1244
+# %% chapters/31_lora.md:1292
 """LoRA adapters in the engine (chapter 31, "The engine"): the options, the runner
 extension that sets each step's adapters, and the engine's request check and
 scheduler admission check. vLLM: vllm/config/lora.py (LoRAConfig),
@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.compilation import break_graph_at
 from minillm.gpu_model_runner import GPUModelRunner
-from minillm.lora import layers
 from minillm.lora.manager import LoRAModelManager
 from minillm.merged_projections import merge_projections
 from minillm.registry import ENGINE_HOOKS, REQUEST_CHECKS, RUNNER_EXTENSIONS
 from minillm.registry import engine_options
 
 
-# %% chapters/31_lora.md:1267
+# %% chapters/31_lora.md:1313
 @engine_options
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -49,7 +47,7 @@ class LoRAConfig:
             raise ValueError("enable_lora runs on one device (tensor_parallel_size=1)")
 
 
-# %% chapters/31_lora.md:1300
+# %% chapters/31_lora.md:1346
 def new_lora_manager(model, config) -> LoRAModelManager:
     """The manager of the adapters of model, as config's options size it."""
     on_gpu = next(model.parameters()).device.type == "cuda"
@@ -61,7 +59,7 @@ def new_lora_manager(model, config) -> LoRAModelManager:
     )  # fmt: skip
 
 
-# %% chapters/31_lora.md:1313
+# %% chapters/31_lora.md:1359
 def lora_runner(runner_cls: type, config, parts: dict) -> type:
     """Chapter 8's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
     if not config.enable_lora:
@@ -73,7 +71,6 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
         def __init__(self, model, *args):
             if compiles:  # chapter 15's compiled layers: wrap its merged projections
                 merge_projections(model)
-                break_graph_at(layers, "add_adapters")
             self.lora_manager = new_lora_manager(model, config)
             with self.lora_manager.capturing():  # chapter 15's graphs, if any
                 super().__init__(model, *args)
@@ -103,7 +100,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
     return LoRARunner
 
 
-# %% chapters/31_lora.md:1358
+# %% chapters/31_lora.md:1403
 def adapter_names(requests) -> str:
     """The adapters of requests, by name, sorted and comma-separated (vLLM's label)."""
     return ",".join(sorted({r.lora_request.lora_name for r in requests

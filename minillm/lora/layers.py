@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:831
+# %% chapters/31_lora.md:874
 """Linear layers with many adapters (chapter 31, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -14,7 +14,7 @@ from itertools import accumulate
 
 from torch import Tensor, nn
 
-from minillm.lora.ops import LoRAMapping, lora_expand, lora_shrink
+from minillm.lora.ops import LoRAMapping, add_lora
 from minillm.model import CausalLM
 
 
@@ -27,7 +27,7 @@ class LoRABatch:
     backend: str = "torch"
 
 
-# %% chapters/31_lora.md:859
+# %% chapters/31_lora.md:902
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, slices: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int):  # fmt: skip
@@ -48,16 +48,13 @@ class LoRALinear(nn.Module):
 
 def add_adapters(layer: LoRALinear, x: Tensor, y: Tensor) -> Tensor:
     """y (..., N) += each adapted row's x A B, in place; returns y."""
-    mapping, backend = layer.batch.mapping, layer.batch.backend
-    if mapping is None or mapping.max_seg_len == 0:  # None: a graph's capture
-        return y
-    x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])  # (T, K), (T, N)
-    buf = lora_shrink(x2, layer.a_all, mapping, backend)  # (T, n R), or partials
-    lora_expand(y2, buf, layer.b_all, mapping, backend)
+    if (m := layer.batch.mapping) is not None:
+        add_lora(y, x, layer.a_all, layer.b_all, m.token_slots, m.sorted_tokens,
+                 m.tiles, layer.batch.backend)  # fmt: skip
     return y
 
 
-# %% chapters/31_lora.md:893
+# %% chapters/31_lora.md:933
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1057
+# %% chapters/31_lora.md:1106
 """Adapters in slots and in a CPU cache, least recently used first out (chapter 31,
 "The engine"). vLLM: vllm/lora/worker_manager.py (LRUCacheWorkerLoRAManager),
 vllm/lora/model_manager.py (LoRAModelManager)."""
@@ -39,7 +39,7 @@ class LoRAModelManager:
         self.num_slot_loads = 0
         self.in_use = set  # () -> ids of live requests' adapters (the engine's hook)
 
-    # %% chapters/31_lora.md:1099
+    # %% chapters/31_lora.md:1148
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """Read and check the adapter (LoRAError, changing nothing), keep it."""
         known = self.known.get(request.lora_int_id)
@@ -75,7 +75,7 @@ class LoRAModelManager:
         self.slots.pop(int_id, None)
         return self.known.pop(int_id, None) is not None
 
-    # %% chapters/31_lora.md:1142
+    # %% chapters/31_lora.md:1191
     def activate(self, ids: list[int]) -> dict[int, int]:
         """Put the adapters ids in slots (evicting the least recently used others);
         adapter id -> slot."""
@@ -105,15 +105,15 @@ class LoRAModelManager:
                 b_slot[: adapter.rank].copy_(b, non_blocking=True)
         self.num_slot_loads += 1
 
-    # %% chapters/31_lora.md:1179
+    # %% chapters/31_lora.md:1228
     def set_batch(self, lora_requests: list, num_tokens: list[int]) -> None:
         """The step's mapping: request i (adapter lora_requests[i] or None) has
         num_tokens[i] consecutive tokens in the flat batch."""
         ids = [lr.lora_int_id for lr in lora_requests if lr is not None]
         slot_of = self.activate(list(dict.fromkeys(ids)))
         slots = [-1 if lr is None else slot_of[lr.lora_int_id] for lr in lora_requests]
-        self.mapping.fill(slots, num_tokens)
-        self.batch.mapping = self.mapping
+        adapted = self.mapping.fill(slots, num_tokens)
+        self.batch.mapping = self.mapping if adapted else None  # None: base layers
 
     def set_step(self, output) -> None:
         """set_batch for a SchedulerOutput, whose requests' order is the batch's."""
@@ -126,14 +126,13 @@ class LoRAModelManager:
 
     @contextmanager
     def capturing(self):
-        """While chapter 15 captures its graphs: no adapter rows, and every launch
-        over all the rows a graph's batch may hold (max_seg_len None)."""
+        """While chapter 15 captures its graphs: the launches are captured, over the
+        fixed mapping's tile list, with no adapter rows yet."""
         self.mapping.fill([], [])
-        self.mapping.max_seg_len, self.batch.mapping = None, self.mapping
+        self.batch.mapping = self.mapping
         try:
             yield
         finally:
-            self.mapping.max_seg_len = 0
             self.clear_batch()
 
     def admits(self, request, running: list) -> bool:

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:513
+# %% chapters/31_lora.md:517
 """The batched LoRA products (chapter 31, "The batched products"): shrink (x A) and
 expand (y += (x A) B), every row with its own adapter's slot; the PyTorch reference,
 and the dispatch to the Triton kernels (kernels/lora.py) on a GPU.
@@ -20,19 +20,20 @@ import torch
 from torch import Tensor
 
 
-# %% chapters/31_lora.md:534
+# %% chapters/31_lora.md:538
+TILE = 16  # the most rows of one segment that one kernel program takes
+
+
 @dataclass
 class LoRAMapping:
     """Which adapter slot each token of a step uses (-1: none), and the same grouped
-    by slot: segment i, of slot seg_slots[i], is the tokens
-    sorted_tokens[seg_starts[i] : seg_starts[i + 1]].
+    by slot into tiles: tile i, of slot tiles[i, 0], is the tokens
+    sorted_tokens[tiles[i, 1] : min(tiles[i, 1] + TILE, tiles[i, 2])].
     """
 
     token_slots: Tensor  # (T,) int64
     sorted_tokens: Tensor  # (T_adapted,) int64, only tokens with a slot
-    seg_slots: Tensor  # (num_segments,) int64
-    seg_starts: Tensor  # (num_segments + 1,) int64
-    max_seg_len: int | None  # None: unknown on the host, up to every row (a graph)
+    tiles: Tensor  # (num_tiles, 3) int64: slot, first row, segment's end
 
     @classmethod
     def build(cls, token_slots: list[int], device="cpu") -> LoRAMapping:
@@ -40,26 +41,26 @@ class LoRAMapping:
         for t, slot in enumerate(token_slots):
             if slot >= 0:
                 groups.setdefault(slot, []).append(t)
-        starts = [0]
-        for tokens in groups.values():
-            starts.append(starts[-1] + len(tokens))
-        sorted_tokens = [t for tokens in groups.values() for t in tokens]
-        longest = max((len(g) for g in groups.values()), default=0)
+        sorted_tokens, tiles = [], []
+        for slot, tokens in groups.items():
+            start, end = len(sorted_tokens), len(sorted_tokens) + len(tokens)
+            tiles += [(slot, row, end) for row in range(start, end, TILE)]
+            sorted_tokens += tokens
 
         def as_tensor(values):
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        return cls(as_tensor(token_slots), as_tensor(sorted_tokens),
-                   as_tensor(list(groups)), as_tensor(starts), longest)  # fmt: skip
+        tiles = as_tensor(tiles).reshape(-1, 3)
+        return cls(as_tensor(token_slots), as_tensor(sorted_tokens), tiles)
 
 
-# %% chapters/31_lora.md:571
+# %% chapters/31_lora.md:576
 def lora_shrink_ref(x: Tensor, lora_a: Tensor, mapping: LoRAMapping) -> Tensor:
     """x (T, K), lora_a (S, K, R) -> (T, R) float32: x A of each row's slot (rows
     without one: 0)."""
     out = torch.zeros(x.shape[0], lora_a.shape[-1], dtype=torch.float32,
                       device=x.device)  # fmt: skip
-    for slot in mapping.seg_slots.tolist():
+    for slot in adapter_slots(mapping, x.shape[0]):
         rows = mapping.token_slots[: x.shape[0]] == slot
         out[rows] = x[rows].float() @ lora_a[slot].float()
     return out
@@ -68,9 +69,14 @@ def lora_shrink_ref(x: Tensor, lora_a: Tensor, mapping: LoRAMapping) -> Tensor:
 def lora_expand_ref(y: Tensor, buf: Tensor, lora_b: Tensor, mapping: LoRAMapping):
     """y (T, N) += buf (T, R) @ lora_b[slot] (R, N), in place, for each row with a
     slot."""
-    for slot in mapping.seg_slots.tolist():
+    for slot in adapter_slots(mapping, y.shape[0]):
         rows = mapping.token_slots[: y.shape[0]] == slot
         y[rows] += (buf[rows] @ lora_b[slot].float()).to(y.dtype)
+
+
+def adapter_slots(mapping: LoRAMapping, num_tokens: int) -> list[int]:
+    """The slots the first num_tokens tokens use."""
+    return [s for s in mapping.token_slots[:num_tokens].unique().tolist() if s >= 0]
 
 
 def lora_shrink(x, lora_a, mapping, backend="torch"):
@@ -89,48 +95,71 @@ def lora_expand(y, buf, lora_b, mapping, backend="torch"):
     return lora_expand_ref(y, buf, lora_b, mapping)
 
 
-# %% chapters/31_lora.md:953
+# %% chapters/31_lora.md:853
+@torch.library.custom_op("minillm::add_lora", mutates_args=["y"])
+def add_lora(y: Tensor, x: Tensor, a_all: Tensor, b_all: Tensor, token_slots: Tensor,
+             sorted_tokens: Tensor, tiles: Tensor, backend: str) -> None:  # fmt: skip
+    """y (..., N) += x A B for each row of x (..., K) with an adapter slot: one
+    shrink, one expand, all of a layer's slices at once (lora.layers)."""
+    mapping = LoRAMapping(token_slots, sorted_tokens, tiles)
+    x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])  # (T, K), (T, N)
+    lora_expand(y2, lora_shrink(x2, a_all, mapping, backend), b_all, mapping, backend)
+
+
+@add_lora.register_fake
+def _(y, x, a_all, b_all, token_slots, sorted_tokens, tiles, backend) -> None:
+    return None  # what torch.compile needs: no output, y changed in place
+
+
+# %% chapters/31_lora.md:992
 class SlotMapping(LoRAMapping):
-    """A LoRAMapping in fixed buffers, one segment per slot (empty or not), refilled in
+    """A LoRAMapping in fixed buffers, its tile list of fixed length, refilled in
     place each step: what a CUDA graph captured once reads at every replay."""
 
     def __init__(self, max_tokens: int, num_slots: int, device="cpu"):
         device = torch.device(device)
-        on_gpu = device.type == "cuda"
+        on_gpu, self.num_slots = device.type == "cuda", num_slots
+        num_tiles = -(-max_tokens // TILE) + num_slots
 
-        def buffer(n: int) -> Tensor:
-            return torch.zeros(n, dtype=torch.int64, device=device)
+        def buffer(*shape: int) -> Tensor:
+            return torch.zeros(*shape, dtype=torch.int64, device=device)
 
-        super().__init__(buffer(max_tokens), buffer(max_tokens),
-                         torch.arange(num_slots, device=device),
-                         buffer(num_slots + 1), max_seg_len=0)  # fmt: skip
+        super().__init__(buffer(max_tokens), buffer(max_tokens), buffer(num_tiles, 3))
         self.host = [torch.zeros(t.shape, dtype=t.dtype, pin_memory=on_gpu)
                      for t in (self.token_slots, self.sorted_tokens,
-                               self.seg_starts)]  # fmt: skip
+                               self.tiles)]  # fmt: skip
         # recorded after the copies, on a stream looked up once (chapter 15)
         self.copied = torch.cuda.Event() if on_gpu else None
         self.stream = torch.cuda.current_stream(device) if on_gpu else None
 
-    # %% chapters/31_lora.md:981
-    def fill(self, slots: list[int], num_tokens: list[int]) -> None:
+    # %% chapters/31_lora.md:1020
+    def fill(self, slots: list[int], num_tokens: list[int]) -> bool:
         """Request i (slot slots[i], -1: none) has num_tokens[i] consecutive tokens of
-        the step's flat batch."""
+        the step's flat batch. Returns whether any token has a slot."""
         token_slots = np.repeat(np.asarray(slots, dtype=np.int64), num_tokens)
-        T, S = len(token_slots), len(self.seg_slots)
-        if T > len(self.token_slots):
+        if (T := len(token_slots)) > len(self.token_slots):
             raise ValueError(f"{T} tokens in a step; the mapping holds "
                              f"{len(self.token_slots)}")  # fmt: skip
         order = np.argsort(token_slots, kind="stable")
         order = order[token_slots[order] >= 0]  # adapted tokens, by slot, in order
-        counts = np.bincount(token_slots[order], minlength=S)
+        counts = np.bincount(token_slots[order], minlength=self.num_slots)
+        ends, per_slot = np.cumsum(counts), -(-counts // TILE)  # tiles a slot
+        tile_slots = np.repeat(np.arange(self.num_slots), per_slot)
+        # tile i is tile i - (its slot's first tile) of its slot's segment
+        index = (
+            np.arange(len(tile_slots)) - (np.cumsum(per_slot) - per_slot)[tile_slots]
+        )
+        tiles = np.stack([tile_slots, (ends - counts)[tile_slots] + TILE * index,
+                          ends[tile_slots]], axis=1)  # fmt: skip
         if self.copied is not None:
             self.copied.synchronize()  # the last step's copies have left the twins
-        host_slots, host_tokens, host_starts = (t.numpy() for t in self.host)
+        host_slots, host_tokens, host_tiles = (t.numpy() for t in self.host)
         host_slots[:T], host_tokens[: len(order)] = token_slots, order
-        host_starts[0], host_starts[1:] = 0, np.cumsum(counts)
-        targets = (self.token_slots, self.sorted_tokens, self.seg_starts)
-        for target, host, n in zip(targets, self.host, (T, len(order), S + 1)):
+        host_tiles[:], host_tiles[: len(tiles)] = 0, tiles  # unused entries: empty
+        targets = (self.token_slots, self.sorted_tokens, self.tiles)
+        sizes = (T, len(order), len(host_tiles))
+        for target, host, n in zip(targets, self.host, sizes):
             target[:n].copy_(host[:n], non_blocking=True)
         if self.copied is not None:
             self.copied.record(self.stream)
-        self.max_seg_len = int(counts.max(initial=0))
+        return len(order) > 0
