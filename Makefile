@@ -17,6 +17,11 @@ ALT_SEED ?= 1
 RUFF    := $(BIN)/ruff
 LINTED  := minillm tests tools benchmarks exercises examples book
 VLLM_VENV := .venv-vllm
+# Python writes the bytecode of what it imports into .venv, even where the environment
+# says not to: set-up installs with --no-compile, so without the cached bytecode every
+# process (a notebook's kernel, a test's server) compiled torch, transformers and triton
+# again: 13 s of CPU for their imports here, 4 s from the cached bytecode
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help setup tangle check lint format tiny book book-check test test-alt test-unit test-notebooks serve vllm clean
 
