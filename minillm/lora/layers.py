@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:874
+# %% chapters/31_lora.md:889
 """Linear layers with many adapters (chapter 31, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
+import torch
 from torch import Tensor, nn
 
-from minillm.lora.ops import LoRAMapping, add_lora
+from minillm.lora.ops import LoRAMapping
 from minillm.model import CausalLM
 
 
@@ -27,7 +28,7 @@ class LoRABatch:
     backend: str = "torch"
 
 
-# %% chapters/31_lora.md:902
+# %% chapters/31_lora.md:918
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, slices: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int):  # fmt: skip
@@ -48,13 +49,13 @@ class LoRALinear(nn.Module):
 
 def add_adapters(layer: LoRALinear, x: Tensor, y: Tensor) -> Tensor:
     """y (..., N) += each adapted row's x A B, in place; returns y."""
-    if (m := layer.batch.mapping) is not None:
-        add_lora(y, x, layer.a_all, layer.b_all, m.token_slots, m.sorted_tokens,
-                 m.tiles, layer.batch.backend)  # fmt: skip
+    if (m := layer.batch.mapping) is not None:  # lora.ops.add_lora, registered
+        args = (layer.a_all, layer.b_all, m.token_slots, m.sorted_tokens, m.tiles)
+        torch.ops.minillm.add_lora(y, x, *args, layer.batch.backend)
     return y
 
 
-# %% chapters/31_lora.md:933
+# %% chapters/31_lora.md:949
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""

@@ -95,8 +95,7 @@ def lora_expand(y, buf, lora_b, mapping, backend="torch"):
     return lora_expand_ref(y, buf, lora_b, mapping)
 
 
-# %% chapters/31_lora.md:853
-@torch.library.custom_op("minillm::add_lora", mutates_args=["y"])
+# %% chapters/31_lora.md:861
 def add_lora(y: Tensor, x: Tensor, a_all: Tensor, b_all: Tensor, token_slots: Tensor,
              sorted_tokens: Tensor, tiles: Tensor, backend: str) -> None:  # fmt: skip
     """y (..., N) += x A B for each row of x (..., K) with an adapter slot: one
@@ -106,12 +105,20 @@ def add_lora(y: Tensor, x: Tensor, a_all: Tensor, b_all: Tensor, token_slots: Te
     lora_expand(y2, lora_shrink(x2, a_all, mapping, backend), b_all, mapping, backend)
 
 
-@add_lora.register_fake
-def _(y, x, a_all, b_all, token_slots, sorted_tokens, tiles, backend) -> None:
-    return None  # what torch.compile needs: no output, y changed in place
+def _add_lora_fake(y, x, a_all, b_all, token_slots, sorted_tokens, tiles, backend):
+    return None  # what torch.compile traces: no output, y changed in place
 
 
-# %% chapters/31_lora.md:992
+if not hasattr(torch.ops.minillm, "add_lora"):  # once a process (a cell run again)
+    LIBRARY = torch.library.Library("minillm", "FRAGMENT")  # kept: it owns the op
+    schema = torch.library.infer_schema(add_lora, mutates_args=["y"])
+    LIBRARY.define(f"add_lora{schema}")
+    for key in ("CPU", "CUDA"):
+        LIBRARY.impl("add_lora", add_lora, key)
+    torch.library.register_fake("minillm::add_lora", _add_lora_fake, lib=LIBRARY)
+
+
+# %% chapters/31_lora.md:1008
 class SlotMapping(LoRAMapping):
     """A LoRAMapping in fixed buffers, its tile list of fixed length, refilled in
     place each step: what a CUDA graph captured once reads at every replay."""
@@ -132,7 +139,7 @@ class SlotMapping(LoRAMapping):
         self.copied = torch.cuda.Event() if on_gpu else None
         self.stream = torch.cuda.current_stream(device) if on_gpu else None
 
-    # %% chapters/31_lora.md:1020
+    # %% chapters/31_lora.md:1036
     def fill(self, slots: list[int], num_tokens: list[int]) -> bool:
         """Request i (slot slots[i], -1: none) has num_tokens[i] consecutive tokens of
         the step's flat batch. Returns whether any token has a slot."""
