@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:643
+# %% chapters/31_lora.md:645
 """LoRA shrink and expand as Triton kernels (chapter 31, "The kernels"). The reference
 is lora.ops (lora_shrink_ref, lora_expand_ref). vLLM: vllm/lora/ops/triton_ops/
 kernel_utils.py. On a machine without a GPU, set TRITON_INTERPRET=1 before importing."""
@@ -14,9 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minillm.lora.ops import TILE  # a program's rows: LoRAMapping's tiles
-
-BLOCK_K, BLOCK_N = 64, 64
+BLOCK_K, BLOCK_N = 64, 64  # a program's rows: the mapping's tile (16)
 MAX_SPLIT_K, SPLIT_BELOW = 8, 2048  # K's pieces for batches of fewer rows
 
 
@@ -87,7 +85,7 @@ def _block_r(rank: int) -> int:
 
 def _num_tiles(mapping, num_tokens: int, num_slots: int) -> int:
     """The most tiles num_tokens rows of num_slots adapters make, within the list."""
-    return min(len(mapping.tiles), triton.cdiv(num_tokens, TILE) + num_slots)
+    return min(len(mapping.tiles), triton.cdiv(num_tokens, mapping.tile) + num_slots)
 
 
 # %% chapters/31_lora.md:753
@@ -103,7 +101,8 @@ def lora_shrink_triton(x: Tensor, lora_a: Tensor, mapping) -> Tensor:
             x, lora_a, out, mapping.sorted_tokens, mapping.tiles, K, R,
             x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0),
             out.stride(1),
-            BLOCK_M=TILE, BLOCK_R=_block_r(R), BLOCK_K=BLOCK_K, SPLIT_K=split,
+            BLOCK_M=mapping.tile, BLOCK_R=_block_r(R), BLOCK_K=BLOCK_K,
+            SPLIT_K=split,
         )  # fmt: skip
     return out
 
@@ -117,5 +116,5 @@ def lora_expand_triton(y: Tensor, buf: Tensor, lora_b: Tensor, mapping) -> None:
             parts, lora_b, y, mapping.sorted_tokens, mapping.tiles, R, N,
             parts.shape[0], parts.stride(0), parts.stride(1), lora_b.stride(0),
             lora_b.stride(1), y.stride(0),
-            BLOCK_M=TILE, BLOCK_R=_block_r(R), BLOCK_N=BLOCK_N,
+            BLOCK_M=mapping.tile, BLOCK_R=_block_r(R), BLOCK_N=BLOCK_N,
         )  # fmt: skip

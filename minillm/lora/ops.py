@@ -14,13 +14,14 @@ lora_kernel_metadata.py, vllm/lora/punica_wrapper/.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 
-# %% chapters/31_lora.md:538
+# %% chapters/31_lora.md:539
 TILE = 16  # the most rows of one segment that one kernel program takes
 
 
@@ -34,6 +35,7 @@ class LoRAMapping:
     token_slots: Tensor  # (T,) int64
     sorted_tokens: Tensor  # (T_adapted,) int64, only tokens with a slot
     tiles: Tensor  # (num_tiles, 3) int64: slot, first row, segment's end
+    tile: ClassVar[int] = TILE  # for the kernels, which do not import this module
 
     @classmethod
     def build(cls, token_slots: list[int], device="cpu") -> LoRAMapping:
@@ -54,7 +56,7 @@ class LoRAMapping:
         return cls(as_tensor(token_slots), as_tensor(sorted_tokens), tiles)
 
 
-# %% chapters/31_lora.md:576
+# %% chapters/31_lora.md:578
 def lora_shrink_ref(x: Tensor, lora_a: Tensor, mapping: LoRAMapping) -> Tensor:
     """x (T, K), lora_a (S, K, R) -> (T, R) float32: x A of each row's slot (rows
     without one: 0)."""
@@ -95,7 +97,7 @@ def lora_expand(y, buf, lora_b, mapping, backend="torch"):
     return lora_expand_ref(y, buf, lora_b, mapping)
 
 
-# %% chapters/31_lora.md:861
+# %% chapters/31_lora.md:862
 def add_lora(y: Tensor, x: Tensor, a_all: Tensor, b_all: Tensor, token_slots: Tensor,
              sorted_tokens: Tensor, tiles: Tensor, backend: str) -> None:  # fmt: skip
     """y (..., N) += x A B for each row of x (..., K) with an adapter slot: one
@@ -118,7 +120,7 @@ if not hasattr(torch.ops.minillm, "add_lora"):  # once a process (a cell run aga
     torch.library.register_fake("minillm::add_lora", _add_lora_fake, lib=LIBRARY)
 
 
-# %% chapters/31_lora.md:1008
+# %% chapters/31_lora.md:1009
 class SlotMapping(LoRAMapping):
     """A LoRAMapping in fixed buffers, its tile list of fixed length, refilled in
     place each step: what a CUDA graph captured once reads at every replay."""
@@ -139,7 +141,7 @@ class SlotMapping(LoRAMapping):
         self.copied = torch.cuda.Event() if on_gpu else None
         self.stream = torch.cuda.current_stream(device) if on_gpu else None
 
-    # %% chapters/31_lora.md:1036
+    # %% chapters/31_lora.md:1037
     def fill(self, slots: list[int], num_tokens: list[int]) -> bool:
         """Request i (slot slots[i], -1: none) has num_tokens[i] consecutive tokens of
         the step's flat batch. Returns whether any token has a slot."""
