@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:645
+# %% chapters/31_lora.md:648
 """LoRA shrink and expand as Triton kernels (chapter 31, "The kernels"). The reference
 is lora.ops (lora_shrink_ref, lora_expand_ref). vLLM: vllm/lora/ops/triton_ops/
 kernel_utils.py. On a machine without a GPU, set TRITON_INTERPRET=1 before importing."""
@@ -18,7 +18,7 @@ BLOCK_K, BLOCK_N = 64, 64  # a program's rows: the mapping's tile (16)
 MAX_SPLIT_K, SPLIT_BELOW = 8, 2048  # K's pieces for batches of fewer rows
 
 
-# %% chapters/31_lora.md:666
+# %% chapters/31_lora.md:669
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, out_ptr, tokens_ptr, tiles_ptr, K, R,
@@ -49,7 +49,7 @@ def _shrink_kernel(
     tl.store(at, acc, mask=row_ok[:, None] & (r[None, :] < R))
 
 
-# %% chapters/31_lora.md:702
+# %% chapters/31_lora.md:705
 @triton.jit
 def _expand_kernel(
     buf_ptr, b_ptr, y_ptr, tokens_ptr, tiles_ptr, R, N, P,
@@ -78,7 +78,7 @@ def _expand_kernel(
     tl.store(at, (y.to(tl.float32) + add).to(y.dtype), mask=ok)
 
 
-# %% chapters/31_lora.md:742
+# %% chapters/31_lora.md:745
 def _block_r(rank: int) -> int:
     return max(16, triton.next_power_of_2(rank))  # tl.dot needs 16 or more
 
@@ -88,7 +88,7 @@ def _num_tiles(mapping, num_tokens: int, num_slots: int) -> int:
     return min(len(mapping.tiles), triton.cdiv(num_tokens, mapping.tile) + num_slots)
 
 
-# %% chapters/31_lora.md:753
+# %% chapters/31_lora.md:756
 def lora_shrink_triton(x: Tensor, lora_a: Tensor, mapping) -> Tensor:
     """x (T, K), lora_a (S, K, R) -> (P, T, R) float32: P partial products over
     pieces of K, whose sum is lora_shrink_ref's x A on the rows with an adapter (the

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1309
+# %% chapters/31_lora.md:1311
 """LoRA adapters in the engine (chapter 31, "The engine"): the options, the runner
 extension that sets each step's adapters, and the engine's request check and
 scheduler admission check. vLLM: vllm/config/lora.py (LoRAConfig),
@@ -19,7 +19,7 @@ from minillm.registry import ENGINE_HOOKS, REQUEST_CHECKS, RUNNER_EXTENSIONS
 from minillm.registry import engine_options
 
 
-# %% chapters/31_lora.md:1330
+# %% chapters/31_lora.md:1332
 @engine_options
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -47,7 +47,7 @@ class LoRAConfig:
             raise ValueError("enable_lora runs on one device (tensor_parallel_size=1)")
 
 
-# %% chapters/31_lora.md:1363
+# %% chapters/31_lora.md:1365
 def new_lora_manager(model, config) -> LoRAModelManager:
     """The manager of the adapters of model, as config's options size it."""
     on_gpu = next(model.parameters()).device.type == "cuda"
@@ -59,7 +59,7 @@ def new_lora_manager(model, config) -> LoRAModelManager:
     )  # fmt: skip
 
 
-# %% chapters/31_lora.md:1376
+# %% chapters/31_lora.md:1378
 def lora_runner(runner_cls: type, config, parts: dict) -> type:
     """Chapter 8's RUNNER_EXTENSIONS entry: the runner, with the adapters' manager."""
     if not config.enable_lora:
@@ -100,7 +100,7 @@ def lora_runner(runner_cls: type, config, parts: dict) -> type:
     return LoRARunner
 
 
-# %% chapters/31_lora.md:1420
+# %% chapters/31_lora.md:1422
 def adapter_names(requests) -> str:
     """The adapters of requests, by name, sorted and comma-separated (vLLM's label)."""
     return ",".join(sorted({r.lora_request.lora_name for r in requests

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:890
+# %% chapters/31_lora.md:892
 """Linear layers with many adapters (chapter 31, "The layer"): LoRALinear, and the
 surgery that wraps a model's layers. vLLM: vllm/lora/layers/
 (ColumnParallelLinearWithLoRA, MergedQKVParallelLinearWithLoRA, ...)."""
@@ -28,7 +28,7 @@ class LoRABatch:
     backend: str = "torch"
 
 
-# %% chapters/31_lora.md:919
+# %% chapters/31_lora.md:921
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, slices: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int):  # fmt: skip
@@ -55,7 +55,7 @@ def add_adapters(layer: LoRALinear, x: Tensor, y: Tensor) -> Tensor:
     return y
 
 
-# %% chapters/31_lora.md:950
+# %% chapters/31_lora.md:952
 def wrap_model(model: CausalLM, batch: LoRABatch, max_loras: int, max_rank: int):
     """Surgery, in place: every linear layer an adapter may change becomes a
     LoRALinear. Returns {(layer, PEFT module name): (LoRALinear, slice index)}."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1123
+# %% chapters/31_lora.md:1125
 """Adapters in slots and in a CPU cache, least recently used first out (chapter 31,
 "The engine"). vLLM: vllm/lora/worker_manager.py (LRUCacheWorkerLoRAManager),
 vllm/lora/model_manager.py (LoRAModelManager)."""
@@ -39,7 +39,7 @@ class LoRAModelManager:
         self.num_slot_loads = 0
         self.in_use = set  # () -> ids of live requests' adapters (the engine's hook)
 
-    # %% chapters/31_lora.md:1165
+    # %% chapters/31_lora.md:1167
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """Read and check the adapter (LoRAError, changing nothing), keep it."""
         known = self.known.get(request.lora_int_id)
@@ -75,7 +75,7 @@ class LoRAModelManager:
         self.slots.pop(int_id, None)
         return self.known.pop(int_id, None) is not None
 
-    # %% chapters/31_lora.md:1208
+    # %% chapters/31_lora.md:1210
     def activate(self, ids: list[int]) -> dict[int, int]:
         """Put the adapters ids in slots (evicting the least recently used others);
         adapter id -> slot."""
@@ -105,7 +105,7 @@ class LoRAModelManager:
                 b_slot[: adapter.rank].copy_(b, non_blocking=True)
         self.num_slot_loads += 1
 
-    # %% chapters/31_lora.md:1245
+    # %% chapters/31_lora.md:1247
     def set_batch(self, lora_requests: list, num_tokens: list[int]) -> None:
         """The step's mapping: request i (adapter lora_requests[i] or None) has
         num_tokens[i] consecutive tokens in the flat batch."""

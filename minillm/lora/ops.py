@@ -97,7 +97,7 @@ def lora_expand(y, buf, lora_b, mapping, backend="torch"):
     return lora_expand_ref(y, buf, lora_b, mapping)
 
 
-# %% chapters/31_lora.md:862
+# %% chapters/31_lora.md:864
 def add_lora(y: Tensor, x: Tensor, a_all: Tensor, b_all: Tensor, token_slots: Tensor,
              sorted_tokens: Tensor, tiles: Tensor, backend: str) -> None:  # fmt: skip
     """y (..., N) += x A B for each row of x (..., K) with an adapter slot: one
@@ -120,7 +120,7 @@ if not hasattr(torch.ops.minillm, "add_lora"):  # once a process (a cell run aga
     torch.library.register_fake("minillm::add_lora", _add_lora_fake, lib=LIBRARY)
 
 
-# %% chapters/31_lora.md:1009
+# %% chapters/31_lora.md:1011
 class SlotMapping(LoRAMapping):
     """A LoRAMapping in fixed buffers, its tile list of fixed length, refilled in
     place each step: what a CUDA graph captured once reads at every replay."""
@@ -141,7 +141,7 @@ class SlotMapping(LoRAMapping):
         self.copied = torch.cuda.Event() if on_gpu else None
         self.stream = torch.cuda.current_stream(device) if on_gpu else None
 
-    # %% chapters/31_lora.md:1037
+    # %% chapters/31_lora.md:1039
     def fill(self, slots: list[int], num_tokens: list[int]) -> bool:
         """Request i (slot slots[i], -1: none) has num_tokens[i] consecutive tokens of
         the step's flat batch. Returns whether any token has a slot."""

@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1615
+# %% chapters/31_lora.md:1617
 """LoRA adapters in the OpenAI-compatible server (chapter 31, "The server"): the
 flags, the adapters by name, and the load / unload endpoints. vLLM:
 vllm/entrypoints/serve/lora/api_router.py, vllm/entrypoints/openai/models/serving.py.
@@ -34,7 +34,7 @@ class UnloadLoRAAdapterRequest(BaseModel):
     lora_int_id: int | None = None
 
 
-# %% chapters/31_lora.md:1649
+# %% chapters/31_lora.md:1651
 def add_adapter(app: FastAPI, name: str, path: str) -> LoRARequest:
     """Serve the adapter in folder path as model `name` (APIError 400 if the
     folder is not a PEFT adapter or the name is taken)."""
@@ -67,7 +67,7 @@ async def unload_lora_adapter(req: UnloadLoRAAdapterRequest, raw: Request):
     return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
 
-# %% chapters/31_lora.md:1683
+# %% chapters/31_lora.md:1685
 class LoRAServerExtension:
     """Chapter 27's SERVER_EXTENSIONS entry: vLLM's LoRA flags."""
 

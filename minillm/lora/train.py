@@ -2,7 +2,7 @@
 # Edit the chapter, then run `python tools/tangle.py` (or `make tangle`).
 
 
-# %% chapters/31_lora.md:1467
+# %% chapters/31_lora.md:1469
 """Train the course's LoRA adapters with peft, cached by recipe (chapter 31, "Real
 adapters"). `tiny_adapter_path(name)` is the folder of one, trained on first use."""
 
@@ -44,7 +44,7 @@ class AdapterRecipe:
                       "up_proj", "down_proj")  # fmt: skip
 
 
-# %% chapters/31_lora.md:1510
+# %% chapters/31_lora.md:1512
 def train_adapter(base: Path, docs: list[str], out: Path, recipe: AdapterRecipe):
     """Train a LoRA adapter of base (a Hugging Face folder) on docs; save it to out."""
     from peft import LoraConfig, get_peft_model
@@ -69,7 +69,7 @@ def train_adapter(base: Path, docs: list[str], out: Path, recipe: AdapterRecipe)
     (out / "final_loss.json").write_text(json.dumps(loss.item()))
 
 
-# %% chapters/31_lora.md:1538
+# %% chapters/31_lora.md:1540
 def tiny_adapter_path(name: str, recipe: AdapterRecipe = AdapterRecipe()) -> Path:
     """The folder of adapter `name` (a key of SLICES) of the tiny model, trained
     first if no cache holds it."""
